@@ -1,0 +1,16 @@
+package main
+
+import (
+	"encoding/json"
+
+	"github.com/runway-cpi/runway/src/cpi"
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local"
+)
+
+// drivers built into bin/cpi, by config name.
+var drivers = map[string]cpi.Factory{
+	"local": func(section json.RawMessage, deps cpi.Deps) (driver.Driver, error) {
+		return local.New(section, deps.StateDir, deps.Locker, deps.Logger)
+	},
+}

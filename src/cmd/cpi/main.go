@@ -1,0 +1,40 @@
+// Command cpi is Runway's bin/cpi: one JSON request on stdin, one JSON
+// response on stdout, exit 0 whenever a response was written.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/cpi"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cpi", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("configPath", "", "path to the CPI config (JSON); without it the local driver runs with a default state dir")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	opts := cpi.Options{Drivers: drivers, Stderr: stderr}
+	if *configPath != "" {
+		opts.Config, opts.ConfigErr = config.Load(*configPath)
+	} else {
+		opts.Config, opts.ConfigErr = config.Embedded()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := cpi.Serve(ctx, stdin, stdout, opts); err != nil {
+		fmt.Fprintf(stderr, "cpi: writing response: %v\n", err)
+		return 1
+	}
+	return 0
+}

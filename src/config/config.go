@@ -1,0 +1,287 @@
+// Package config loads and validates the CPI configuration file (JSON, as
+// BOSH job templates render it). Every key but driver and state_dir has a
+// documented default (docs/configuration.md).
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+)
+
+// Config is the whole file.
+type Config struct {
+	Driver             string `json:"driver"`
+	StateDir           string `json:"state_dir"`
+	LogLevel           string `json:"log_level,omitempty"`
+	LockTimeoutSeconds int    `json:"lock_timeout_seconds,omitempty"`
+	Retry              Retry  `json:"retry"`
+	Agent              Agent  `json:"agent"`
+
+	// Driver sections, decoded by the chosen driver. Unknown sections are
+	// rejected so typos surface at load time.
+	Local     json.RawMessage `json:"local,omitempty"`
+	OpenStack json.RawMessage `json:"openstack,omitempty"`
+	AWS       json.RawMessage `json:"aws,omitempty"`
+
+	// Hooks and garm are owned by their packages.
+	Hooks json.RawMessage `json:"hooks,omitempty"`
+	Garm  json.RawMessage `json:"garm,omitempty"`
+
+	// Path the config was read from, for messages.
+	Path string `json:"-"`
+}
+
+// Retry is the wait budget for rate limits and transient faults.
+type Retry struct {
+	WaitBudgetSeconds   int `json:"wait_budget_seconds,omitempty"`
+	MaxBackoffSeconds   int `json:"max_backoff_seconds,omitempty"`
+	InitialBackoffMilli int `json:"initial_backoff_ms,omitempty"`
+}
+
+// Agent holds what goes into agent settings besides per-VM data.
+type Agent struct {
+	Mbus      string         `json:"mbus,omitempty"`
+	NTP       []string       `json:"ntp,omitempty"`
+	Blobstore map[string]any `json:"blobstore,omitempty"`
+}
+
+// Defaults.
+const (
+	DefaultDriver            = "local"
+	DefaultLogLevel          = "info"
+	DefaultLockTimeout       = 120
+	DefaultWaitBudgetSeconds = 600
+	DefaultMaxBackoffSeconds = 30
+	DefaultInitialBackoffMs  = 250
+)
+
+// KnownDrivers are the driver names a config may select.
+var KnownDrivers = []string{"local", "openstack", "aws"}
+
+// Error names the file and the field at fault.
+type Error struct {
+	Path  string
+	Field string
+	Msg   string
+}
+
+func (e *Error) Error() string {
+	where := "config"
+	if e.Path != "" {
+		where = "config " + e.Path
+	}
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s: %s", where, e.Field, e.Msg)
+	}
+	return where + ": " + e.Msg
+}
+
+// Load reads and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
+	}
+	return Parse(data, path)
+}
+
+// Parse validates a config document.
+func Parse(data []byte, path string) (*Config, error) {
+	c := &Config{}
+	if err := DecodeStrict(data, c); err != nil {
+		return nil, &Error{Path: path, Msg: err.Error()}
+	}
+	c.Path = path
+	if err := c.finish(); err != nil {
+		if ce, ok := err.(*Error); ok {
+			ce.Path = path
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Embedded is the config used without -configPath: the local driver with a
+// per-user state dir.
+func Embedded() (*Config, error) {
+	c := &Config{Driver: DefaultDriver, StateDir: DefaultStateDir()}
+	return c, c.finish()
+}
+
+// DefaultStateDir is $RUNWAY_STATE_DIR, else ~/.runway/state, else a
+// per-user directory under the temp dir.
+func DefaultStateDir() string {
+	if d := os.Getenv("RUNWAY_STATE_DIR"); d != "" {
+		return d
+	}
+	if h := os.Getenv("HOME"); h != "" && filepath.IsAbs(h) {
+		return filepath.Join(h, ".runway", "state")
+	}
+	return filepath.Join(os.TempDir(), "runway-"+strconv.Itoa(os.Getuid()))
+}
+
+func (c *Config) finish() error {
+	if c.Driver == "" {
+		return &Error{Field: "driver", Msg: "is required (one of " + strings.Join(KnownDrivers, ", ") + ")"}
+	}
+	known := false
+	for _, d := range KnownDrivers {
+		known = known || d == c.Driver
+	}
+	if !known {
+		return &Error{Field: "driver", Msg: fmt.Sprintf("unknown driver %q (one of %s)", c.Driver, strings.Join(KnownDrivers, ", "))}
+	}
+	if c.StateDir == "" {
+		return &Error{Field: "state_dir", Msg: "is required"}
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return &Error{Field: "state_dir", Msg: fmt.Sprintf("must be an absolute path, got %q", c.StateDir)}
+	}
+	c.StateDir = filepath.Clean(c.StateDir)
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+	if _, err := boshlog.Levelify(c.LogLevel); err != nil {
+		return &Error{Field: "log_level", Msg: err.Error()}
+	}
+	if c.LockTimeoutSeconds == 0 {
+		c.LockTimeoutSeconds = DefaultLockTimeout
+	}
+	if c.LockTimeoutSeconds < 0 {
+		return &Error{Field: "lock_timeout_seconds", Msg: "must be positive"}
+	}
+	r := &c.Retry
+	if r.WaitBudgetSeconds == 0 {
+		r.WaitBudgetSeconds = DefaultWaitBudgetSeconds
+	}
+	if r.MaxBackoffSeconds == 0 {
+		r.MaxBackoffSeconds = DefaultMaxBackoffSeconds
+	}
+	if r.InitialBackoffMilli == 0 {
+		r.InitialBackoffMilli = DefaultInitialBackoffMs
+	}
+	for f, v := range map[string]int{"retry.wait_budget_seconds": r.WaitBudgetSeconds, "retry.max_backoff_seconds": r.MaxBackoffSeconds, "retry.initial_backoff_ms": r.InitialBackoffMilli} {
+		if v < 0 {
+			return &Error{Field: f, Msg: "must be positive"}
+		}
+	}
+	return nil
+}
+
+// LockTimeout as a duration.
+func (c *Config) LockTimeout() time.Duration {
+	return time.Duration(c.LockTimeoutSeconds) * time.Second
+}
+
+// DriverSection returns the raw section of the selected driver ("{}" when
+// absent).
+func (c *Config) DriverSection() json.RawMessage {
+	var s json.RawMessage
+	switch c.Driver {
+	case "local":
+		s = c.Local
+	case "openstack":
+		s = c.OpenStack
+	case "aws":
+		s = c.AWS
+	}
+	if len(bytes.TrimSpace(s)) == 0 || string(bytes.TrimSpace(s)) == "null" {
+		return json.RawMessage("{}")
+	}
+	return s
+}
+
+// MergeContext deep-merges context[<driver>] (cpi-config properties the
+// Director put in the request context) over the driver section.
+func (c *Config) MergeContext(ctx map[string]any) (json.RawMessage, error) {
+	section := c.DriverSection()
+	over, ok := ctx[c.Driver].(map[string]any)
+	if !ok {
+		return section, nil
+	}
+	var base map[string]any
+	if err := json.Unmarshal(section, &base); err != nil || base == nil {
+		return nil, &Error{Path: c.Path, Field: c.Driver, Msg: "must be a JSON object"}
+	}
+	return json.Marshal(deepMerge(base, over))
+}
+
+func deepMerge(dst, src map[string]any) map[string]any {
+	for k, v := range src {
+		if sm, ok := v.(map[string]any); ok {
+			if dm, ok := dst[k].(map[string]any); ok {
+				dst[k] = deepMerge(dm, sm)
+				continue
+			}
+		}
+		dst[k] = v
+	}
+	return dst
+}
+
+// DecodeStrict decodes one JSON object, rejecting unknown fields, wrong
+// types and trailing data, with messages that name the field.
+func DecodeStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return describe(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the JSON object")
+	}
+	return nil
+}
+
+func describe(err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		return fmt.Errorf("%s: must be %s, got %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+	case errors.As(err, &te):
+		return fmt.Errorf("must be a JSON object, got %s", te.Value)
+	case errors.As(err, &se):
+		return fmt.Errorf("invalid JSON at byte %d: %v", se.Offset, se)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return errors.New("invalid JSON: unexpected end of input")
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
+		return fmt.Errorf("unknown field %s", strings.TrimPrefix(msg, "json: unknown field "))
+	}
+	return err
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "a string"
+	case "int", "int64", "int32", "uint", "float64":
+		return "a number"
+	case "bool":
+		return "a boolean"
+	case "slice", "array":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	}
+	return k
+}
+
+func unwrapPathErr(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

@@ -1,0 +1,155 @@
+package cpi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"sort"
+	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+
+	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/rpc"
+)
+
+// Deps are what a driver factory gets besides its own config section.
+type Deps struct {
+	StateDir string
+	Logger   logging.Logger
+	Locker   *lock.Locker
+	Retry    retry.Policy
+	// Redact registers values that must never be logged (credentials).
+	Redact func(values ...string)
+}
+
+// Factory builds a driver from its (context-merged) config section.
+type Factory func(section json.RawMessage, deps Deps) (driver.Driver, error)
+
+// Options configure Serve.
+type Options struct {
+	Config    *config.Config
+	ConfigErr error // a config that failed to load is reported as CpiError
+	Drivers   map[string]Factory
+	Stderr    io.Writer
+}
+
+// Serve answers exactly one request from in on out. It returns an error only
+// when the response itself could not be written; callers exit 0 otherwise.
+func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error {
+	stderr := opts.Stderr
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	level := boshlog.LevelInfo
+	if opts.Config != nil {
+		if l, err := logging.ParseLevel(opts.Config.LogLevel); err == nil {
+			level = l
+		}
+	} else if l, err := logging.ParseLevel(""); err == nil {
+		level = l
+	}
+
+	req, werr := rpc.ReadRequest(in)
+	reqID := ""
+	if req != nil {
+		reqID = req.RequestID()
+	}
+	lc := logging.NewCall(level, stderr, reqID)
+	resp := rpc.Response{}
+	if werr == nil {
+		resp.Result, werr = handle(ctx, req, opts, lc)
+	}
+	if werr != nil {
+		lc.Error("cpi", "%s", werr.Error())
+		resp.Error = werr
+	}
+	resp.Log = lc.Trace()
+	return rpc.WriteResponse(out, resp)
+}
+
+func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Call) (res any, werr *rpc.Error) {
+	defer func() {
+		if p := recover(); p != nil {
+			// The stack goes to stderr only; stdout gets a clean CpiError.
+			fmt.Fprintf(os.Stderr, "panic in %s: %v\n%s", req.Method, p, debug.Stack())
+			res, werr = nil, CpiError("%s: internal error: %v", req.Method, p)
+		}
+	}()
+	start := time.Now()
+	// Secrets the caller handed us must not come back in the trace.
+	lc.Redactor().Add(logging.CollectSecrets(req.Context)...)
+	var args []any
+	for _, a := range req.Arguments {
+		var v any
+		_ = json.Unmarshal(a, &v)
+		args = append(args, v)
+	}
+	lc.Redactor().Add(logging.CollectSecrets(args)...)
+	lc.Debug("cpi", "request %s api_version=%d stemcell_api_version=%d arguments=%s",
+		req.Method, req.APIVersion, req.StemcellAPIVersion(), mustJSON(logging.Redacted(args)))
+
+	if !Known(req.Method) {
+		return nil, NotImplemented("Must call implemented method: %s", req.Method)
+	}
+	if opts.ConfigErr != nil {
+		return nil, CpiError("%v", opts.ConfigErr)
+	}
+	cfg := opts.Config
+	factory, ok := opts.Drivers[cfg.Driver]
+	if !ok {
+		return nil, CpiError("driver %q is not built into this bin/cpi (have: %v)", cfg.Driver, driverNames(opts.Drivers))
+	}
+	section, err := cfg.MergeContext(req.Context)
+	if err != nil {
+		return nil, CpiError("%v", err)
+	}
+	var sectionVal any
+	_ = json.Unmarshal(section, &sectionVal)
+	lc.Redactor().Add(logging.CollectSecrets(sectionVal)...)
+
+	locker, err := lock.New(cfg.StateDir+"/locks", cfg.LockTimeout(), lc)
+	if err != nil {
+		return nil, CloudError("state dir %s: %v", cfg.StateDir, err)
+	}
+	policy := retry.Policy{
+		Base:     time.Duration(cfg.Retry.InitialBackoffMilli) * time.Millisecond,
+		MaxSleep: time.Duration(cfg.Retry.MaxBackoffSeconds) * time.Second,
+		Budget:   time.Duration(cfg.Retry.WaitBudgetSeconds) * time.Second,
+		Logf:     func(f string, a ...any) { lc.Info("retry", f, a...) },
+	}
+	drv, err := factory(section, Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
+	if err != nil {
+		return nil, CpiError("driver %s: %v", cfg.Driver, err)
+	}
+	svc := &Service{Config: cfg, Driver: drv, Logger: lc}
+	res, werr = svc.Call(ctx, req)
+	if werr == nil {
+		lc.Info("cpi", "%s finished in %s", req.Method, time.Since(start).Round(time.Microsecond))
+	}
+	return res, werr
+}
+
+func driverNames(m map[string]Factory) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%v", v)
+	}
+	return string(b)
+}

@@ -1,0 +1,374 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// diskRecord is disks/<cid>/disk.json; AttachedTo is the one source of
+// truth for attachments (the VM's disks/ symlinks are derived from it).
+type diskRecord struct {
+	CID        string            `json:"cid"`
+	SizeMiB    int               `json:"size_mib"`
+	CloudProps driver.Props      `json:"cloud_properties"`
+	Tags       map[string]string `json:"tags"`
+	Metadata   map[string]string `json:"metadata"`
+	AttachedTo string            `json:"attached_to,omitempty"`
+	NearVM     string            `json:"near_vm,omitempty"`
+	CreatedAt  string            `json:"created_at"`
+}
+
+func (d *Driver) diskDir(cid string) string { return d.dir("disks", cid) }
+
+func (d *Driver) loadDisk(cid string) (*diskRecord, error) {
+	if err := checkCID("disk", cid); err != nil {
+		return nil, err
+	}
+	var r diskRecord
+	if err := readJSON(filepath.Join(d.diskDir(cid), "disk.json"), &r); err != nil {
+		if isNotExist(err) {
+			return nil, fmt.Errorf("%w: %s", driver.ErrDiskNotFound, cid)
+		}
+		return nil, err
+	}
+	return &r, nil
+}
+
+func (d *Driver) saveDisk(r *diskRecord) error {
+	return writeJSON(filepath.Join(d.diskDir(r.CID), "disk.json"), r)
+}
+
+// checkSpace answers NoDiskSpace when the state dir's file system cannot
+// hold sizeMiB more.
+func (d *Driver) checkSpace(sizeMiB int) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(d.root, &st); err != nil {
+		return err
+	}
+	free := st.Bavail * uint64(st.Bsize) >> 20
+	if uint64(sizeMiB) > free {
+		return fmt.Errorf("%w: %d MiB requested, %d MiB free in %s", driver.ErrNoDiskSpace, sizeMiB, free, d.root)
+	}
+	return nil
+}
+
+// CreateDisk implements driver.Driver.
+func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
+	if spec.VMCID != "" {
+		if err := checkCID("vm", spec.VMCID); err != nil {
+			return "", err
+		}
+	}
+	if err := d.checkSpace(spec.SizeMiB); err != nil {
+		return "", err
+	}
+	cid, err := newCID("disk-")
+	if err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(d.root, "disks", ".creating-"+cid)
+	if err := os.MkdirAll(filepath.Join(tmp, "data"), 0o700); err != nil {
+		return "", err
+	}
+	rec := diskRecord{CID: cid, SizeMiB: spec.SizeMiB, CloudProps: spec.CloudProps, Tags: spec.Tags,
+		Metadata: map[string]string{}, NearVM: spec.VMCID, CreatedAt: now()}
+	if err := writeJSON(filepath.Join(tmp, "disk.json"), rec); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	if err := publish(tmp, d.diskDir(cid)); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	return cid, nil
+}
+
+// DeleteDisk implements driver.Driver.
+func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
+	if err := checkCID("disk", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "disk", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec, err := d.loadDisk(cid)
+	if err != nil {
+		return err
+	}
+	if rec.AttachedTo != "" {
+		return fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
+	}
+	return d.remove("disks", cid)
+}
+
+// HasDisk implements driver.Driver.
+func (d *Driver) HasDisk(_ context.Context, cid string) (bool, error) {
+	if err := checkCID("disk", cid); err != nil {
+		return false, err
+	}
+	_, err := os.Stat(filepath.Join(d.diskDir(cid), "disk.json"))
+	if isNotExist(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// lockPair takes the VM lock, then the disk lock: always in that order, so
+// two processes never deadlock.
+func (d *Driver) lockPair(ctx context.Context, vm, disk string) (func(), error) {
+	if err := checkCID("vm", vm); err != nil {
+		return nil, err
+	}
+	if err := checkCID("disk", disk); err != nil {
+		return nil, err
+	}
+	uv, err := d.lock(ctx, "vm", vm)
+	if err != nil {
+		return nil, err
+	}
+	ud, err := d.lock(ctx, "disk", disk)
+	if err != nil {
+		uv()
+		return nil, err
+	}
+	return func() { ud(); uv() }, nil
+}
+
+func (d *Driver) linkPath(vm, disk string) string { return filepath.Join(d.vmDir(vm), "disks", disk) }
+
+// AttachDisk implements driver.Driver; the hint is the path where the disk
+// appears inside the VM's directory.
+func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
+	unlock, err := d.lockPair(ctx, vm, disk)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := d.loadVM(vm); err != nil {
+		return nil, err
+	}
+	rec, err := d.loadDisk(disk)
+	if err != nil {
+		return nil, err
+	}
+	if rec.AttachedTo != "" && rec.AttachedTo != vm {
+		return nil, fmt.Errorf("disk %s is already attached to vm %s", disk, rec.AttachedTo)
+	}
+	link := d.linkPath(vm, disk)
+	rec.AttachedTo = vm
+	if err := d.saveDisk(rec); err != nil {
+		return nil, err
+	}
+	target := filepath.Join(d.diskDir(disk), "data")
+	if cur, err := os.Readlink(link); err != nil || cur != target {
+		_ = os.Remove(link)
+		if err := os.Symlink(target, link); err != nil {
+			return nil, fmt.Errorf("linking disk %s into vm %s: %w", disk, vm, err)
+		}
+	}
+	return map[string]any{"path": link}, nil
+}
+
+// DetachDisk implements driver.Driver.
+func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
+	unlock, err := d.lockPair(ctx, vm, disk)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := d.loadVM(vm); err != nil {
+		return err
+	}
+	rec, err := d.loadDisk(disk)
+	if err != nil {
+		return err
+	}
+	if rec.AttachedTo != vm {
+		return fmt.Errorf("%w: disk %s is not attached to vm %s", driver.ErrDiskNotAttached, disk, vm)
+	}
+	rec.AttachedTo = ""
+	if err := d.saveDisk(rec); err != nil {
+		return err
+	}
+	if err := os.Remove(d.linkPath(vm, disk)); err != nil && !isNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// clearAttachment detaches a disk from a VM being deleted (VM lock held).
+func (d *Driver) clearAttachment(ctx context.Context, vm, disk string) error {
+	if checkCID("disk", disk) != nil {
+		return os.Remove(d.linkPath(vm, disk))
+	}
+	unlock, err := d.lock(ctx, "disk", disk)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec, err := d.loadDisk(disk)
+	if err == nil && rec.AttachedTo == vm {
+		rec.AttachedTo = ""
+		if err := d.saveDisk(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetDisks implements driver.Driver.
+func (d *Driver) GetDisks(_ context.Context, vm string) ([]string, error) {
+	if _, err := d.loadVM(vm); err != nil {
+		return nil, err
+	}
+	links, err := os.ReadDir(filepath.Join(d.vmDir(vm), "disks"))
+	if err != nil && !isNotExist(err) {
+		return nil, err
+	}
+	out := []string{}
+	for _, l := range links {
+		if rec, err := d.loadDisk(l.Name()); err == nil && rec.AttachedTo == vm {
+			out = append(out, rec.CID)
+		}
+	}
+	return out, nil
+}
+
+// ResizeDisk implements driver.Driver: grow only.
+func (d *Driver) ResizeDisk(ctx context.Context, cid string, size int) error {
+	_, err := d.update(ctx, cid, size, nil)
+	return err
+}
+
+// UpdateDisk implements driver.Driver: size (grow only) and cloud
+// properties change in place, so the CID stays.
+func (d *Driver) UpdateDisk(ctx context.Context, cid string, size int, props driver.Props) (string, error) {
+	if props == nil {
+		props = driver.Props{}
+	}
+	return d.update(ctx, cid, size, props)
+}
+
+func (d *Driver) update(ctx context.Context, cid string, size int, props driver.Props) (string, error) {
+	if err := checkCID("disk", cid); err != nil {
+		return "", err
+	}
+	unlock, err := d.lock(ctx, "disk", cid)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	rec, err := d.loadDisk(cid)
+	if err != nil {
+		return "", err
+	}
+	if size < rec.SizeMiB {
+		return "", fmt.Errorf("%w: shrinking disk %s from %d to %d MiB", driver.ErrNotSupported, cid, rec.SizeMiB, size)
+	}
+	if size > rec.SizeMiB {
+		if err := d.checkSpace(size - rec.SizeMiB); err != nil {
+			return "", err
+		}
+	}
+	rec.SizeMiB = size
+	if props != nil {
+		rec.CloudProps = props
+	}
+	return cid, d.saveDisk(rec)
+}
+
+// SetDiskMetadata implements driver.Driver.
+func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error {
+	if err := checkCID("disk", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "disk", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec, err := d.loadDisk(cid)
+	if err != nil {
+		return err
+	}
+	if rec.Metadata == nil {
+		rec.Metadata = map[string]string{}
+	}
+	for k, v := range md {
+		rec.Metadata[k] = v
+	}
+	return d.saveDisk(rec)
+}
+
+// snapshotRecord is snapshots/<cid>/snapshot.json.
+type snapshotRecord struct {
+	CID       string            `json:"cid"`
+	DiskCID   string            `json:"disk_cid"`
+	SizeMiB   int               `json:"size_mib"`
+	Metadata  map[string]string `json:"metadata"`
+	CreatedAt string            `json:"created_at"`
+}
+
+// SnapshotDisk implements driver.Driver: a copy of the disk's data taken
+// under the disk lock.
+func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
+	if err := checkCID("disk", cid); err != nil {
+		return "", err
+	}
+	unlock, err := d.lock(ctx, "disk", cid)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	rec, err := d.loadDisk(cid)
+	if err != nil {
+		return "", err
+	}
+	snap, err := newCID("snap-")
+	if err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(d.root, "snapshots", ".creating-"+snap)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.CopyFS(filepath.Join(tmp, "data"), os.DirFS(filepath.Join(d.diskDir(cid), "data"))); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", fmt.Errorf("copying disk %s: %w", cid, err)
+	}
+	sr := snapshotRecord{CID: snap, DiskCID: cid, SizeMiB: rec.SizeMiB, Metadata: md, CreatedAt: now()}
+	if err := writeJSON(filepath.Join(tmp, "snapshot.json"), sr); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	if err := publish(tmp, d.dir("snapshots", snap)); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	return snap, nil
+}
+
+// DeleteSnapshot implements driver.Driver. A snapshot already gone is not
+// an error: the Director has no SnapshotNotFound to swallow.
+func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
+	if err := checkCID("snapshot", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "snapshot", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := os.Stat(filepath.Join(d.dir("snapshots", cid), "snapshot.json")); isNotExist(err) {
+		d.log.Info("local", "snapshot %s already gone", cid)
+		return nil
+	}
+	return d.remove("snapshots", cid)
+}

@@ -1,0 +1,183 @@
+// Package local is the embedded default driver: VMs are supervised local
+// process groups, disks are directories, everything lives under a state
+// dir and is guarded by cross-process locks.
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/cloudfoundry/bosh-utils/uuid"
+
+	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/logging"
+)
+
+// Config is the "local" section of the CPI config.
+type Config struct {
+	// StopGraceSeconds: time between SIGTERM and SIGKILL of a VM's processes.
+	StopGraceSeconds int `json:"stop_grace_seconds,omitempty"`
+	// StemcellFormats reported by info.
+	StemcellFormats []string `json:"stemcell_formats,omitempty"`
+	// LoopbackCIDR is where dynamic network addresses come from.
+	LoopbackCIDR string `json:"loopback_cidr,omitempty"`
+	// Shell runs string commands and user-data scripts without a #! line.
+	Shell string `json:"shell,omitempty"`
+}
+
+// Defaults.
+var (
+	DefaultStemcellFormats = []string{"runway-local", "warden-tar", "general-tar"}
+)
+
+const (
+	DefaultStopGrace    = 5
+	DefaultLoopbackCIDR = "127.101.0.0/16"
+	DefaultShell        = "/bin/sh"
+)
+
+// Driver implements driver.Driver on the local host.
+type Driver struct {
+	cfg    Config
+	prefix netip.Prefix
+	root   string
+	locks  *lock.Locker
+	log    logging.Logger
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New builds the driver from its config section.
+func New(section json.RawMessage, stateDir string, locks *lock.Locker, log logging.Logger) (*Driver, error) {
+	var c Config
+	if err := config.DecodeStrict(section, &c); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	if c.StopGraceSeconds == 0 {
+		c.StopGraceSeconds = DefaultStopGrace
+	}
+	if c.StopGraceSeconds < 0 {
+		return nil, errors.New("local: stop_grace_seconds: must be positive")
+	}
+	if len(c.StemcellFormats) == 0 {
+		c.StemcellFormats = DefaultStemcellFormats
+	}
+	if c.LoopbackCIDR == "" {
+		c.LoopbackCIDR = DefaultLoopbackCIDR
+	}
+	p, err := netip.ParsePrefix(c.LoopbackCIDR)
+	if err != nil || !p.Addr().Is4() || !p.Addr().IsLoopback() || p.Bits() > 30 {
+		return nil, fmt.Errorf("local: loopback_cidr: must be an IPv4 range inside 127.0.0.0/8 with at least 4 addresses, got %q", c.LoopbackCIDR)
+	}
+	if c.Shell == "" {
+		c.Shell = DefaultShell
+	}
+	if !filepath.IsAbs(c.Shell) {
+		return nil, fmt.Errorf("local: shell: must be an absolute path, got %q", c.Shell)
+	}
+	if log == nil {
+		log = logging.Discard()
+	}
+	d := &Driver{cfg: c, prefix: p.Masked(), root: stateDir, locks: locks, log: log}
+	for _, sub := range []string{"stemcells", "vms", "disks", "snapshots"} {
+		if err := os.MkdirAll(filepath.Join(stateDir, sub), 0o700); err != nil {
+			return nil, fmt.Errorf("local: state dir: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// StemcellFormats implements driver.Driver.
+func (d *Driver) StemcellFormats() []string { return d.cfg.StemcellFormats }
+
+var cidPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// maxCIDLen keeps paths well under PATH_MAX and names under NAME_MAX.
+const maxCIDLen = 128
+
+// checkCID validates a CID before it becomes a path component.
+func checkCID(kind, cid string) error {
+	switch {
+	case cid == "":
+		return driver.Invalid("%s cid must not be empty", kind)
+	case len(cid) > maxCIDLen:
+		return driver.Invalid("%s cid is %d bytes long, at most %d allowed", kind, len(cid), maxCIDLen)
+	case !cidPattern.MatchString(cid) || cid == "." || cid == "..":
+		return driver.Invalid("%s cid %q may only hold letters, digits, '.', '_' and '-' and must not start with '.' (no paths)", kind, cid)
+	}
+	return nil
+}
+
+func newCID(prefix string) (string, error) {
+	id, err := uuid.NewGenerator().Generate()
+	if err != nil {
+		return "", err
+	}
+	return prefix + id, nil
+}
+
+func (d *Driver) dir(kind, cid string) string { return filepath.Join(d.root, kind, cid) }
+
+// lock takes a named lock and returns its release.
+func (d *Driver) lock(ctx context.Context, kind, cid string) (func(), error) {
+	return d.locks.Lock(ctx, kind+"-"+cid)
+}
+
+// readJSON reads a record; a missing file is reported as fs.ErrNotExist.
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("corrupt record %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeJSON replaces a record atomically (temp file + rename), so a reader
+// or a crash never sees half a record.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// publish moves a fully built directory into place.
+func publish(tmp, final string) error { return os.Rename(tmp, final) }
+
+// remove takes a directory out of view first, then deletes it, so a crash
+// mid-delete never leaves a half resource that looks whole.
+func (d *Driver) remove(kind, cid string) error {
+	trash := filepath.Join(d.root, kind, ".deleting-"+cid)
+	if err := os.Rename(d.dir(kind, cid), trash); err != nil {
+		return err
+	}
+	return os.RemoveAll(trash)
+}
+
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
+
+func now() string { return time.Now().UTC().Format(time.RFC3339) }
+
+// CalculateVMCloudProperties implements driver.Driver: the local driver
+// does not size VMs, it records what was asked.
+func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resources) (driver.Props, error) {
+	return driver.Props{"cpu": r.CPU, "ram": r.RAM, "ephemeral_disk_size": r.EphemeralDiskSize}, nil
+}

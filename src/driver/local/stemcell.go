@@ -1,0 +1,154 @@
+package local
+
+import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+type stemcellRecord struct {
+	CID        string            `json:"cid"`
+	CloudProps driver.Props      `json:"cloud_properties"`
+	Tags       map[string]string `json:"tags"`
+	Source     string            `json:"source"`
+	CreatedAt  string            `json:"created_at"`
+}
+
+// CreateStemcell implements driver.Driver: the image tarball (tar or
+// tar.gz) is unpacked into stemcells/<cid>/image.
+func (d *Driver) CreateStemcell(_ context.Context, spec driver.StemcellSpec) (string, error) {
+	if spec.ImagePath == "" || !filepath.IsAbs(spec.ImagePath) {
+		return "", driver.Invalid("image_path must be an absolute path, got %q", spec.ImagePath)
+	}
+	cid, err := newCID("sc-")
+	if err != nil {
+		return "", err
+	}
+	d.sweep("stemcells", 6*time.Hour)
+	tmp := filepath.Join(d.root, "stemcells", ".creating-"+cid)
+	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
+		return "", err
+	}
+	fail := func(err error) (string, error) { _ = os.RemoveAll(tmp); return "", err }
+	if err := untar(spec.ImagePath, filepath.Join(tmp, "image")); err != nil {
+		return fail(fmt.Errorf("unpacking stemcell image %s: %w", spec.ImagePath, err))
+	}
+	rec := stemcellRecord{CID: cid, CloudProps: spec.CloudProps, Tags: spec.Tags, Source: spec.ImagePath, CreatedAt: now()}
+	if err := writeJSON(filepath.Join(tmp, "stemcell.json"), rec); err != nil {
+		return fail(err)
+	}
+	if err := publish(tmp, d.dir("stemcells", cid)); err != nil {
+		return fail(err)
+	}
+	return cid, nil
+}
+
+// DeleteStemcell implements driver.Driver; a stemcell already gone is not
+// an error (bosh-cli and the Director both expect that).
+func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
+	if err := checkCID("stemcell", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "stemcell", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := os.Stat(filepath.Join(d.dir("stemcells", cid), "stemcell.json")); isNotExist(err) {
+		d.log.Info("local", "stemcell %s already gone", cid)
+		return nil
+	}
+	return d.remove("stemcells", cid)
+}
+
+// untar unpacks src into dst, refusing entries that would land outside dst
+// and anything but regular files, directories and symlinks.
+func untar(src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return err
+		}
+		defer gz.Close()
+		r = gz
+	}
+	tr := tar.NewReader(r)
+	entries := 0
+	links := map[string]bool{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("not a valid tar archive: %w", err)
+		}
+		entries++
+		name := filepath.Clean(h.Name)
+		if filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
+			return fmt.Errorf("entry %q escapes the image directory", h.Name)
+		}
+		if name == "." {
+			continue
+		}
+		// A file below a symlink from the same archive could land anywhere.
+		for p := filepath.Dir(name); p != "."; p = filepath.Dir(p) {
+			if links[p] {
+				return fmt.Errorf("entry %q lies below symlink %q", h.Name, p)
+			}
+		}
+		target := filepath.Join(dst, name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			out, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, os.FileMode(h.Mode&0o755|0o600))
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(out, tr)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			if err := os.Symlink(h.Linkname, target); err != nil {
+				return err
+			}
+			links[name] = true
+		default:
+			return fmt.Errorf("entry %q has unsupported type %q", h.Name, h.Typeflag)
+		}
+	}
+	if entries == 0 {
+		return errors.New("not a valid tar archive: no entries")
+	}
+	return nil
+}

@@ -1,0 +1,366 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// vmRecord is vms/<cid>/vm.json. The environment is not kept here: it may
+// hold secrets and reaches the VM through its settings file only.
+type vmRecord struct {
+	CID         string            `json:"cid"`
+	AgentID     string            `json:"agent_id"`
+	StemcellCID string            `json:"stemcell_cid"`
+	CloudProps  driver.Props      `json:"cloud_properties"`
+	Networks    driver.Networks   `json:"networks"`
+	Tags        map[string]string `json:"tags"`
+	Metadata    map[string]string `json:"metadata"`
+	Command     []string          `json:"command,omitempty"`
+	Stopped     bool              `json:"stopped,omitempty"`
+	CreatedAt   string            `json:"created_at"`
+}
+
+func (d *Driver) vmDir(cid string) string { return d.dir("vms", cid) }
+
+// loadVM reads a VM record; a missing VM is ErrVMNotFound.
+func (d *Driver) loadVM(cid string) (*vmRecord, error) {
+	if err := checkCID("vm", cid); err != nil {
+		return nil, err
+	}
+	var r vmRecord
+	if err := readJSON(filepath.Join(d.vmDir(cid), "vm.json"), &r); err != nil {
+		if isNotExist(err) {
+			return nil, fmt.Errorf("%w: %s", driver.ErrVMNotFound, cid)
+		}
+		return nil, err
+	}
+	return &r, nil
+}
+
+// CreateVM implements driver.Driver.
+func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
+	cid := spec.Name
+	if cid == "" {
+		var err error
+		if cid, err = newCID("vm-"); err != nil {
+			return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+		}
+	}
+	if err := checkCID("vm", cid); err != nil {
+		return driver.VM{}, err
+	}
+	if err := checkCID("stemcell", spec.StemcellCID); err != nil {
+		return driver.VM{}, err
+	}
+	stemcellDir := d.dir("stemcells", spec.StemcellCID)
+	if _, err := os.Stat(filepath.Join(stemcellDir, "stemcell.json")); err != nil {
+		return driver.VM{}, fmt.Errorf("%w: %s", driver.ErrStemcellNotFound, spec.StemcellCID)
+	}
+	for _, disk := range spec.DiskCIDs {
+		if err := checkCID("disk", disk); err != nil {
+			return driver.VM{}, err
+		}
+	}
+	argv, userData, err := d.command(spec)
+	if err != nil {
+		return driver.VM{}, err
+	}
+
+	d.sweep("vms", 10*time.Minute)
+	// Build the VM out of view, then publish it with one rename.
+	tmp := filepath.Join(d.root, "vms", ".creating-"+cid)
+	if err := os.MkdirAll(filepath.Join(tmp, "disks"), 0o700); err != nil {
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+	}
+	fail := func(err error, retryable bool) (driver.VM, error) {
+		_ = os.RemoveAll(tmp)
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: retryable}
+	}
+	if err := os.Mkdir(filepath.Join(tmp, "ephemeral"), 0o700); err != nil {
+		return fail(err, true)
+	}
+	nets, err := d.allocate(ctx, cid, spec.Networks)
+	if err != nil {
+		return fail(err, true)
+	}
+	rec := vmRecord{
+		CID: cid, AgentID: spec.AgentID, StemcellCID: spec.StemcellCID, CloudProps: spec.CloudProps,
+		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: argv, CreatedAt: now(),
+	}
+	settings := spec.AgentSettings
+	if settings != nil {
+		if err := os.WriteFile(filepath.Join(tmp, "agent-settings.json"), settings, 0o600); err != nil {
+			d.release(ctx, cid)
+			return fail(err, true)
+		}
+	}
+	if userData != "" {
+		if err := os.WriteFile(filepath.Join(tmp, "user-data"), []byte(userData), 0o700); err != nil {
+			d.release(ctx, cid)
+			return fail(err, true)
+		}
+	}
+	if err := writeJSON(filepath.Join(tmp, "vm.json"), rec); err != nil {
+		d.release(ctx, cid)
+		return fail(err, true)
+	}
+	if err := publish(tmp, d.vmDir(cid)); err != nil {
+		d.release(ctx, cid)
+		return fail(err, true)
+	}
+	if len(argv) > 0 {
+		if err := startProcess(d.vmDir(cid), argv, d.processEnv(rec, spec)); err != nil {
+			// Leave nothing behind: the VM never ran.
+			_ = d.DeleteVM(ctx, cid)
+			return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
+		}
+		d.log.Info("local", "vm %s started: %s", cid, strings.Join(redactArgv(argv), " "))
+	}
+	return driver.VM{CID: cid, Networks: nets}, nil
+}
+
+// command resolves what the VM runs: cloud_properties.command (argv array
+// or shell string), else a user-data script from cloud_properties.user_data
+// or environment.user_data. No command: a VM with no process.
+func (d *Driver) command(spec driver.VMSpec) ([]string, string, error) {
+	var userData string
+	for _, src := range []map[string]any{spec.CloudProps, spec.Env} {
+		if v, ok := src["user_data"]; ok && userData == "" {
+			s, ok := v.(string)
+			if !ok {
+				return nil, "", driver.Invalid("user_data must be a string")
+			}
+			userData = s
+		}
+	}
+	switch c := spec.CloudProps["command"].(type) {
+	case nil:
+	case string:
+		if c == "" {
+			return nil, "", driver.Invalid("cloud_properties.command must not be empty")
+		}
+		return []string{d.cfg.Shell, "-c", c}, userData, nil
+	case []any:
+		var argv []string
+		for i, a := range c {
+			s, ok := a.(string)
+			if !ok {
+				return nil, "", driver.Invalid("cloud_properties.command[%d] must be a string", i)
+			}
+			argv = append(argv, s)
+		}
+		if len(argv) == 0 || argv[0] == "" {
+			return nil, "", driver.Invalid("cloud_properties.command must not be empty")
+		}
+		return argv, userData, nil
+	default:
+		return nil, "", driver.Invalid("cloud_properties.command must be a string or an array of strings")
+	}
+	if userData != "" {
+		if strings.HasPrefix(userData, "#!") {
+			return []string{"./user-data"}, userData, nil
+		}
+		return []string{d.cfg.Shell, "./user-data"}, userData, nil
+	}
+	return nil, "", nil
+}
+
+// processEnv is the VM process's whole environment: nothing of bin/cpi's
+// own environment (which may hold credentials) is inherited.
+func (d *Driver) processEnv(rec vmRecord, spec driver.VMSpec) []string {
+	dir := d.vmDir(rec.CID)
+	env := map[string]string{
+		"PATH":                  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME":                  dir,
+		"RUNWAY_VM_DIR":         dir,
+		envMarker:               rec.CID,
+		"RUNWAY_AGENT_ID":       rec.AgentID,
+		"RUNWAY_DISKS_DIR":      filepath.Join(dir, "disks"),
+		"RUNWAY_EPHEMERAL_DIR":  filepath.Join(dir, "ephemeral"),
+		"RUNWAY_STEMCELL_DIR":   filepath.Join(d.dir("stemcells", rec.StemcellCID), "image"),
+		"RUNWAY_AGENT_SETTINGS": filepath.Join(dir, "agent-settings.json"),
+	}
+	if m, ok := spec.CloudProps["env"].(map[string]any); ok {
+		for k, v := range m {
+			if s, ok := v.(string); ok && k != envMarker && k != "RUNWAY_VM_DIR" {
+				env[k] = s
+			}
+		}
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func redactArgv(argv []string) []string {
+	if len(argv) > 3 {
+		return append(append([]string{}, argv[:3]...), "...")
+	}
+	return argv
+}
+
+func (d *Driver) grace() time.Duration { return time.Duration(d.cfg.StopGraceSeconds) * time.Second }
+
+// DeleteVM implements driver.Driver: processes stopped for certain, disks
+// detached, addresses released, directory removed.
+func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
+	if err := checkCID("vm", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "vm", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := d.loadVM(cid); err != nil {
+		return err
+	}
+	dir := d.vmDir(cid)
+	if err := stopGroup(ctx, readPGID(dir), cid, d.grace()); err != nil {
+		return err
+	}
+	links, _ := os.ReadDir(filepath.Join(dir, "disks"))
+	for _, l := range links {
+		if err := d.clearAttachment(ctx, cid, l.Name()); err != nil {
+			return err
+		}
+	}
+	d.release(ctx, cid)
+	if err := d.remove("vms", cid); err != nil {
+		return fmt.Errorf("removing vm %s: %w", cid, err)
+	}
+	d.log.Info("local", "vm %s deleted", cid)
+	return nil
+}
+
+// HasVM implements driver.Driver.
+func (d *Driver) HasVM(_ context.Context, cid string) (bool, error) {
+	if err := checkCID("vm", cid); err != nil {
+		return false, err
+	}
+	_, err := os.Stat(filepath.Join(d.vmDir(cid), "vm.json"))
+	if isNotExist(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// RebootVM implements driver.Driver: the process group is stopped and the
+// command started again.
+func (d *Driver) RebootVM(ctx context.Context, cid string) error {
+	return d.restart(ctx, cid, true)
+}
+
+// StopVM stops the VM's processes and marks it stopped.
+func (d *Driver) StopVM(ctx context.Context, cid string) error { return d.restart(ctx, cid, false) }
+
+// StartVM starts a stopped VM's command again.
+func (d *Driver) StartVM(ctx context.Context, cid string) error { return d.restart(ctx, cid, true) }
+
+func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
+	if err := checkCID("vm", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "vm", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec, err := d.loadVM(cid)
+	if err != nil {
+		return err
+	}
+	dir := d.vmDir(cid)
+	if err := stopGroup(ctx, readPGID(dir), cid, d.grace()); err != nil {
+		return err
+	}
+	rec.Stopped = !start
+	if err := writeJSON(filepath.Join(dir, "vm.json"), rec); err != nil {
+		return err
+	}
+	if start && len(rec.Command) > 0 {
+		env := d.processEnv(*rec, driver.VMSpec{CloudProps: rec.CloudProps})
+		if err := startProcess(dir, rec.Command, env); err != nil {
+			return err
+		}
+		d.log.Info("local", "vm %s restarted", cid)
+	}
+	return nil
+}
+
+// SetVMMetadata implements driver.Driver.
+func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) error {
+	if err := checkCID("vm", cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, "vm", cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec, err := d.loadVM(cid)
+	if err != nil {
+		return err
+	}
+	if rec.Metadata == nil {
+		rec.Metadata = map[string]string{}
+	}
+	for k, v := range md {
+		rec.Metadata[k] = v
+	}
+	return writeJSON(filepath.Join(d.vmDir(cid), "vm.json"), rec)
+}
+
+// ListVMs implements driver.Driver.
+func (d *Driver) ListVMs(_ context.Context, match map[string]string) ([]driver.VMInfo, error) {
+	entries, err := os.ReadDir(filepath.Join(d.root, "vms"))
+	if err != nil {
+		return nil, err
+	}
+	var out []driver.VMInfo
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") || !e.IsDir() {
+			continue
+		}
+		rec, err := d.loadVM(e.Name())
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		ok := true
+		for k, v := range match {
+			ok = ok && rec.Tags[k] == v
+		}
+		if ok {
+			out = append(out, driver.VMInfo{CID: rec.CID, AgentID: rec.AgentID, Tags: rec.Tags,
+				Metadata: rec.Metadata, Networks: rec.Networks, State: d.state(rec)})
+		}
+	}
+	return out, nil
+}
+
+// state: running while a process lives (or when there is none to run),
+// stopped when stopped or the command exited 0, error on a failed exit.
+func (d *Driver) state(rec *vmRecord) string {
+	dir := d.vmDir(rec.CID)
+	if rec.Stopped {
+		return "stopped"
+	}
+	if len(rec.Command) == 0 || len(liveMembers(readPGID(dir), rec.CID)) > 0 {
+		return "running"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "exit_status"))
+	if err == nil && strings.TrimSpace(string(b)) != "0" {
+		return "error"
+	}
+	return "stopped"
+}

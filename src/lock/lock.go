@@ -1,0 +1,90 @@
+// Package lock provides named cross-process locks on gofrs/flock. Each CPI
+// call is its own process, so in-process mutexes protect nothing.
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/gofrs/flock"
+
+	"github.com/runway-cpi/runway/src/logging"
+)
+
+// DefaultTimeout bounds how long a call waits for a lock.
+const DefaultTimeout = 2 * time.Minute
+
+// ErrTimeout is returned when a lock could not be had within the timeout.
+var ErrTimeout = errors.New("lock: timed out")
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
+
+// Locker hands out locks stored as files in one directory.
+type Locker struct {
+	Dir     string
+	Timeout time.Duration
+	Logger  logging.Logger
+	// SlowAfter: waits longer than this are logged at info level.
+	SlowAfter time.Duration
+}
+
+// New creates the lock directory if needed.
+func New(dir string, timeout time.Duration, logger logging.Logger) (*Locker, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("lock: creating %s: %w", dir, err)
+	}
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	if logger == nil {
+		logger = logging.Discard()
+	}
+	return &Locker{Dir: dir, Timeout: timeout, Logger: logger, SlowAfter: 10 * time.Millisecond}, nil
+}
+
+// Lock takes the exclusive lock called name (e.g. "vm-<cid>"), waiting at
+// most the locker's timeout. The returned function releases it.
+func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
+	if !validName.MatchString(name) {
+		return nil, fmt.Errorf("lock: invalid lock name %q", name)
+	}
+	fl := flock.New(filepath.Join(l.Dir, name+".lock"))
+	start := time.Now()
+	ok, err := fl.TryLock()
+	if err == nil && !ok {
+		l.Logger.Debug("lock", "waiting for lock %s", name)
+		cctx, cancel := context.WithTimeout(ctx, l.Timeout)
+		defer cancel()
+		ok, err = fl.TryLockContext(cctx, pollInterval(l.Timeout))
+		if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return nil, fmt.Errorf("%w after %s waiting for %s", ErrTimeout, l.Timeout, name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w waiting for %s", ErrTimeout, name)
+	}
+	if waited := time.Since(start); waited > l.SlowAfter {
+		l.Logger.Info("lock", "acquired lock %s after waiting %s", name, waited.Round(time.Millisecond))
+	}
+	return func() { _ = fl.Unlock() }, nil
+}
+
+func pollInterval(timeout time.Duration) time.Duration {
+	// flock has no blocking-with-timeout; poll often enough that a released
+	// lock is picked up quickly, rarely enough not to spin.
+	if d := timeout / 1000; d > 2*time.Millisecond {
+		if d > 50*time.Millisecond {
+			return 50 * time.Millisecond
+		}
+		return d
+	}
+	return 2 * time.Millisecond
+}

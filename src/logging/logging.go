@@ -1,0 +1,217 @@
+// Package logging builds the per-call logger: bosh-utils' logger writing to
+// stderr and, at the same time, into the buffer returned as the response
+// `log`. Both sinks pass through a redactor so registered secrets never
+// reach either.
+package logging
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+)
+
+// EnvLevel overrides the configured level, like BOSH_LOG_LEVEL for bosh-cli.
+const EnvLevel = "RUNWAY_LOG_LEVEL"
+
+// Logger is the logger every package receives.
+type Logger = boshlog.Logger
+
+// Call is the logging state of one CPI call.
+type Call struct {
+	Logger
+	redactor *Redactor
+	buf      *bytes.Buffer
+	mu       *sync.Mutex
+}
+
+// ParseLevel resolves the effective level: env override, then configured,
+// then "info".
+func ParseLevel(configured string) (boshlog.LogLevel, error) {
+	s := configured
+	if env := os.Getenv(EnvLevel); env != "" {
+		s = env
+	} else if env := os.Getenv("BOSH_LOG_LEVEL"); env != "" {
+		s = env
+	}
+	if s == "" {
+		s = "info"
+	}
+	return boshlog.Levelify(s)
+}
+
+// NewCall returns a logger writing to stderr and to an in-memory trace.
+// requestID, when non-empty, prefixes every line.
+func NewCall(level boshlog.LogLevel, stderr io.Writer, requestID string) *Call {
+	buf := &bytes.Buffer{}
+	mu := &sync.Mutex{}
+	r := &Redactor{}
+	sink := r.Writer(&lockedWriter{mu: mu, w: io.MultiWriter(stderr, buf)})
+	base := boshlog.NewWriterLogger(level, sink)
+	var l Logger = base
+	if requestID != "" {
+		l = WithPrefix(base, "["+requestID+"] ")
+	}
+	return &Call{Logger: l, redactor: r, buf: buf, mu: mu}
+}
+
+// Redactor returns the call's redactor so callers can register secrets.
+func (c *Call) Redactor() *Redactor { return c.redactor }
+
+// Trace returns what was logged so far (already redacted).
+func (c *Call) Trace() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+// Discard is a logger that writes nowhere, for tests and tools.
+func Discard() Logger { return boshlog.NewWriterLogger(boshlog.LevelNone, io.Discard) }
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// WithPrefix wraps a logger so every message starts with prefix.
+func WithPrefix(l Logger, prefix string) Logger { return &prefixed{Logger: l, prefix: prefix} }
+
+type prefixed struct {
+	Logger
+	prefix string
+}
+
+func (p *prefixed) msg(m string, args []any) string {
+	if len(args) == 0 {
+		return p.prefix + strings.ReplaceAll(m, "%", "%%")
+	}
+	return p.prefix + strings.ReplaceAll(fmt.Sprintf(m, args...), "%", "%%")
+}
+func (p *prefixed) Debug(tag, m string, a ...any) { p.Logger.Debug(tag, p.msg(m, a)) }
+func (p *prefixed) Info(tag, m string, a ...any)  { p.Logger.Info(tag, p.msg(m, a)) }
+func (p *prefixed) Warn(tag, m string, a ...any)  { p.Logger.Warn(tag, p.msg(m, a)) }
+func (p *prefixed) Error(tag, m string, a ...any) { p.Logger.Error(tag, p.msg(m, a)) }
+func (p *prefixed) DebugWithDetails(tag, m string, a ...any) {
+	p.Logger.DebugWithDetails(tag, p.msg(m, a))
+}
+func (p *prefixed) ErrorWithDetails(tag, m string, a ...any) {
+	p.Logger.ErrorWithDetails(tag, p.msg(m, a))
+}
+
+// Redactor replaces registered secret values in everything written through
+// it. It is the last line of defence: code should not log secrets at all.
+type Redactor struct {
+	mu      sync.RWMutex
+	secrets []string
+}
+
+// minSecretLen avoids redacting short common strings ("true", "1").
+const minSecretLen = 6
+
+// Add registers secret values.
+func (r *Redactor) Add(values ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, v := range values {
+		if len(v) >= minSecretLen {
+			r.secrets = append(r.secrets, v)
+		}
+	}
+}
+
+// Redact returns s with every registered secret replaced.
+func (r *Redactor) Redact(s string) string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, sec := range r.secrets {
+		s = strings.ReplaceAll(s, sec, "<redacted>")
+	}
+	return s
+}
+
+// Writer wraps w so every write is redacted first.
+func (r *Redactor) Writer(w io.Writer) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		if _, err := io.WriteString(w, r.Redact(string(p))); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// secretKey reports whether a map key names a secret.
+func secretKey(k string) bool {
+	k = strings.ToLower(k)
+	for _, s := range []string{"password", "secret", "token", "credential", "private_key", "access_key", "api_key", "apikey", "user_data", "userdata", "passphrase", "cert_key", "client_key"} {
+		if strings.Contains(k, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// IsSecretKey is exported for callers that redact structured data.
+func IsSecretKey(k string) bool { return secretKey(k) }
+
+// CollectSecrets walks a decoded JSON value and returns the string values
+// stored under secret-looking keys (and everything below them).
+func CollectSecrets(v any) []string {
+	var out []string
+	var walk func(v any, under bool)
+	walk = func(v any, under bool) {
+		switch t := v.(type) {
+		case map[string]any:
+			for k, x := range t {
+				walk(x, under || secretKey(k))
+			}
+		case []any:
+			for _, x := range t {
+				walk(x, under)
+			}
+		case string:
+			if under {
+				out = append(out, t)
+			}
+		}
+	}
+	walk(v, false)
+	return out
+}
+
+// Redacted returns a deep copy of v with secret-looking keys' values
+// replaced by "<redacted>".
+func Redacted(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(t))
+		for k, x := range t {
+			if secretKey(k) {
+				m[k] = "<redacted>"
+			} else {
+				m[k] = Redacted(x)
+			}
+		}
+		return m
+	case []any:
+		s := make([]any, len(t))
+		for i, x := range t {
+			s[i] = Redacted(x)
+		}
+		return s
+	}
+	return v
+}

@@ -1,0 +1,171 @@
+// Package rpc is the BOSH CPI wire format: one JSON request in, one JSON
+// response out. It knows nothing of IaaS; callers supply the method table.
+package rpc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// MaxRequestBytes caps what is read from stdin. Real requests are a few KiB;
+// the cap keeps a runaway caller from exhausting memory.
+const MaxRequestBytes = 4 << 20
+
+// Wire error types the Director and bosh-cli know (reference/cpi-api.md).
+const (
+	TypeCpiError         = "Bosh::Clouds::CpiError"
+	TypeCloudError       = "Bosh::Clouds::CloudError"
+	TypeNotImplemented   = "Bosh::Clouds::NotImplemented"
+	TypeNotSupported     = "Bosh::Clouds::NotSupported"
+	TypeVMNotFound       = "Bosh::Clouds::VMNotFound"
+	TypeNetworkNotFound  = "Bosh::Clouds::NetworkNotFound"
+	TypeDiskNotFound     = "Bosh::Clouds::DiskNotFound"
+	TypeDiskNotAttached  = "Bosh::Clouds::DiskNotAttached"
+	TypeVMCreationFailed = "Bosh::Clouds::VMCreationFailed"
+	TypeNoDiskSpace      = "Bosh::Clouds::NoDiskSpace"
+)
+
+// Error is the wire error object. It is also a Go error so that services can
+// return it directly.
+type Error struct {
+	Type      string `json:"type"`
+	Message   string `json:"message"`
+	OkToRetry bool   `json:"ok_to_retry"`
+}
+
+func (e *Error) Error() string { return e.Type + ": " + e.Message }
+
+// NewError builds a wire error.
+func NewError(typ string, okToRetry bool, format string, args ...any) *Error {
+	return &Error{Type: typ, Message: fmt.Sprintf(format, args...), OkToRetry: okToRetry}
+}
+
+// Request is one decoded CPI call.
+type Request struct {
+	Method     string            `json:"method"`
+	Arguments  []json.RawMessage `json:"arguments"`
+	Context    map[string]any    `json:"context"`
+	APIVersion int               `json:"api_version"`
+	// HasAPIVersion tells an explicit api_version from an absent one (the
+	// Director omits it on its first info call).
+	HasAPIVersion bool `json:"-"`
+}
+
+// DirectorUUID returns context.director_uuid.
+func (r *Request) DirectorUUID() string { s, _ := r.Context["director_uuid"].(string); return s }
+
+// RequestID returns context.request_id, or "" when absent.
+func (r *Request) RequestID() string { s, _ := r.Context["request_id"].(string); return s }
+
+// StemcellAPIVersion returns context.vm.stemcell.api_version, or 0.
+func (r *Request) StemcellAPIVersion() int {
+	vm, _ := r.Context["vm"].(map[string]any)
+	st, _ := vm["stemcell"].(map[string]any)
+	v, _ := st["api_version"].(float64)
+	return int(v)
+}
+
+// ReadRequest reads and validates one request. Every failure is a CpiError
+// ready to be written back.
+func ReadRequest(in io.Reader) (*Request, *Error) {
+	data, err := io.ReadAll(io.LimitReader(in, MaxRequestBytes+1))
+	if err != nil {
+		return nil, NewError(TypeCpiError, false, "reading request: %v", err)
+	}
+	if len(data) > MaxRequestBytes {
+		return nil, NewError(TypeCpiError, false, "request exceeds %d bytes", MaxRequestBytes)
+	}
+	return ParseRequest(data)
+}
+
+// ParseRequest validates one request document.
+func ParseRequest(data []byte) (*Request, *Error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, NewError(TypeCpiError, false, "empty request: expected one JSON object on stdin")
+	}
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&raw); err != nil {
+		return nil, NewError(TypeCpiError, false, "malformed request JSON: %s", jsonErr(err))
+	}
+	if raw == nil {
+		return nil, NewError(TypeCpiError, false, "request must be a JSON object")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, NewError(TypeCpiError, false, "malformed request JSON: trailing data after the request object")
+	}
+	req := &Request{}
+	m, ok := raw["method"]
+	if !ok || json.Unmarshal(m, &req.Method) != nil || req.Method == "" {
+		return nil, NewError(TypeCpiError, false, "request needs a non-empty string 'method'")
+	}
+	a, ok := raw["arguments"]
+	if !ok || isNull(a) || json.Unmarshal(a, &req.Arguments) != nil {
+		return nil, NewError(TypeCpiError, false, "%s: request needs an array 'arguments'", req.Method)
+	}
+	if c, ok := raw["context"]; ok && !isNull(c) {
+		if err := json.Unmarshal(c, &req.Context); err != nil || req.Context == nil {
+			return nil, NewError(TypeCpiError, false, "%s: 'context' must be a JSON object", req.Method)
+		}
+	}
+	if _, ok := req.Context["director_uuid"].(string); !ok {
+		return nil, NewError(TypeCpiError, false, "%s: 'context' needs a string 'director_uuid'", req.Method)
+	}
+	if v, ok := raw["api_version"]; ok && !isNull(v) {
+		if err := json.Unmarshal(v, &req.APIVersion); err != nil || req.APIVersion < 1 {
+			return nil, NewError(TypeCpiError, false, "%s: 'api_version' must be a positive integer, got %s", req.Method, clip(string(v)))
+		}
+		req.HasAPIVersion = true
+	}
+	return req, nil
+}
+
+// Response is the wire response. Log is always a string.
+type Response struct {
+	Result any    `json:"result"`
+	Error  *Error `json:"error"`
+	Log    string `json:"log"`
+}
+
+// WriteResponse encodes resp as a single JSON document followed by a newline.
+// A result that cannot be encoded becomes a CpiError response rather than
+// a half-written document.
+func WriteResponse(out io.Writer, resp Response) error {
+	if resp.Error != nil {
+		resp.Result = nil
+	}
+	data, err := json.Marshal(resp)
+	if err != nil {
+		data, _ = json.Marshal(Response{Error: NewError(TypeCpiError, false, "encoding response: %v", err), Log: resp.Log})
+	}
+	_, err = out.Write(append(data, '\n'))
+	return err
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+func jsonErr(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("%v (at byte %d)", se, se.Offset)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return "unexpected end of input"
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return "request must be a JSON object, got " + te.Value
+	}
+	return err.Error()
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return strings.TrimSpace(s)
+}
