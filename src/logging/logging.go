@@ -92,9 +92,7 @@ type prefixed struct {
 }
 
 func (p *prefixed) msg(m string, args []any) string {
-	if len(args) == 0 {
-		return p.prefix + strings.ReplaceAll(m, "%", "%%")
-	}
+	// Format here, then escape, because the wrapped logger formats again.
 	return p.prefix + strings.ReplaceAll(fmt.Sprintf(m, args...), "%", "%%")
 }
 func (p *prefixed) Debug(tag, m string, a ...any) { p.Logger.Debug(tag, p.msg(m, a)) }

@@ -159,6 +159,9 @@ func (d *Driver) command(spec driver.VMSpec) ([]string, string, error) {
 		if len(argv) == 0 || argv[0] == "" {
 			return nil, "", driver.Invalid("cloud_properties.command must not be empty")
 		}
+		if err := findExecutable(argv[0]); err != nil {
+			return nil, "", &driver.CreationError{Err: err}
+		}
 		return argv, userData, nil
 	default:
 		return nil, "", driver.Invalid("cloud_properties.command must be a string or an array of strings")
@@ -200,6 +203,29 @@ func (d *Driver) processEnv(rec vmRecord, spec driver.VMSpec) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// vmPath is the PATH VM processes get.
+const vmPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// findExecutable checks the command exists before the VM is made: once it
+// is started detached, a failed exec could only show in the console log.
+func findExecutable(name string) error {
+	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) {
+			return nil // relative to the VM directory: checked by the process
+		}
+		if st, err := os.Stat(name); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			return fmt.Errorf("command %s is not an executable file", name)
+		}
+		return nil
+	}
+	for _, dir := range filepath.SplitList(vmPath) {
+		if st, err := os.Stat(filepath.Join(dir, name)); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("command %q not found in %s", name, vmPath)
 }
 
 func redactArgv(argv []string) []string {

@@ -1,0 +1,243 @@
+// Package drivertest is the conformance suite every driver must pass. It
+// checks the behaviour the CPI service relies on: sentinel errors where the
+// Director swallows them, idempotence where callers retry, and cleanup.
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// Fixture tells the suite how to exercise one driver.
+type Fixture struct {
+	// New returns a fresh driver for one test.
+	New func(t *testing.T) driver.Driver
+	// StemcellImage returns an image path create_stemcell accepts, and the
+	// stemcell cloud properties to pass with it.
+	StemcellImage func(t *testing.T) (string, driver.Props)
+	// VMProps are cloud properties for a small VM.
+	VMProps driver.Props
+	// Networks for create_vm (nil: none).
+	Networks driver.Networks
+	// DiskProps for create_disk.
+	DiskProps driver.Props
+	// UnknownVM/UnknownDisk are well-formed CIDs that do not exist.
+	UnknownVM, UnknownDisk string
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, f Fixture) {
+	ctx := context.Background()
+	d := f.New(t)
+
+	t.Run("stemcell formats", func(t *testing.T) {
+		if len(d.StemcellFormats()) == 0 {
+			t.Fatal("driver reports no stemcell formats")
+		}
+	})
+
+	img, scProps := f.StemcellImage(t)
+	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: img, CloudProps: scProps, Tags: map[string]string{"created_by": "drivertest"}})
+	if err != nil {
+		t.Fatalf("create_stemcell: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.DeleteStemcell(ctx, sc); err != nil {
+			t.Errorf("delete_stemcell: %v", err)
+		}
+		if err := d.DeleteStemcell(ctx, sc); err != nil {
+			t.Errorf("delete_stemcell of a deleted stemcell must not fail: %v", err)
+		}
+	})
+
+	tags := map[string]string{"created_by": "drivertest", "director": "dt-director", "agent_id": "dt-agent"}
+	createVM := func(t *testing.T, name string) driver.VM {
+		t.Helper()
+		vm, err := d.CreateVM(ctx, driver.VMSpec{Name: name, AgentID: "dt-agent", StemcellCID: sc, CloudProps: f.VMProps,
+			Networks: f.Networks, Tags: tags, AgentSettings: []byte(`{"agent_id":"dt-agent"}`)})
+		if err != nil {
+			t.Fatalf("create_vm: %v", err)
+		}
+		if vm.CID == "" {
+			t.Fatal("create_vm returned an empty cid")
+		}
+		return vm
+	}
+
+	t.Run("vm lifecycle", func(t *testing.T) {
+		vm := createVM(t, "")
+		if ok, err := d.HasVM(ctx, vm.CID); err != nil || !ok {
+			t.Fatalf("has_vm after create = %v, %v; want true", ok, err)
+		}
+		for name, n := range f.Networks {
+			if vm.Networks[name].IP == "" {
+				t.Errorf("network %s has no address in create_vm's answer: %+v", name, vm.Networks)
+			}
+			_ = n
+		}
+		if err := d.SetVMMetadata(ctx, vm.CID, map[string]string{"deployment": "dt", "name": "dt/0", "index": "0"}); err != nil {
+			t.Fatalf("set_vm_metadata: %v", err)
+		}
+		list, err := d.ListVMs(ctx, map[string]string{"agent_id": "dt-agent", "director": "dt-director"})
+		if err != nil {
+			t.Fatalf("list vms: %v", err)
+		}
+		if !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
+			t.Fatalf("list by tag does not find %s: %+v", vm.CID, list)
+		}
+		if other, _ := d.ListVMs(ctx, map[string]string{"director": "someone-else"}); slices.ContainsFunc(other, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
+			t.Fatalf("list with a foreign tag finds %s", vm.CID)
+		}
+		if err := d.RebootVM(ctx, vm.CID); err != nil {
+			t.Fatalf("reboot_vm: %v", err)
+		}
+		if ok, _ := d.HasVM(ctx, vm.CID); !ok {
+			t.Fatal("vm gone after reboot")
+		}
+		if err := d.DeleteVM(ctx, vm.CID); err != nil {
+			t.Fatalf("delete_vm: %v", err)
+		}
+		if ok, err := d.HasVM(ctx, vm.CID); err != nil || ok {
+			t.Fatalf("has_vm after delete = %v, %v; want false", ok, err)
+		}
+		if err := d.DeleteVM(ctx, vm.CID); !errors.Is(err, driver.ErrVMNotFound) {
+			t.Fatalf("delete_vm twice: %v; want ErrVMNotFound", err)
+		}
+	})
+
+	t.Run("unknown vm", func(t *testing.T) {
+		for name, call := range map[string]func() error{
+			"delete_vm":       func() error { return d.DeleteVM(ctx, f.UnknownVM) },
+			"reboot_vm":       func() error { return d.RebootVM(ctx, f.UnknownVM) },
+			"set_vm_metadata": func() error { return d.SetVMMetadata(ctx, f.UnknownVM, map[string]string{"a": "b"}) },
+			"get_disks":       func() error { _, err := d.GetDisks(ctx, f.UnknownVM); return err },
+		} {
+			if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
+				t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
+			}
+		}
+		if ok, err := d.HasVM(ctx, f.UnknownVM); err != nil || ok {
+			t.Errorf("has_vm on unknown vm = %v, %v; want false, nil", ok, err)
+		}
+	})
+
+	t.Run("unknown stemcell", func(t *testing.T) {
+		_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "dt-agent", StemcellCID: "sc-does-not-exist", CloudProps: f.VMProps, Networks: f.Networks, Tags: tags})
+		if err == nil {
+			t.Fatal("create_vm with an unknown stemcell succeeded")
+		}
+	})
+
+	t.Run("disk lifecycle", func(t *testing.T) {
+		vm := createVM(t, "")
+		t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
+		disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: f.DiskProps, VMCID: vm.CID, Tags: tags})
+		if err != nil {
+			t.Fatalf("create_disk: %v", err)
+		}
+		if ok, err := d.HasDisk(ctx, disk); err != nil || !ok {
+			t.Fatalf("has_disk = %v, %v", ok, err)
+		}
+		if err := d.SetDiskMetadata(ctx, disk, map[string]string{"deployment": "dt"}); err != nil {
+			t.Fatalf("set_disk_metadata: %v", err)
+		}
+		if err := d.DetachDisk(ctx, vm.CID, disk); !errors.Is(err, driver.ErrDiskNotAttached) {
+			t.Fatalf("detach of an unattached disk: %v; want ErrDiskNotAttached", err)
+		}
+		hint, err := d.AttachDisk(ctx, vm.CID, disk)
+		if err != nil {
+			t.Fatalf("attach_disk: %v", err)
+		}
+		if hint == nil || hint == "" {
+			t.Fatal("attach_disk returned an empty hint")
+		}
+		disks, err := d.GetDisks(ctx, vm.CID)
+		if err != nil || !slices.Equal(disks, []string{disk}) {
+			t.Fatalf("get_disks = %v, %v; want [%s]", disks, err, disk)
+		}
+		snap, err := d.SnapshotDisk(ctx, disk, map[string]string{"deployment": "dt"})
+		if err != nil {
+			t.Fatalf("snapshot_disk: %v", err)
+		}
+		if err := d.DeleteSnapshot(ctx, snap); err != nil {
+			t.Fatalf("delete_snapshot: %v", err)
+		}
+		if err := d.DetachDisk(ctx, vm.CID, disk); err != nil {
+			t.Fatalf("detach_disk: %v", err)
+		}
+		if disks, _ := d.GetDisks(ctx, vm.CID); len(disks) != 0 {
+			t.Fatalf("get_disks after detach = %v", disks)
+		}
+		if err := d.ResizeDisk(ctx, disk, 2048); err != nil {
+			t.Fatalf("resize_disk grow: %v", err)
+		}
+		if err := d.ResizeDisk(ctx, disk, 1024); !errors.Is(err, driver.ErrNotSupported) {
+			t.Fatalf("resize_disk shrink: %v; want ErrNotSupported", err)
+		}
+		if err := d.DeleteDisk(ctx, disk); err != nil {
+			t.Fatalf("delete_disk: %v", err)
+		}
+		if ok, _ := d.HasDisk(ctx, disk); ok {
+			t.Fatal("has_disk after delete = true")
+		}
+		if err := d.DeleteDisk(ctx, disk); !errors.Is(err, driver.ErrDiskNotFound) {
+			t.Fatalf("delete_disk twice: %v; want ErrDiskNotFound", err)
+		}
+	})
+
+	t.Run("delete vm detaches its disks", func(t *testing.T) {
+		vm := createVM(t, "")
+		disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: f.DiskProps, Tags: tags})
+		if err != nil {
+			t.Fatalf("create_disk: %v", err)
+		}
+		t.Cleanup(func() { _ = d.DeleteDisk(ctx, disk) })
+		if _, err := d.AttachDisk(ctx, vm.CID, disk); err != nil {
+			t.Fatalf("attach_disk: %v", err)
+		}
+		if err := d.DeleteVM(ctx, vm.CID); err != nil {
+			t.Fatalf("delete_vm: %v", err)
+		}
+		if ok, _ := d.HasDisk(ctx, disk); !ok {
+			t.Fatal("persistent disk lost with its vm")
+		}
+		if err := d.DeleteDisk(ctx, disk); err != nil {
+			t.Fatalf("delete_disk of a disk whose vm was deleted: %v", err)
+		}
+	})
+
+	t.Run("unknown disk", func(t *testing.T) {
+		vm := createVM(t, "")
+		t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
+		for name, call := range map[string]func() error{
+			"delete_disk":       func() error { return d.DeleteDisk(ctx, f.UnknownDisk) },
+			"attach_disk":       func() error { _, err := d.AttachDisk(ctx, vm.CID, f.UnknownDisk); return err },
+			"detach_disk":       func() error { return d.DetachDisk(ctx, vm.CID, f.UnknownDisk) },
+			"resize_disk":       func() error { return d.ResizeDisk(ctx, f.UnknownDisk, 4096) },
+			"set_disk_metadata": func() error { return d.SetDiskMetadata(ctx, f.UnknownDisk, map[string]string{"a": "b"}) },
+			"snapshot_disk":     func() error { _, err := d.SnapshotDisk(ctx, f.UnknownDisk, nil); return err },
+		} {
+			if err := call(); !errors.Is(err, driver.ErrDiskNotFound) {
+				t.Errorf("%s on unknown disk: %v; want ErrDiskNotFound", name, err)
+			}
+		}
+		if ok, err := d.HasDisk(ctx, f.UnknownDisk); err != nil || ok {
+			t.Errorf("has_disk on unknown disk = %v, %v", ok, err)
+		}
+	})
+
+	t.Run("path-like cids are refused", func(t *testing.T) {
+		for _, cid := range []string{"", "..", "../x", "a/b", "/etc/passwd"} {
+			if _, err := d.HasVM(ctx, cid); !errors.Is(err, driver.ErrInvalidInput) {
+				t.Errorf("has_vm(%q): %v; want ErrInvalidInput", cid, err)
+			}
+			if err := d.DeleteDisk(ctx, cid); !errors.Is(err, driver.ErrInvalidInput) {
+				t.Errorf("delete_disk(%q): %v; want ErrInvalidInput", cid, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,309 @@
+package local_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/drivertest"
+	"github.com/runway-cpi/runway/src/driver/local"
+	"github.com/runway-cpi/runway/src/lock"
+)
+
+func newDriver(t *testing.T, root string) *local.Driver {
+	t.Helper()
+	lk, err := lock.New(filepath.Join(root, "locks"), 10*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := local.New([]byte(`{"stop_grace_seconds": 2}`), root, lk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// writeImage builds a gzipped tarball with the given entries.
+func writeImage(t *testing.T, entries map[string]string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for name, body := range entries {
+		h := &tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg}
+		if strings.HasPrefix(body, "->") {
+			h = &tar.Header{Name: name, Linkname: body[2:], Typeflag: tar.TypeSymlink}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte(body))
+		}
+	}
+	tw.Close()
+	gz.Close()
+	p := filepath.Join(t.TempDir(), "image.tgz")
+	if err := os.WriteFile(p, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConformance(t *testing.T) {
+	drivertest.Run(t, drivertest.Fixture{
+		New: func(t *testing.T) driver.Driver { return newDriver(t, t.TempDir()) },
+		StemcellImage: func(t *testing.T) (string, driver.Props) {
+			return writeImage(t, map[string]string{"root.img": "disk image"}), driver.Props{}
+		},
+		VMProps:     driver.Props{"command": "exec sleep 300"},
+		Networks:    driver.Networks{"default": {Type: "dynamic"}},
+		UnknownVM:   "vm-00000000-0000-0000-0000-000000000000",
+		UnknownDisk: "disk-00000000-0000-0000-0000-000000000000",
+	})
+}
+
+func stemcell(t *testing.T, d *local.Driver) string {
+	t.Helper()
+	sc, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{ImagePath: writeImage(t, map[string]string{"root.img": "x"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// waitFile waits for a file the VM process writes; the process runs
+// asynchronously, so this is an event wait, bounded, not a fixed sleep.
+func waitFile(t *testing.T, path string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return string(b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("%s never appeared", path)
+	return ""
+}
+
+func TestVMProcessIsDetachedSupervisedAndStopped(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	d := newDriver(t, root)
+	sc := stemcell(t, d)
+	// The process records its pid, environment and a marker file, then
+	// ignores SIGTERM so delete has to escalate to SIGKILL.
+	script := `#!/bin/sh
+trap '' TERM
+echo $$ > "$RUNWAY_VM_DIR/proc.pid"
+env > "$RUNWAY_VM_DIR/proc.env"
+echo "hello from $RUNWAY_AGENT_ID"
+sleep 300 & wait
+`
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-7", StemcellCID: sc,
+		Env: map[string]any{"user_data": script}, AgentSettings: []byte(`{"agent_id":"agent-7"}`),
+		CloudProps: driver.Props{"env": map[string]any{"EXTRA": "yes"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmDir := filepath.Join(root, "vms", vm.CID)
+	pid := strings.TrimSpace(waitFile(t, filepath.Join(vmDir, "proc.pid")))
+	env := waitFile(t, filepath.Join(vmDir, "proc.env"))
+	for _, want := range []string{"RUNWAY_AGENT_ID=agent-7", "RUNWAY_VM_CID=" + vm.CID, "EXTRA=yes", "RUNWAY_AGENT_SETTINGS=" + filepath.Join(vmDir, "agent-settings.json")} {
+		if !strings.Contains(env, want) {
+			t.Errorf("vm process environment lacks %s:\n%s", want, env)
+		}
+	}
+	if os.Getenv("HOME") != "" && strings.Contains(env, "HOME="+os.Getenv("HOME")+"\n") {
+		t.Error("vm process inherited the caller's HOME")
+	}
+	if got := waitFile(t, filepath.Join(vmDir, "console.log")); !strings.Contains(got, "hello from agent-7") {
+		t.Errorf("console log = %q", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(vmDir, "agent-settings.json")); string(b) != `{"agent_id":"agent-7"}` {
+		t.Errorf("agent settings = %s", b)
+	}
+	if _, err := os.Stat("/proc/" + pid); err != nil {
+		t.Fatalf("vm process %s not running: %v", pid, err)
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil && !strings.Contains(string(b), ") Z") {
+		t.Fatalf("vm process %s survived delete_vm: %s", pid, b)
+	}
+	if _, err := os.Stat(vmDir); !os.IsNotExist(err) {
+		t.Fatalf("vm dir still there: %v", err)
+	}
+}
+
+func TestRebootRestartsTheProcess(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	d := newDriver(t, root)
+	sc := stemcell(t, d)
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc,
+		CloudProps: driver.Props{"command": []any{"/bin/sh", "-c", `echo boot >> "$RUNWAY_VM_DIR/boots"; exec sleep 300`}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteVM(ctx, vm.CID)
+	boots := filepath.Join(root, "vms", vm.CID, "boots")
+	waitFile(t, boots)
+	if err := d.RebootVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(boots)
+		if strings.Count(string(b), "boot") == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process not restarted: boots=%q", b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	list, _ := d.ListVMs(ctx, nil)
+	if len(list) != 1 || list[0].State != "running" {
+		t.Fatalf("list = %+v; want one running vm", list)
+	}
+	if err := d.StopVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := d.ListVMs(ctx, nil); list[0].State != "stopped" {
+		t.Fatalf("state after stop = %s", list[0].State)
+	}
+}
+
+func TestCommandThatCannotStartLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	d := newDriver(t, root)
+	sc := stemcell(t, d)
+	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc, CloudProps: driver.Props{"command": 42}})
+	if !errors.Is(err, driver.ErrInvalidInput) {
+		t.Fatalf("bad command type: %v; want ErrInvalidInput", err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(root, "vms"))
+	if len(entries) != 0 {
+		t.Fatalf("vms dir not empty: %v", entries)
+	}
+}
+
+func TestStemcellArchiveThatEscapesIsRefused(t *testing.T) {
+	d := newDriver(t, t.TempDir())
+	for name, entries := range map[string]map[string]string{
+		"dotdot":        {"../evil": "x"},
+		"through-link":  {"link": "->/tmp", "link/evil": "x"},
+		"absolute-link": {"a/b/../../../x": "y"},
+	} {
+		_, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{ImagePath: writeImage(t, entries)})
+		if err == nil {
+			t.Errorf("%s: archive accepted", name)
+		}
+	}
+	notTar := filepath.Join(t.TempDir(), "image")
+	os.WriteFile(notTar, []byte("plain text, not a tarball"), 0o600)
+	if _, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{ImagePath: notTar}); err == nil || !strings.Contains(err.Error(), "tar") {
+		t.Errorf("non-tar image: %v", err)
+	}
+}
+
+func TestAddressesAreUniqueAndReleased(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	d := newDriver(t, root)
+	sc := stemcell(t, d)
+	nets := driver.Networks{"a": {Type: "dynamic"}, "b": {Type: "manual", IP: "10.0.0.5"}}
+	seen := map[string]bool{}
+	var cids []string
+	for i := 0; i < 5; i++ {
+		vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc, Networks: nets})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if vm.Networks["b"].IP != "10.0.0.5" {
+			t.Errorf("manual ip not kept: %+v", vm.Networks["b"])
+		}
+		ip := vm.Networks["a"].IP
+		if seen[ip] || !strings.HasPrefix(ip, "127.101.") {
+			t.Fatalf("address %q reused or outside the range", ip)
+		}
+		seen[ip] = true
+		cids = append(cids, vm.CID)
+	}
+	if err := d.DeleteVM(ctx, cids[0]); err != nil {
+		t.Fatal(err)
+	}
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc, Networks: nets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Networks["a"].IP != "127.101.0.2" {
+		t.Fatalf("released address not reused: got %s", vm.Networks["a"].IP)
+	}
+}
+
+// Two driver instances share nothing in memory, like two bin/cpi
+// processes: attachments made through both stay consistent.
+func TestConcurrentAttachThroughSeparateInstances(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	d1, d2 := newDriver(t, root), newDriver(t, root)
+	sc := stemcell(t, d1)
+	vm, err := d1.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	disks := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			d := d1
+			if i%2 == 1 {
+				d = d2
+			}
+			cid, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1})
+			if err == nil {
+				_, err = d.AttachDisk(ctx, vm.CID, cid)
+			}
+			disks[i] = cid
+			errs <- err
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := d2.GetDisks(ctx, vm.CID)
+	if err != nil || len(got) != n {
+		t.Fatalf("get_disks = %d disks, %v; want %d", len(got), err, n)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	lk, _ := lock.New(t.TempDir(), time.Second, nil)
+	for _, section := range []string{`{"stop_grace_secs": 1}`, `{"loopback_cidr": "10.0.0.0/8"}`, `{"shell": "sh"}`, `{"stop_grace_seconds": "5"}`} {
+		if _, err := local.New([]byte(section), t.TempDir(), lk, nil); err == nil {
+			t.Errorf("config %s accepted", section)
+		}
+	}
+}

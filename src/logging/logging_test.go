@@ -1,0 +1,72 @@
+package logging
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+)
+
+func TestTraceAndStderrGetTheSameRedactedLines(t *testing.T) {
+	var stderr bytes.Buffer
+	c := NewCall(boshlog.LevelDebug, &stderr, "cpi-42")
+	c.Redactor().Add("hunter2-canary", "ab") // too short: ignored
+	c.Info("cpi", "password is %s and %s", "hunter2-canary", "ab")
+	c.Debug("local", "100%% done")
+	trace := c.Trace()
+	if trace != stderr.String() {
+		t.Fatalf("trace %q differs from stderr %q", trace, stderr.String())
+	}
+	if strings.Contains(trace, "hunter2-canary") || !strings.Contains(trace, "<redacted>") {
+		t.Fatalf("secret not redacted: %q", trace)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(trace), "\n") {
+		if !strings.Contains(line, "[cpi-42] ") {
+			t.Errorf("line without request id: %q", line)
+		}
+	}
+	if !strings.Contains(trace, "100% done") || !strings.Contains(trace, "and ab") {
+		t.Errorf("formatting mangled: %q", trace)
+	}
+}
+
+func TestLevelOverride(t *testing.T) {
+	t.Setenv(EnvLevel, "debug")
+	if l, err := ParseLevel("error"); err != nil || l != boshlog.LevelDebug {
+		t.Fatalf("env override: %v %v", l, err)
+	}
+	t.Setenv(EnvLevel, "")
+	t.Setenv("BOSH_LOG_LEVEL", "")
+	if l, _ := ParseLevel(""); l != boshlog.LevelInfo {
+		t.Fatalf("default level %v", l)
+	}
+	if _, err := ParseLevel("chatty"); err == nil {
+		t.Fatal("bad level accepted")
+	}
+}
+
+func TestCollectAndRedact(t *testing.T) {
+	v := map[string]any{
+		"bosh":      map[string]any{"password": "pw-hash-123", "keep": "visible"},
+		"openstack": map[string]any{"api_key": "os-key-9999", "auth_url": "http://x"},
+		"runner":    map[string]any{"registration_token": map[string]any{"value": "tok-abcdef"}},
+		"list":      []any{map[string]any{"secret_access_key": "aws-secret-1"}},
+	}
+	got := strings.Join(CollectSecrets(v), ",")
+	for _, s := range []string{"pw-hash-123", "os-key-9999", "tok-abcdef", "aws-secret-1"} {
+		if !strings.Contains(got, s) {
+			t.Errorf("secret %s not collected: %s", s, got)
+		}
+	}
+	if strings.Contains(got, "visible") || strings.Contains(got, "http://x") {
+		t.Errorf("non-secret collected: %s", got)
+	}
+	r := Redacted(v).(map[string]any)
+	if r["bosh"].(map[string]any)["password"] != "<redacted>" || r["bosh"].(map[string]any)["keep"] != "visible" {
+		t.Errorf("redacted = %v", r)
+	}
+	if v["bosh"].(map[string]any)["password"] != "pw-hash-123" {
+		t.Error("Redacted modified its input")
+	}
+}

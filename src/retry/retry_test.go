@@ -1,0 +1,152 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	errThrottle  = errors.New("429 too many requests")
+	errTransient = errors.New("503")
+	errFatal     = errors.New("400 bad request")
+)
+
+func classify(retryAfter time.Duration) Classifier {
+	return func(err error) Verdict {
+		switch err {
+		case errThrottle:
+			return Verdict{Class: Throttle, RetryAfter: retryAfter}
+		case errTransient:
+			return Verdict{Class: Transient}
+		}
+		return Verdict{Class: Permanent}
+	}
+}
+
+// recorder replaces real sleeping: the test checks the waits chosen.
+type recorder struct{ waits []time.Duration }
+
+func (r *recorder) sleep(_ context.Context, d time.Duration) error {
+	r.waits = append(r.waits, d)
+	return nil
+}
+
+func policy(r *recorder, c Classifier, logs *[]string) Policy {
+	return Policy{Base: 100 * time.Millisecond, MaxSleep: time.Second, Budget: 10 * time.Second, Classify: c,
+		Sleep: r.sleep, Rand: func() float64 { return 0.999999 },
+		Logf: func(f string, a ...any) { *logs = append(*logs, f) }}
+}
+
+func TestBackoffGrowsToTheCap(t *testing.T) {
+	r := &recorder{}
+	var logs []string
+	calls := 0
+	err := policy(r, classify(0), &logs).Do(context.Background(), "op", func(context.Context) error {
+		calls++
+		if calls < 7 {
+			return errTransient
+		}
+		return nil
+	})
+	if err != nil || calls != 7 {
+		t.Fatalf("err=%v calls=%d", err, calls)
+	}
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i, w := range want {
+		if got := r.waits[i].Round(time.Millisecond); got != w*time.Millisecond {
+			t.Errorf("wait %d = %s; want %dms", i, got, w)
+		}
+	}
+	if len(logs) != 6 {
+		t.Errorf("%d waits logged; want 6", len(logs))
+	}
+}
+
+func TestFullJitter(t *testing.T) {
+	r := &recorder{}
+	var logs []string
+	p := policy(r, classify(0), &logs)
+	p.Rand = func() float64 { return 0.25 }
+	calls := 0
+	p.Do(context.Background(), "op", func(context.Context) error {
+		calls++
+		if calls < 3 {
+			return errTransient
+		}
+		return nil
+	})
+	if r.waits[0] != 25*time.Millisecond || r.waits[1] != 50*time.Millisecond {
+		t.Fatalf("waits %v; want 25ms, 50ms", r.waits)
+	}
+}
+
+func TestRetryAfterIsHonouredBeyondTheCap(t *testing.T) {
+	r := &recorder{}
+	var logs []string
+	calls := 0
+	err := policy(r, classify(5*time.Second), &logs).Do(context.Background(), "op", func(context.Context) error {
+		calls++
+		if calls == 1 {
+			return errThrottle
+		}
+		return nil
+	})
+	if err != nil || len(r.waits) != 1 || r.waits[0] < 5*time.Second || r.waits[0] > 5*time.Second+100*time.Millisecond {
+		t.Fatalf("err=%v waits=%v; want one wait of 5s plus jitter", err, r.waits)
+	}
+}
+
+func TestBudgetExhausted(t *testing.T) {
+	r := &recorder{}
+	var logs []string
+	err := policy(r, classify(4*time.Second), &logs).Do(context.Background(), "create_vm", func(context.Context) error { return errThrottle })
+	var be *BudgetError
+	if !errors.As(err, &be) || !errors.Is(err, ErrBudgetExhausted) || !errors.Is(err, errThrottle) {
+		t.Fatalf("err = %v; want BudgetError wrapping the throttle", err)
+	}
+	var total time.Duration
+	for _, w := range r.waits {
+		total += w
+	}
+	if total > 10*time.Second {
+		t.Fatalf("waited %s, more than the budget", total)
+	}
+	if !strings.Contains(err.Error(), "create_vm: gave up after") {
+		t.Fatalf("message %q", err)
+	}
+}
+
+func TestPermanentErrorsAreNotRetried(t *testing.T) {
+	r := &recorder{}
+	var logs []string
+	calls := 0
+	err := policy(r, classify(0), &logs).Do(context.Background(), "op", func(context.Context) error { calls++; return errFatal })
+	if err != errFatal || calls != 1 || len(r.waits) != 0 {
+		t.Fatalf("err=%v calls=%d waits=%v", err, calls, r.waits)
+	}
+}
+
+func TestCancelledWhileWaiting(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := Policy{Base: time.Hour, MaxSleep: time.Hour, Budget: 2 * time.Hour, Classify: classify(0), Rand: func() float64 { return 1 }}
+	go cancel()
+	err := p.Do(ctx, "op", func(context.Context) error { return errTransient })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v; want context.Canceled", err)
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Duration{
+		"": 0, "7": 7 * time.Second, "-3": 0, "soon": 0, "1.5": 0,
+		now.Add(30 * time.Second).Format(time.RFC1123): 30 * time.Second,
+	} {
+		if got := ParseRetryAfter(in, now); got != want {
+			t.Errorf("ParseRetryAfter(%q) = %s; want %s", in, got, want)
+		}
+	}
+}
