@@ -1,0 +1,190 @@
+// Package integration is the lifecycle suite: it builds bin/cpi once and
+// drives it as a subprocess per call, with a real config file and the
+// Director's cleared environment. The driver comes from RUNWAY_IT_DRIVER
+// (default local); other drivers give their config and fixtures through
+// the variables documented in docs/testing.md.
+package integration_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+)
+
+func TestIntegration(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "bin/cpi lifecycle")
+}
+
+// fixture is what the suite needs to know about the driver under test.
+type fixture struct {
+	Driver      string         `json:"driver"`
+	ConfigPath  string         `json:"-"`
+	StateDir    string         `json:"-"`
+	Image       string         `json:"stemcell_image"`
+	ImageProps  map[string]any `json:"stemcell_cloud_properties"`
+	VMProps     map[string]any `json:"vm_cloud_properties"`
+	Networks    map[string]any `json:"networks"`
+	DiskProps   map[string]any `json:"disk_cloud_properties"`
+	UnknownVM   string         `json:"unknown_vm_cid"`
+	UnknownDisk string         `json:"unknown_disk_cid"`
+	// Local means the suite may look inside the state dir.
+	Local bool `json:"-"`
+}
+
+var (
+	cpiBin string
+	fx     fixture
+)
+
+var _ = SynchronizedBeforeSuite(func() []byte {
+	bin, err := gexec.Build("github.com/runway-cpi/runway/src/cmd/cpi")
+	Expect(err).NotTo(HaveOccurred())
+	return []byte(bin)
+}, func(bin []byte) {
+	cpiBin = string(bin)
+	fx = loadFixture()
+})
+
+var _ = SynchronizedAfterSuite(func() {}, func() { gexec.CleanupBuildArtifacts() })
+
+// loadFixture: for local, everything is made here; for other drivers,
+// RUNWAY_IT_CONFIG names the CPI config and RUNWAY_IT_FIXTURE a JSON file
+// with the fixture fields.
+func loadFixture() fixture {
+	driver := os.Getenv("RUNWAY_IT_DRIVER")
+	if driver == "" || driver == "local" {
+		dir, err := os.MkdirTemp("", "runway-it-")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { os.RemoveAll(dir) })
+		f := fixture{Driver: "local", Local: true, StateDir: filepath.Join(dir, "state"),
+			ConfigPath: filepath.Join(dir, "cpi.json"), Image: makeImage(dir),
+			ImageProps: map[string]any{}, VMProps: map[string]any{"command": "exec sleep 600"},
+			Networks:  map[string]any{"default": map[string]any{"type": "dynamic", "default": []string{"dns", "gateway"}}},
+			DiskProps: map[string]any{},
+			UnknownVM: "vm-00000000-0000-0000-0000-000000000000", UnknownDisk: "disk-00000000-0000-0000-0000-000000000000"}
+		cfg := map[string]any{"driver": "local", "state_dir": f.StateDir, "log_level": "debug",
+			"local": map[string]any{"stop_grace_seconds": 2}}
+		b, _ := json.Marshal(cfg)
+		Expect(os.WriteFile(f.ConfigPath, b, 0o600)).To(Succeed())
+		return f
+	}
+	var f fixture
+	b, err := os.ReadFile(os.Getenv("RUNWAY_IT_FIXTURE"))
+	Expect(err).NotTo(HaveOccurred(), "RUNWAY_IT_FIXTURE must name the fixture file for driver "+driver)
+	Expect(json.Unmarshal(b, &f)).To(Succeed())
+	f.Driver = driver
+	f.ConfigPath = os.Getenv("RUNWAY_IT_CONFIG")
+	Expect(f.ConfigPath).NotTo(BeEmpty(), "RUNWAY_IT_CONFIG must name the CPI config")
+	return f
+}
+
+func makeImage(dir string) string {
+	p := filepath.Join(dir, "image")
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	body := []byte("root image")
+	Expect(tw.WriteHeader(&tar.Header{Name: "root.img", Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})).To(Succeed())
+	tw.Write(body)
+	tw.Close()
+	gz.Close()
+	Expect(os.WriteFile(p, buf.Bytes(), 0o600)).To(Succeed())
+	return p
+}
+
+// Response is the wire response as the Director reads it.
+type Response struct {
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Type      string `json:"type"`
+		Message   string `json:"message"`
+		OkToRetry *bool  `json:"ok_to_retry"`
+	} `json:"error"`
+	Log    *string `json:"log"`
+	Stderr string  `json:"-"`
+}
+
+// directorEnv is the environment the Director gives a CPI.
+func directorEnv() []string {
+	return []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TMPDIR=" + os.TempDir(), "HOME=" + os.Getenv("HOME")}
+}
+
+// runRaw runs bin/cpi once with stdin and checks the process contract:
+// exit 0, exactly one JSON document on stdout, log a string.
+func runRaw(stdin string) Response {
+	cmd := exec.Command(cpiBin, "-configPath", fx.ConfigPath)
+	cmd.Env = directorEnv()
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	ExpectWithOffset(2, err).NotTo(HaveOccurred(), "bin/cpi exited non-zero; stderr:\n%s", stderr.String())
+	dec := json.NewDecoder(bytes.NewReader(stdout.Bytes()))
+	var r Response
+	ExpectWithOffset(2, dec.Decode(&r)).To(Succeed(), "stdout is not a JSON response: %q", stdout.String())
+	ExpectWithOffset(2, dec.More()).To(BeFalse(), "stdout carries more than the response: %q", stdout.String())
+	ExpectWithOffset(2, r.Log).NotTo(BeNil(), "log missing or not a string: %q", stdout.String())
+	if r.Error != nil {
+		ExpectWithOffset(2, r.Error.OkToRetry).NotTo(BeNil(), "ok_to_retry missing: %q", stdout.String())
+		ExpectWithOffset(2, string(r.Result)).To(Equal("null"), "result alongside an error")
+	}
+	r.Stderr = stderr.String()
+	return r
+}
+
+func request(method string, api int, args ...any) string {
+	if args == nil {
+		args = []any{}
+	}
+	req := map[string]any{"method": method, "arguments": args,
+		"context": map[string]any{"director_uuid": "it-director", "request_id": "cpi-424242",
+			"vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+	if api > 0 {
+		req["api_version"] = api
+	}
+	b, err := json.Marshal(req)
+	Expect(err).NotTo(HaveOccurred())
+	return string(b)
+}
+
+// call runs a method at API v2 and expects success.
+func call(method string, args ...any) json.RawMessage {
+	return callV(2, method, args...)
+}
+
+func callV(api int, method string, args ...any) json.RawMessage {
+	r := runRaw(request(method, api, args...))
+	ExpectWithOffset(1, r.Error).To(BeNil(), "%s failed: %+v\nlog:\n%s", method, r.Error, *r.Log)
+	return r.Result
+}
+
+// callErr runs a method and expects an error of the given type.
+func callErr(wantType string, method string, args ...any) Response {
+	r := runRaw(request(method, 2, args...))
+	ExpectWithOffset(1, r.Error).NotTo(BeNil(), "%s succeeded, want %s", method, wantType)
+	ExpectWithOffset(1, r.Error.Type).To(Equal(wantType), "%s: %s", method, r.Error.Message)
+	return r
+}
+
+func asString(raw json.RawMessage) string {
+	var s string
+	ExpectWithOffset(1, json.Unmarshal(raw, &s)).To(Succeed(), "result %s is not a string", raw)
+	return s
+}
+
+func asBool(raw json.RawMessage) bool {
+	var b bool
+	ExpectWithOffset(1, json.Unmarshal(raw, &b)).To(Succeed(), "result %s is not a boolean", raw)
+	return b
+}
