@@ -323,7 +323,7 @@ func FuzzServe(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	dir := f.TempDir()
-	c, err := config.Parse([]byte(`{"driver":"local","state_dir":"`+dir+`","lock_timeout_seconds":1}`), "")
+	c, err := config.Parse([]byte(`{"driver":"local","state_dir":"`+dir+`","lock_timeout_seconds":1,"local":{"run_processes":false}}`), "")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -11,11 +11,19 @@ import (
 	"os/signal"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+func init() {
+	// Descriptors a caller leaked to us must not reach VM processes or
+	// hooks (a Director pipe held open by a VM would hang the Director).
+	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+}
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cpi", flag.ContinueOnError)

@@ -33,6 +33,9 @@ type Config struct {
 	LoopbackCIDR string `json:"loopback_cidr,omitempty"`
 	// Shell runs string commands and user-data scripts without a #! line.
 	Shell string `json:"shell,omitempty"`
+	// RunProcesses: false records VMs without ever running their command
+	// (state-only hosts, fuzzing). Default true.
+	RunProcesses *bool `json:"run_processes,omitempty"`
 }
 
 // Defaults.

@@ -72,6 +72,9 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err != nil {
 		return driver.VM{}, err
 	}
+	if d.cfg.RunProcesses != nil && !*d.cfg.RunProcesses {
+		argv = nil
+	}
 
 	d.sweep("vms", 10*time.Minute)
 	// Build the VM out of view, then publish it with one rename.
