@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/cloudfoundry/bosh-utils/uuid"
+	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
@@ -147,11 +147,11 @@ func (s *Service) createVM(ctx context.Context, req *rpc.Request) (any, error) {
 	if spec.Networks == nil {
 		spec.Networks = driver.Networks{}
 	}
-	id, err := uuid.NewGenerator().Generate()
+	id, err := uuid.NewRandom()
 	if err != nil {
 		return nil, VMCreationFailed(true, "generating vm name: %v", err)
 	}
-	spec.Name = "vm-" + id
+	spec.Name = "vm-" + id.String()
 	spec.Tags = s.creatorTags(req)
 	spec.Tags["agent_id"] = spec.AgentID
 	if bosh, ok := spec.Env["bosh"].(map[string]any); ok {

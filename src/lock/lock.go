@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"github.com/gofrs/flock"
@@ -22,7 +21,20 @@ const DefaultTimeout = 2 * time.Minute
 // ErrTimeout is returned when a lock could not be had within the timeout.
 var ErrTimeout = errors.New("lock: timed out")
 
-var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
+// validName: letters, digits, '.', '_', '-', not starting with '.', at
+// most 200 bytes. A loop, not a regexp: bin/cpi pays init time per call.
+func validName(s string) bool {
+	if s == "" || len(s) > 200 || s[0] == '.' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Locker hands out locks stored as files in one directory.
 type Locker struct {
@@ -50,7 +62,7 @@ func New(dir string, timeout time.Duration, logger logging.Logger) (*Locker, err
 // Lock takes the exclusive lock called name (e.g. "vm-<cid>"), waiting at
 // most the locker's timeout. The returned function releases it.
 func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
-	if !validName.MatchString(name) {
+	if !validName(name) {
 		return nil, fmt.Errorf("lock: invalid lock name %q", name)
 	}
 	fl := flock.New(filepath.Join(l.Dir, name+".lock"))

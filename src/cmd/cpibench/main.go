@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -48,7 +49,7 @@ func run(cpiPath string, n, procs int) error {
 		return r.Result, r.Duration, nil
 	}
 
-	fmt.Printf("bin/cpi: %s, %d calls per measurement, GOMAXPROCS host cores: see docs\n\n", cpiPath, n)
+	fmt.Printf("bin/cpi: %s, %d calls per measurement, %d CPUs\n\n", cpiPath, n, runtime.NumCPU())
 	var info []time.Duration
 	for i := 0; i < n; i++ {
 		_, d, err := callOK("info")

@@ -12,10 +12,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
-	"github.com/cloudfoundry/bosh-utils/uuid"
+	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
@@ -103,8 +102,6 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 // StemcellFormats implements driver.Driver.
 func (d *Driver) StemcellFormats() []string { return d.cfg.StemcellFormats }
 
-var cidPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
-
 // maxCIDLen keeps paths well under PATH_MAX and names under NAME_MAX.
 const maxCIDLen = 128
 
@@ -115,18 +112,32 @@ func checkCID(kind, cid string) error {
 		return driver.Invalid("%s cid must not be empty", kind)
 	case len(cid) > maxCIDLen:
 		return driver.Invalid("%s cid is %d bytes long, at most %d allowed", kind, len(cid), maxCIDLen)
-	case !cidPattern.MatchString(cid) || cid == "." || cid == "..":
+	case !safeName(cid):
 		return driver.Invalid("%s cid %q may only hold letters, digits, '.', '_' and '-' and must not start with '.' (no paths)", kind, cid)
 	}
 	return nil
 }
 
+// safeName: letters, digits, '.', '_', '-', not starting with '.'.
+func safeName(s string) bool {
+	if s == "" || s[0] == '.' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 func newCID(prefix string) (string, error) {
-	id, err := uuid.NewGenerator().Generate()
+	id, err := uuid.NewRandom()
 	if err != nil {
 		return "", err
 	}
-	return prefix + id, nil
+	return prefix + id.String(), nil
 }
 
 func (d *Driver) dir(kind, cid string) string { return filepath.Join(d.root, kind, cid) }
