@@ -69,7 +69,9 @@ func loadFixture() fixture {
 		DeferCleanup(func() { os.RemoveAll(dir) })
 		f := fixture{Driver: "local", Local: true, StateDir: filepath.Join(dir, "state"),
 			ConfigPath: filepath.Join(dir, "cpi.json"), Image: makeImage(dir),
-			ImageProps: map[string]any{}, VMProps: map[string]any{"command": "exec sleep 600"},
+			ImageProps: map[string]any{},
+			// The VM writes to its stdout: none of it may reach bin/cpi's.
+			VMProps:   map[string]any{"command": "echo vm-output-on-stdout; echo vm-output-on-stderr >&2; exec sleep 600"},
 			Networks:  map[string]any{"default": map[string]any{"type": "dynamic", "default": []string{"dns", "gateway"}}},
 			DiskProps: map[string]any{},
 			UnknownVM: "vm-00000000-0000-0000-0000-000000000000", UnknownDisk: "disk-00000000-0000-0000-0000-000000000000"}

@@ -21,10 +21,13 @@ const DefaultTimeout = 2 * time.Minute
 // ErrTimeout is returned when a lock could not be had within the timeout.
 var ErrTimeout = errors.New("lock: timed out")
 
-// validName: letters, digits, '.', '_', '-', not starting with '.', at
-// most 200 bytes. A loop, not a regexp: bin/cpi pays init time per call.
-func validName(s string) bool {
-	if s == "" || len(s) > 200 || s[0] == '.' {
+func validName(s string) bool { return len(s) <= 200 && SafeName(s) }
+
+// SafeName reports whether s can be used as one path component: letters,
+// digits, '.', '_', '-', not empty and not starting with '.'. A loop, not a
+// regexp: bin/cpi pays package init time on every call.
+func SafeName(s string) bool {
+	if s == "" || s[0] == '.' {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

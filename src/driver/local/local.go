@@ -112,24 +112,10 @@ func checkCID(kind, cid string) error {
 		return driver.Invalid("%s cid must not be empty", kind)
 	case len(cid) > maxCIDLen:
 		return driver.Invalid("%s cid is %d bytes long, at most %d allowed", kind, len(cid), maxCIDLen)
-	case !safeName(cid):
+	case !lock.SafeName(cid):
 		return driver.Invalid("%s cid %q may only hold letters, digits, '.', '_' and '-' and must not start with '.' (no paths)", kind, cid)
 	}
 	return nil
-}
-
-// safeName: letters, digits, '.', '_', '-', not starting with '.'.
-func safeName(s string) bool {
-	if s == "" || s[0] == '.' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 func newCID(prefix string) (string, error) {
