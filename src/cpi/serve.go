@@ -15,6 +15,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/hooks"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -131,7 +132,16 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 		return nil, CpiError("driver %s: %v", cfg.Driver, err)
 	}
 	svc := &Service{Config: cfg, Driver: drv, Logger: lc}
-	res, werr = svc.Call(ctx, req)
+	var runner *hooks.Runner
+	if len(cfg.Hooks) > 0 && string(cfg.Hooks) != "null" {
+		hc, err := hooks.ParseConfig(cfg.Hooks, cfg.StateDir, Known)
+		if err != nil {
+			return nil, CpiError("config %s: %v", cfg.Path, err)
+		}
+		runner = hooks.New(hc, lc)
+		defer runner.Close()
+	}
+	res, werr = svc.Invoke(ctx, req, runner)
 	if werr == nil {
 		lc.Info("cpi", "%s finished in %s", req.Method, time.Since(start).Round(time.Microsecond))
 	}

@@ -1,0 +1,154 @@
+package cpi
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/runway-cpi/runway/src/hooks"
+	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/rpc"
+)
+
+// argNames names each method's positional arguments, for hook variables.
+var argNames = map[string][]string{
+	"create_stemcell":               {"image_path", "cloud_properties", "env"},
+	"delete_stemcell":               {"stemcell_cid"},
+	"create_vm":                     {"agent_id", "stemcell_cid", "cloud_properties", "networks", "disk_cids", "environment"},
+	"delete_vm":                     {"vm_cid"},
+	"has_vm":                        {"vm_cid"},
+	"reboot_vm":                     {"vm_cid"},
+	"set_vm_metadata":               {"vm_cid", "metadata"},
+	"calculate_vm_cloud_properties": {"desired_instance_size"},
+	"create_disk":                   {"disk_size", "cloud_properties", "vm_cid"},
+	"delete_disk":                   {"disk_cid"},
+	"has_disk":                      {"disk_cid"},
+	"resize_disk":                   {"disk_cid", "new_size"},
+	"update_disk":                   {"disk_cid", "new_size", "cloud_properties"},
+	"attach_disk":                   {"vm_cid", "disk_cid"},
+	"detach_disk":                   {"vm_cid", "disk_cid"},
+	"set_disk_metadata":             {"disk_cid", "metadata"},
+	"get_disks":                     {"vm_cid"},
+	"snapshot_disk":                 {"disk_cid", "metadata"},
+	"delete_snapshot":               {"snapshot_cid"},
+	"configure_networks":            {"vm_cid", "networks"},
+}
+
+func objectType(method string) string {
+	switch {
+	case method == "delete_snapshot":
+		return "snapshot"
+	case strings.HasSuffix(method, "_stemcell"):
+		return "stemcell"
+	case strings.Contains(method, "disk") && method != "get_disks":
+		return "disk"
+	case strings.Contains(method, "vm") || method == "get_disks" || method == "configure_networks":
+		return "vm"
+	}
+	return "none"
+}
+
+// hookCall describes req to hooks with every secret removed: the VM
+// environment is dropped whole, secret-looking keys are redacted, and only
+// whitelisted context keys are passed.
+func hookCall(req *rpc.Request) *hooks.Call {
+	names := argNames[req.Method]
+	c := &hooks.Call{Method: req.Method, RequestID: req.RequestID(), DirectorUUID: req.DirectorUUID(),
+		ObjectType: objectType(req.Method), Scalars: map[string]string{}, Args: []any{},
+		Context: map[string]any{"director_uuid": req.DirectorUUID()}}
+	if id := req.RequestID(); id != "" {
+		c.Context["request_id"] = id
+	}
+	if v := req.StemcellAPIVersion(); v > 0 {
+		c.Context["vm"] = map[string]any{"stemcell": map[string]any{"api_version": v}}
+	}
+	for i, raw := range req.Arguments {
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		name := ""
+		if i < len(names) {
+			name = names[i]
+		}
+		if name == "environment" {
+			v = "<redacted>"
+		} else {
+			v = logging.Redacted(v)
+		}
+		c.Args = append(c.Args, v)
+		if name == "" {
+			continue
+		}
+		switch t := v.(type) {
+		case string:
+			c.Scalars[name] = t
+		case float64:
+			c.Scalars[name] = strconv.FormatFloat(t, 'f', -1, 64)
+		case bool:
+			c.Scalars[name] = strconv.FormatBool(t)
+		case []any:
+			var parts []string
+			for _, x := range t {
+				if s, ok := x.(string); ok {
+					parts = append(parts, s)
+				}
+			}
+			c.Scalars[name] = strings.Join(parts, " ")
+		}
+	}
+	return c
+}
+
+// Invoke runs req with hooks around it: pre (deny → CloudError; defer →
+// wait within the budget or a retriable error), the method, then post.
+func (s *Service) Invoke(ctx context.Context, req *rpc.Request, runner *hooks.Runner) (any, *rpc.Error) {
+	if runner == nil || !Known(req.Method) {
+		return s.Call(ctx, req)
+	}
+	call := hookCall(req)
+	res, werr := s.pre(ctx, req, runner, call)
+	if werr == nil {
+		res, werr = s.Call(ctx, req)
+	}
+	post := hooks.Result{Status: "success", Value: res}
+	if werr != nil {
+		post = hooks.Result{Status: "error", ErrorType: werr.Type, ErrorMsg: werr.Message}
+	}
+	runner.Post(ctx, call, post)
+	return res, werr
+}
+
+func (s *Service) pre(ctx context.Context, req *rpc.Request, runner *hooks.Runner, call *hooks.Call) (any, *rpc.Error) {
+	budget := runner.DeferBudget()
+	var waited time.Duration
+	for {
+		v := runner.Pre(ctx, call)
+		if v.Deny {
+			return nil, CloudError("%s denied by hook %s: %s", req.Method, v.Hook, v.Message)
+		}
+		if v.RetryAfter == 0 {
+			return nil, nil
+		}
+		after := time.Duration(v.RetryAfter) * time.Second
+		if remaining := budget - waited; remaining > 0 {
+			wait := min(after, remaining)
+			s.Logger.Info("hooks", "%s deferred by hook %s for %ds (%s); waiting %s of the %s defer budget",
+				req.Method, v.Hook, v.RetryAfter, v.Message, wait, budget)
+			if err := retry.SleepContext(ctx, wait); err != nil {
+				return nil, CloudError("%s: interrupted while waiting for hook %s: %v", req.Method, v.Hook, err)
+			}
+			waited += wait
+			continue
+		}
+		msg := "%s deferred by hook %s, retry after %ds: %s"
+		switch req.Method {
+		case "create_vm":
+			return nil, VMCreationFailed(true, msg, req.Method, v.Hook, v.RetryAfter, v.Message)
+		case "create_disk", "resize_disk":
+			return nil, NoDiskSpace(msg, req.Method, v.Hook, v.RetryAfter, v.Message)
+		}
+		return nil, CloudError(msg, req.Method, v.Hook, v.RetryAfter, v.Message)
+	}
+}
