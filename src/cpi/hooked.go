@@ -35,6 +35,7 @@ var argNames = map[string][]string{
 	"snapshot_disk":                 {"disk_cid", "metadata"},
 	"delete_snapshot":               {"snapshot_cid"},
 	"configure_networks":            {"vm_cid", "networks"},
+	"list_vms":                      {"tags", "metadata"},
 }
 
 func objectType(method string) string {
@@ -45,7 +46,7 @@ func objectType(method string) string {
 		return "stemcell"
 	case strings.Contains(method, "disk") && method != "get_disks":
 		return "disk"
-	case strings.Contains(method, "vm") || method == "get_disks" || method == "configure_networks":
+	case strings.Contains(method, "vm") || method == "get_disks" || method == "list_vms" || method == "configure_networks":
 		return "vm"
 	}
 	return "none"
@@ -73,32 +74,60 @@ func hookCall(req *rpc.Request) *hooks.Call {
 			name = names[i]
 		}
 		if name == "environment" {
-			v = "<redacted>"
+			v = hookEnvironment(v)
+			if bosh, ok := v.(map[string]any)["bosh"].(map[string]any); ok {
+				flatten(c.Scalars, "bosh_groups", bosh["groups"])
+				flatten(c.Scalars, "bosh_group", bosh["group"])
+			}
 		} else {
 			v = logging.Redacted(v)
 		}
 		c.Args = append(c.Args, v)
-		if name == "" {
-			continue
-		}
-		switch t := v.(type) {
-		case string:
-			c.Scalars[name] = t
-		case float64:
-			c.Scalars[name] = strconv.FormatFloat(t, 'f', -1, 64)
-		case bool:
-			c.Scalars[name] = strconv.FormatBool(t)
-		case []any:
-			var parts []string
-			for _, x := range t {
-				if s, ok := x.(string); ok {
-					parts = append(parts, s)
-				}
-			}
-			c.Scalars[name] = strings.Join(parts, " ")
+		if name != "" {
+			flatten(c.Scalars, name, v)
 		}
 	}
 	return c
+}
+
+// flatten sets scalars[name] for strings, numbers, booleans and arrays of
+// strings (space-separated).
+func flatten(scalars map[string]string, name string, v any) {
+	switch t := v.(type) {
+	case string:
+		scalars[name] = t
+	case float64:
+		scalars[name] = strconv.FormatFloat(t, 'f', -1, 64)
+	case bool:
+		scalars[name] = strconv.FormatBool(t)
+	case []any:
+		var parts []string
+		for _, x := range t {
+			if s, ok := x.(string); ok {
+				parts = append(parts, s)
+			}
+		}
+		scalars[name] = strings.Join(parts, " ")
+	}
+}
+
+// hookEnvironment keeps only the VM environment's placement identifiers
+// (bosh.group, bosh.groups: director, deployment, instance group names);
+// everything else may be a secret and is dropped.
+func hookEnvironment(v any) any {
+	out := map[string]any{}
+	env, _ := v.(map[string]any)
+	bosh, _ := env["bosh"].(map[string]any)
+	keep := map[string]any{}
+	for _, k := range []string{"group", "groups"} {
+		if x, ok := bosh[k]; ok {
+			keep[k] = logging.Redacted(x)
+		}
+	}
+	if len(keep) > 0 {
+		out["bosh"] = keep
+	}
+	return out
 }
 
 // Invoke runs req with hooks around it: pre (deny → CloudError; defer →

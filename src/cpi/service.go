@@ -52,7 +52,10 @@ var methods = map[string]handler{
 	"snapshot_disk":                 (*Service).snapshotDisk,
 	"delete_snapshot":               (*Service).deleteSnapshot,
 	"current_vm_id":                 (*Service).currentVMID,
-	"configure_networks":            (*Service).configureNetworks,
+	// Runway's own, never sent by the Director: for hooks, reapers and
+	// operators. Answers the VMs carrying every given tag and metadata value.
+	"list_vms":           (*Service).listVMs,
+	"configure_networks": (*Service).configureNetworks,
 }
 
 // Methods lists the implemented method names, sorted.
@@ -391,6 +394,30 @@ func (s *Service) deleteSnapshot(ctx context.Context, req *rpc.Request) (any, er
 	}
 	s.Logger.Info("cpi", "deleting snapshot %s", cid)
 	return nil, s.Driver.DeleteSnapshot(ctx, cid)
+}
+
+func (s *Service) listVMs(ctx context.Context, req *rpc.Request) (any, error) {
+	var tags, md map[string]string
+	if err := req.Bind(rpc.Param{Name: "tags", Into: &tags, Optional: true, Nullable: true},
+		rpc.Param{Name: "metadata", Into: &md, Optional: true, Nullable: true}); err != nil {
+		return nil, err
+	}
+	vms, err := s.Driver.ListVMs(ctx, tags)
+	if err != nil {
+		return nil, err
+	}
+	out := []map[string]any{}
+	for _, vm := range vms {
+		ok := true
+		for k, v := range md {
+			ok = ok && vm.Metadata[k] == v
+		}
+		if ok {
+			out = append(out, map[string]any{"cid": vm.CID, "agent_id": vm.AgentID, "state": vm.State,
+				"tags": vm.Tags, "metadata": vm.Metadata, "networks": vm.Networks})
+		}
+	}
+	return out, nil
 }
 
 func (s *Service) currentVMID(context.Context, *rpc.Request) (any, error) {
