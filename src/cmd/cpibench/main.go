@@ -22,8 +22,13 @@ func main() {
 	cpiPath := flag.String("cpi", "bin/cpi", "bin/cpi to measure")
 	n := flag.Int("n", 200, "calls per measurement")
 	procs := flag.Int("procs", 32, "concurrent processes for the throughput run")
+	suite := flag.String("suite", "local", "local (driver timings) or hooks (hook overhead)")
 	flag.Parse()
-	if err := run(*cpiPath, *n, *procs); err != nil {
+	runSuite := run
+	if *suite == "hooks" {
+		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
+	}
+	if err := runSuite(*cpiPath, *n, *procs); err != nil {
 		fmt.Fprintln(os.Stderr, "cpibench:", err)
 		os.Exit(1)
 	}
