@@ -290,6 +290,8 @@ var _ = Describe("lifecycle hooks through bin/cpi", func() {
 	It("an extension over mutual TLS allows, and receives a redacted request", func() {
 		e := startExtension(p, reply("Success", 0, "ok"))
 		h := newHookEnv(map[string]any{"extensions": []any{ext(e, "Fail", nil)}})
+		dump := filepath.Join(h.dir, "script-saw")
+		h.script("create_vm", "pre", "10-dump", `env > `+dump+`; cat "$CPI_REQUEST_FILE" >> `+dump)
 		sc := h.stemcell()
 		canary := "canary-hook-secret-7781"
 		r := h.createVM(sc, map[string]any{"bosh": map[string]any{"password": canary}, "runner_token": canary})
@@ -310,6 +312,11 @@ var _ = Describe("lifecycle hooks through bin/cpi", func() {
 		}
 		audit, _ := os.ReadFile(h.audit)
 		Expect(string(audit)).NotTo(ContainSubstring(canary))
+		saw, err := os.ReadFile(dump)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(saw)).To(ContainSubstring("CPI_AGENT_ID=agent-h"))
+		Expect(string(saw)).To(ContainSubstring(`"method":"create_vm"`))
+		Expect(string(saw)).NotTo(ContainSubstring(canary))
 		Expect(*r.Log).NotTo(ContainSubstring(canary))
 		Expect(*r.Log).To(ContainSubstring("pre create_vm http quota: success (http 200"))
 	})
