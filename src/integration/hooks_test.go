@@ -133,10 +133,7 @@ func (h *hookEnv) script(method, phase, name, body string) {
 }
 
 func (h *hookEnv) run(method string, args ...any) Response {
-	saved := fx.ConfigPath
-	fx.ConfigPath = h.cfg
-	defer func() { fx.ConfigPath = saved }()
-	return runRaw(request(method, 2, args...))
+	return runWith(h.cfg, request(method, 2, args...))
 }
 
 func (h *hookEnv) auditLines() []map[string]any {

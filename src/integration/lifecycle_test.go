@@ -196,10 +196,9 @@ var _ = Describe("error paths", func() {
 	It("a bad config file is a CpiError naming the file", func() {
 		bad := filepath.Join(GinkgoT().TempDir(), "bad.json")
 		Expect(os.WriteFile(bad, []byte(`{"driver": "local", "state_dir": "relative"}`), 0o600)).To(Succeed())
-		saved := fx.ConfigPath
-		fx.ConfigPath = bad
-		defer func() { fx.ConfigPath = saved }()
-		r := callErr("Bosh::Clouds::CpiError", "has_vm", fx.UnknownVM)
+		r := runWith(bad, request("has_vm", 2, fx.UnknownVM))
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Type).To(Equal("Bosh::Clouds::CpiError"))
 		Expect(r.Error.Message).To(ContainSubstring(bad))
 		Expect(r.Error.Message).To(ContainSubstring("state_dir"))
 	})

@@ -124,22 +124,25 @@ func directorEnv() []string {
 
 // runRaw runs bin/cpi once with stdin and checks the process contract:
 // exit 0, exactly one JSON document on stdout, log a string.
-func runRaw(stdin string) Response {
-	cmd := exec.Command(cpiBin, "-configPath", fx.ConfigPath)
+func runRaw(stdin string) Response { return runWith(fx.ConfigPath, stdin) }
+
+// runWith is runRaw with an explicit config file.
+func runWith(configPath, stdin string) Response {
+	cmd := exec.Command(cpiBin, "-configPath", configPath)
 	cmd.Env = directorEnv()
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
-	ExpectWithOffset(2, err).NotTo(HaveOccurred(), "bin/cpi exited non-zero; stderr:\n%s", stderr.String())
+	ExpectWithOffset(3, err).NotTo(HaveOccurred(), "bin/cpi exited non-zero; stderr:\n%s", stderr.String())
 	dec := json.NewDecoder(bytes.NewReader(stdout.Bytes()))
 	var r Response
-	ExpectWithOffset(2, dec.Decode(&r)).To(Succeed(), "stdout is not a JSON response: %q", stdout.String())
-	ExpectWithOffset(2, dec.More()).To(BeFalse(), "stdout carries more than the response: %q", stdout.String())
-	ExpectWithOffset(2, r.Log).NotTo(BeNil(), "log missing or not a string: %q", stdout.String())
+	ExpectWithOffset(3, dec.Decode(&r)).To(Succeed(), "stdout is not a JSON response: %q", stdout.String())
+	ExpectWithOffset(3, dec.More()).To(BeFalse(), "stdout carries more than the response: %q", stdout.String())
+	ExpectWithOffset(3, r.Log).NotTo(BeNil(), "log missing or not a string: %q", stdout.String())
 	if r.Error != nil {
-		ExpectWithOffset(2, r.Error.OkToRetry).NotTo(BeNil(), "ok_to_retry missing: %q", stdout.String())
-		ExpectWithOffset(2, string(r.Result)).To(Equal("null"), "result alongside an error")
+		ExpectWithOffset(3, r.Error.OkToRetry).NotTo(BeNil(), "ok_to_retry missing: %q", stdout.String())
+		ExpectWithOffset(3, string(r.Result)).To(Equal("null"), "result alongside an error")
 	}
 	r.Stderr = stderr.String()
 	return r
