@@ -36,6 +36,8 @@ var argNames = map[string][]string{
 	"delete_snapshot":               {"snapshot_cid"},
 	"configure_networks":            {"vm_cid", "networks"},
 	"list_vms":                      {"tags", "metadata"},
+	"start_vm":                      {"vm_cid"},
+	"stop_vm":                       {"vm_cid"},
 }
 
 func objectType(method string) string {

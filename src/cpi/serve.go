@@ -104,12 +104,40 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 	if opts.ConfigErr != nil {
 		return nil, CpiError("%v", opts.ConfigErr)
 	}
-	cfg := opts.Config
-	factory, ok := opts.Drivers[cfg.Driver]
-	if !ok {
-		return nil, CpiError("driver %q is not built into this bin/cpi (have: %v)", cfg.Driver, driverNames(opts.Drivers))
+	sess, werr := NewSession(opts.Config, opts.Drivers, req.Context, lc)
+	if werr != nil {
+		return nil, werr
 	}
-	section, err := cfg.MergeContext(req.Context)
+	defer sess.Close()
+	res, werr = sess.Service.Invoke(ctx, req, sess.Hooks)
+	if werr == nil {
+		lc.Info("cpi", "%s finished in %s", req.Method, time.Since(start).Round(time.Microsecond))
+	}
+	return res, werr
+}
+
+// Session is what one call needs: the service over its driver, and the
+// hooks runner (nil without hooks). Both front doors (BOSH and garm) use it.
+type Session struct {
+	Service *Service
+	Hooks   *hooks.Runner
+}
+
+// Close releases the session's temporary files.
+func (s *Session) Close() {
+	if s.Hooks != nil {
+		s.Hooks.Close()
+	}
+}
+
+// NewSession builds the driver from cfg (with reqCtx's driver section
+// merged over the file's) and the hooks runner.
+func NewSession(cfg *config.Config, drivers map[string]Factory, reqCtx map[string]any, lc *logging.Call) (*Session, *rpc.Error) {
+	factory, ok := drivers[cfg.Driver]
+	if !ok {
+		return nil, CpiError("driver %q is not built into this bin/cpi (have: %v)", cfg.Driver, driverNames(drivers))
+	}
+	section, err := cfg.MergeContext(reqCtx)
 	if err != nil {
 		return nil, CpiError("%v", err)
 	}
@@ -131,21 +159,15 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 	if err != nil {
 		return nil, CpiError("driver %s: %v", cfg.Driver, err)
 	}
-	svc := &Service{Config: cfg, Driver: drv, Logger: lc}
-	var runner *hooks.Runner
+	sess := &Session{Service: &Service{Config: cfg, Driver: drv, Logger: lc}}
 	if len(cfg.Hooks) > 0 && string(cfg.Hooks) != "null" {
 		hc, err := hooks.ParseConfig(cfg.Hooks, cfg.StateDir, Known)
 		if err != nil {
 			return nil, CpiError("config %s: %v", cfg.Path, err)
 		}
-		runner = hooks.New(hc, lc)
-		defer runner.Close()
+		sess.Hooks = hooks.New(hc, lc)
 	}
-	res, werr = svc.Invoke(ctx, req, runner)
-	if werr == nil {
-		lc.Info("cpi", "%s finished in %s", req.Method, time.Since(start).Round(time.Microsecond))
-	}
-	return res, werr
+	return sess, nil
 }
 
 func driverNames(m map[string]Factory) []string {

@@ -220,6 +220,24 @@ func (s *Service) rebootVM(ctx context.Context, req *rpc.Request) (any, error) {
 	return nil, s.Driver.RebootVM(ctx, cid)
 }
 
+func (s *Service) startVM(ctx context.Context, req *rpc.Request) (any, error) {
+	cid, err := s.vmCID(req)
+	if err != nil {
+		return nil, err
+	}
+	s.Logger.Info("cpi", "starting vm %s", cid)
+	return nil, s.Driver.StartVM(ctx, cid)
+}
+
+func (s *Service) stopVM(ctx context.Context, req *rpc.Request) (any, error) {
+	cid, err := s.vmCID(req)
+	if err != nil {
+		return nil, err
+	}
+	s.Logger.Info("cpi", "stopping vm %s", cid)
+	return nil, s.Driver.StopVM(ctx, cid)
+}
+
 func (s *Service) setVMMetadata(ctx context.Context, req *rpc.Request) (any, error) {
 	var cid string
 	var md map[string]any

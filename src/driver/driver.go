@@ -125,6 +125,10 @@ type Driver interface {
 	HasVM(ctx context.Context, cid string) (bool, error)
 	RebootVM(ctx context.Context, cid string) error
 	SetVMMetadata(ctx context.Context, cid string, md map[string]string) error
+	// StopVM powers a VM off, keeping it; StartVM powers it on again
+	// (garm's StopInstance/StartInstance).
+	StopVM(ctx context.Context, cid string) error
+	StartVM(ctx context.Context, cid string) error
 	CalculateVMCloudProperties(ctx context.Context, r Resources) (Props, error)
 	// ListVMs returns the VMs carrying every tag in match.
 	ListVMs(ctx context.Context, match map[string]string) ([]VMInfo, error)

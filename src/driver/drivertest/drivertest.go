@@ -92,6 +92,15 @@ func Run(t *testing.T, f Fixture) {
 		if other, _ := d.ListVMs(ctx, map[string]string{"director": "someone-else"}); slices.ContainsFunc(other, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
 			t.Fatalf("list with a foreign tag finds %s", vm.CID)
 		}
+		if err := d.StopVM(ctx, vm.CID); err != nil {
+			t.Fatalf("stop vm: %v", err)
+		}
+		if list, _ := d.ListVMs(ctx, map[string]string{"agent_id": "dt-agent"}); !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID && v.State == "stopped" }) {
+			t.Fatalf("stopped vm not listed as stopped: %+v", list)
+		}
+		if err := d.StartVM(ctx, vm.CID); err != nil {
+			t.Fatalf("start vm: %v", err)
+		}
 		if err := d.RebootVM(ctx, vm.CID); err != nil {
 			t.Fatalf("reboot_vm: %v", err)
 		}
@@ -115,6 +124,8 @@ func Run(t *testing.T, f Fixture) {
 			"reboot_vm":       func() error { return d.RebootVM(ctx, f.UnknownVM) },
 			"set_vm_metadata": func() error { return d.SetVMMetadata(ctx, f.UnknownVM, map[string]string{"a": "b"}) },
 			"get_disks":       func() error { _, err := d.GetDisks(ctx, f.UnknownVM); return err },
+			"stop_vm":         func() error { return d.StopVM(ctx, f.UnknownVM) },
+			"start_vm":        func() error { return d.StartVM(ctx, f.UnknownVM) },
 		} {
 			if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
 				t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
