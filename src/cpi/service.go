@@ -55,6 +55,8 @@ var methods = map[string]handler{
 	// Runway's own, never sent by the Director: for hooks, reapers and
 	// operators. Answers the VMs carrying every given tag and metadata value.
 	"list_vms":           (*Service).listVMs,
+	"start_vm":           (*Service).startVM,
+	"stop_vm":            (*Service).stopVM,
 	"configure_networks": (*Service).configureNetworks,
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
+	"github.com/runway-cpi/runway/src/garm"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
@@ -26,6 +27,12 @@ func init() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// garm runs providers with GARM_COMMAND set and a cleared environment.
+	if os.Getenv("GARM_COMMAND") != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return garm.Run(ctx, garm.EnvFrom(os.Getenv), stdin, stdout, stderr, drivers)
+	}
 	fs := flag.NewFlagSet("cpi", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("configPath", "", "path to the CPI config (JSON); without it the local driver runs with a default state dir")
