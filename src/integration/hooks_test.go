@@ -123,6 +123,19 @@ func newHookEnv(hooksSection map[string]any) *hookEnv {
 	b, _ := json.Marshal(cfg)
 	h.cfg = filepath.Join(dir, "cpi.json")
 	Expect(os.WriteFile(h.cfg, b, 0o600)).To(Succeed())
+	// Stop every VM the case made, through a config without hooks so no
+	// hook (or a server already gone) can stand in the way.
+	DeferCleanup(func() {
+		plain := filepath.Join(dir, "cleanup.json")
+		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": h.state, "local": map[string]any{"stop_grace_seconds": 1}})
+		os.WriteFile(plain, b, 0o600)
+		entries, _ := os.ReadDir(filepath.Join(h.state, "vms"))
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), ".") {
+				runWith(plain, request("delete_vm", 2, e.Name()))
+			}
+		}
+	})
 	return h
 }
 
