@@ -121,6 +121,7 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 type Session struct {
 	Service *Service
 	Hooks   *hooks.Runner
+	Locker  *lock.Locker // the driver's locks, for front-door locks too
 }
 
 // Close releases the session's temporary files.
@@ -159,7 +160,7 @@ func NewSession(cfg *config.Config, drivers map[string]Factory, reqCtx map[strin
 	if err != nil {
 		return nil, CpiError("driver %s: %v", cfg.Driver, err)
 	}
-	sess := &Session{Service: &Service{Config: cfg, Driver: drv, Logger: lc}}
+	sess := &Session{Service: &Service{Config: cfg, Driver: drv, Logger: lc}, Locker: locker}
 	if len(cfg.Hooks) > 0 && string(cfg.Hooks) != "null" {
 		hc, err := hooks.ParseConfig(cfg.Hooks, cfg.StateDir, Known)
 		if err != nil {

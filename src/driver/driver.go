@@ -15,7 +15,6 @@ var (
 	ErrVMNotFound       = errors.New("vm not found")
 	ErrDiskNotFound     = errors.New("disk not found")
 	ErrDiskNotAttached  = errors.New("disk not attached")
-	ErrSnapshotNotFound = errors.New("snapshot not found")
 	ErrStemcellNotFound = errors.New("stemcell not found")
 	ErrNotSupported     = errors.New("not supported")
 	ErrInvalidInput     = errors.New("invalid input")

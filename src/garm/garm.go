@@ -21,7 +21,6 @@ import (
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/rpc"
 )
@@ -43,10 +42,9 @@ const (
 // util packages pull in net/http, bcrypt and more, which every bin/cpi
 // start would pay for.)
 const (
-	Version010        = "v0.1.0"
-	Version011        = "v0.1.1"
-	ExitCodeNotFound  = 30
-	ExitCodeDuplicate = 31
+	Version010       = "v0.1.0"
+	Version011       = "v0.1.1"
+	ExitCodeNotFound = 30
 )
 
 // errNotFound → exit 30.
@@ -254,11 +252,7 @@ func (p *provider) create(ctx context.Context, bi params.BootstrapInstance) (str
 	}
 	// One CreateInstance per name at a time, so a retried create finds the
 	// first one's VM instead of making a second.
-	locks, err := lock.New(filepath.Join(p.cfg.StateDir, "locks"), p.cfg.LockTimeout(), p.log)
-	if err != nil {
-		return "", err
-	}
-	release, err := locks.Lock(ctx, "garm-"+nameKey(p.env.ControllerID, bi.Name))
+	release, err := p.sess.Locker.Lock(ctx, "garm-"+nameKey(p.env.ControllerID, bi.Name))
 	if err != nil {
 		return "", err
 	}
@@ -357,11 +351,7 @@ func (p *provider) resolve(ctx context.Context, image, flavor string, specs *Ext
 // localStemcell makes (once, under a lock) the empty stemcell local VMs
 // need when no image is mapped.
 func (p *provider) localStemcell(ctx context.Context) (string, error) {
-	locks, err := lock.New(filepath.Join(p.cfg.StateDir, "locks"), p.cfg.LockTimeout(), p.log)
-	if err != nil {
-		return "", err
-	}
-	release, err := locks.Lock(ctx, "garm-local-stemcell")
+	release, err := p.sess.Locker.Lock(ctx, "garm-local-stemcell")
 	if err != nil {
 		return "", err
 	}

@@ -82,7 +82,11 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err := os.MkdirAll(filepath.Join(tmp, "disks"), 0o700); err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
+	allocated := false
 	fail := func(err error, retryable bool) (driver.VM, error) {
+		if allocated {
+			d.release(ctx, cid)
+		}
 		_ = os.RemoveAll(tmp)
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: retryable}
 	}
@@ -93,6 +97,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err != nil {
 		return fail(err, true)
 	}
+	allocated = true
 	rec := vmRecord{
 		CID: cid, AgentID: spec.AgentID, StemcellCID: spec.StemcellCID, CloudProps: spec.CloudProps,
 		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: argv, CreatedAt: now(),
@@ -100,22 +105,18 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	settings := spec.AgentSettings
 	if settings != nil {
 		if err := os.WriteFile(filepath.Join(tmp, "agent-settings.json"), settings, 0o600); err != nil {
-			d.release(ctx, cid)
 			return fail(err, true)
 		}
 	}
 	if userData != "" {
 		if err := os.WriteFile(filepath.Join(tmp, "user-data"), []byte(userData), 0o700); err != nil {
-			d.release(ctx, cid)
 			return fail(err, true)
 		}
 	}
 	if err := writeJSON(filepath.Join(tmp, "vm.json"), rec); err != nil {
-		d.release(ctx, cid)
 		return fail(err, true)
 	}
 	if err := publish(tmp, d.vmDir(cid)); err != nil {
-		d.release(ctx, cid)
 		return fail(err, true)
 	}
 	if len(argv) > 0 {
