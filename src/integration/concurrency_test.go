@@ -22,6 +22,11 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 		stemcell := asString(call("create_stemcell", fx.Image, fx.ImageProps))
 		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
 
+		var created sync.Map // every VM made, so a failed run still stops them
+		DeferCleanup(func() {
+			created.Range(func(vm, _ any) bool { runRaw(request("delete_vm", 2, vm)); return true })
+		})
+
 		createVM := func(agent string) (string, string) {
 			var res []json.RawMessage
 			Expect(json.Unmarshal(call("create_vm", agent, stemcell, fx.VMProps, fx.Networks, []string{}, map[string]any{}), &res)).To(Succeed())
@@ -33,7 +38,9 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 			for _, n := range nets {
 				ip = n.IP
 			}
-			return asString(res[0]), ip
+			cid := asString(res[0])
+			created.Store(cid, true)
+			return cid, ip
 		}
 
 		sharedVMs := make([]string, shared)

@@ -92,8 +92,10 @@ func (d *Driver) release(ctx context.Context, cid string) {
 }
 
 // ownerAlive: a VM being created or existing still owns its addresses.
+// The checks follow the publishing rename (.creating-<cid> → <cid>): looked
+// at in the other order, a VM published between the two looks dead.
 func (d *Driver) ownerAlive(cid string) bool {
-	for _, p := range []string{d.vmDir(cid), filepath.Join(d.root, "vms", ".creating-"+cid)} {
+	for _, p := range []string{filepath.Join(d.root, "vms", ".creating-"+cid), d.vmDir(cid)} {
 		if _, err := os.Stat(p); err == nil {
 			return true
 		}
