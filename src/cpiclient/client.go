@@ -86,8 +86,10 @@ func (c *Client) Call(ctx context.Context, method, requestID string, args ...any
 	cmd.Stdin = bytes.NewReader(body)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	// Own process group, so a timeout kills whatever the CPI started too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Own process group, so a timeout kills whatever the CPI started too;
+	// and killed with its caller, so a caller that dies mid-call (kill -9)
+	// leaves no CPI running on that it cannot see finish.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	start := time.Now()

@@ -1,5 +1,6 @@
-// Command runway is the operator CLI: `runway call` sends one request to a
-// CPI, `runway demo` walks a whole lifecycle through bin/cpi.
+// Command runway is the runner orchestrator daemon (`runway serve`), its
+// operator CLI (status, runners, drain, resume) and the CPI CLI (`runway
+// call` sends one request to a CPI, `runway demo` walks a lifecycle).
 package main
 
 import (
@@ -11,6 +12,11 @@ func usage() {
 	fmt.Fprint(os.Stderr, `usage: runway <command> [flags]
 
 commands:
+  serve -config runway.yml       run the runner orchestrator daemon
+  status                         groups: demand, runners, last check (from the daemon)
+  runners [-all]                 runners and their state (from the daemon)
+  drain <group>                  stop spawning for a group; running jobs finish
+  resume <group>                 undo drain
   call <method> [json-arg ...]   send one request to bin/cpi and print the answer
   demo                           run a VM + disk + snapshot lifecycle through bin/cpi
 `)
@@ -23,6 +29,16 @@ func main() {
 	}
 	var err error
 	switch os.Args[1] {
+	case "serve":
+		err = serveCmd(os.Args[2:])
+	case "status":
+		err = statusCmd(os.Args[2:])
+	case "runners":
+		err = runnersCmd(os.Args[2:])
+	case "drain":
+		err = drainCmd(os.Args[2:], true)
+	case "resume":
+		err = drainCmd(os.Args[2:], false)
 	case "call":
 		err = callCmd(os.Args[2:])
 	case "demo":

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/runway-cpi/runway/src/orchestrator"
+)
+
+func serveCmd(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfgPath := fs.String("config", "runway.yml", "orchestrator config (YAML)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := orchestrator.LoadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("config %s: log_level: %q is not debug, info, warn or error", *cfgPath, cfg.LogLevel)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer o.Close()
+	h, err := o.Handler()
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	addr := ln.Addr().String()
+	// The CLI finds the daemon here when listen uses port 0.
+	if err := os.WriteFile(filepath.Join(cfg.StateDir, "listen.addr"), []byte(addr+"\n"), 0o600); err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server", "err", err)
+			stop()
+		}
+	}()
+	log.Info("runway serve", "listen", addr, "groups", len(cfg.Groups), "forges", len(cfg.Forges), "state_dir", cfg.StateDir)
+	err = o.Run(ctx)
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shut)
+	log.Info("runway serve stopped")
+	return err
+}
+
+// daemon finds the running daemon's address and admin token from the
+// config (or -addr).
+type daemon struct {
+	addr, token string
+}
+
+func daemonFlags(fs *flag.FlagSet) (*string, *string) {
+	return fs.String("config", "runway.yml", "orchestrator config (YAML)"), fs.String("addr", "", "daemon address (default: from the config)")
+}
+
+func findDaemon(cfgPath, addr string) (*daemon, error) {
+	d := &daemon{addr: addr}
+	if cfg, err := orchestrator.LoadConfig(cfgPath); err == nil {
+		if d.addr == "" {
+			d.addr = cfg.Listen
+			if b, err := os.ReadFile(filepath.Join(cfg.StateDir, "listen.addr")); err == nil {
+				d.addr = strings.TrimSpace(string(b))
+			}
+		}
+		if cfg.AdminTokenFile != "" {
+			b, err := os.ReadFile(cfg.AdminTokenFile)
+			if err != nil {
+				return nil, fmt.Errorf("admin_token_file: %w", err)
+			}
+			d.token = strings.TrimSpace(string(b))
+		}
+	} else if d.addr == "" {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *daemon) do(method, path string, out any) error {
+	req, err := http.NewRequest(method, "http://"+d.addr+path, nil)
+	if err != nil {
+		return err
+	}
+	if d.token != "" {
+		req.Header.Set("Authorization", "Bearer "+d.token)
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return fmt.Errorf("is runway serve running? %w", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return json.Unmarshal(b, out)
+}
+
+func statusCmd(args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	cfg, addr := daemonFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	d, err := findDaemon(*cfg, *addr)
+	if err != nil {
+		return err
+	}
+	var groups []orchestrator.GroupStatus
+	if err := d.do("GET", "/api/v1/groups", &groups); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(groups)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "GROUP\tSCOPE\tQUEUED\tACTIVE/MAX\tCREATING\tIDLE\tBUSY\tDELETING\tDRAINED\tLAST CHECK\tERROR")
+	for _, g := range groups {
+		last := "never"
+		if !g.LastCheckTime.IsZero() {
+			last = time.Since(g.LastCheckTime).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d\t%v\t%s\t%s\n", g.Name, g.Scope, g.QueuedJobs, g.ActiveRunners,
+			g.MaxActiveRunners, g.Creating, g.Idle, g.Busy, g.Deleting, g.Drained, last, g.LastError)
+	}
+	return w.Flush()
+}
+
+func runnersCmd(args []string) error {
+	fs := flag.NewFlagSet("runners", flag.ContinueOnError)
+	cfg, addr := daemonFlags(fs)
+	all := fs.Bool("all", false, "include deleted runners (history)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	d, err := findDaemon(*cfg, *addr)
+	if err != nil {
+		return err
+	}
+	var rs []orchestrator.RunnerView
+	path := "/api/v1/runners"
+	if *all {
+		path += "?all=true"
+	}
+	if err := d.do("GET", path, &rs); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(rs)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "RUNNER\tGROUP\tSTATE\tVM\tJOB\tAGE\tREASON")
+	for _, r := range rs {
+		job := ""
+		if r.JobID != 0 {
+			job = fmt.Sprintf("%s#%d", r.JobRepo, r.JobID)
+		} else if r.TriggerJob != 0 {
+			job = fmt.Sprintf("(for #%d)", r.TriggerJob)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Group, r.State, r.VMCID, job,
+			time.Since(r.CreatedAt).Round(time.Second), r.Reason)
+	}
+	return w.Flush()
+}
+
+func drainCmd(args []string, drain bool) error {
+	name := "drain"
+	if !drain {
+		name = "resume"
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	cfg, addr := daemonFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("%s: one group name required", name)
+	}
+	d, err := findDaemon(*cfg, *addr)
+	if err != nil {
+		return err
+	}
+	var g orchestrator.GroupStatus
+	if err := d.do("POST", "/api/v1/groups/"+fs.Arg(0)+"/"+name, &g); err != nil {
+		return err
+	}
+	fmt.Printf("group %s: drained=%v active=%d busy=%d\n", g.Name, g.Drained, g.ActiveRunners, g.Busy)
+	return nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,172 @@
+// Package forge is what the runner orchestrator needs of a CI forge (Gitea,
+// GitHub): the jobs waiting for a runner, a runner registration, the
+// registered runners, and webhook deliveries. Subpackages implement it
+// over each forge's REST API.
+package forge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Job statuses as the orchestrator sees them. Gitea's `waiting` (blocked
+// on needs, approval or concurrency) is not demand; neither is anything
+// not listed here.
+const (
+	StatusQueued     = "queued"
+	StatusInProgress = "in_progress"
+	StatusCompleted  = "completed"
+	StatusWaiting    = "waiting"
+)
+
+// Job is one CI job.
+type Job struct {
+	ID         int64     `json:"id"`
+	RunID      int64     `json:"run_id"`
+	Repo       string    `json:"repo"` // owner/name
+	Name       string    `json:"name"`
+	Labels     []string  `json:"labels"`
+	Status     string    `json:"status"`
+	Conclusion string    `json:"conclusion,omitempty"`
+	RunnerName string    `json:"runner_name,omitempty"`
+	URL        string    `json:"url,omitempty"` // API URL of the job itself
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+// Runner is one runner registered at the forge.
+type Runner struct {
+	ID     int64    `json:"id"`
+	Name   string   `json:"name"`
+	Status string   `json:"status"` // online | offline
+	Busy   bool     `json:"busy"`
+	Labels []string `json:"labels"`
+}
+
+// Registration is what a new runner needs to join the forge. Exactly one
+// of Token (Gitea; GitHub fallback) or JITConfig (GitHub) is set. Both are
+// secrets.
+type Registration struct {
+	Token     string
+	JITConfig string
+	RunnerID  int64 // GitHub JIT: the runner already exists at the forge
+}
+
+// Scope is where runners register and which jobs they can see.
+type Scope struct {
+	Kind  string // global | org | user | repo
+	Owner string // org or user (and the repo's owner)
+	Repo  string // repo name, for Kind repo
+}
+
+func (s Scope) String() string {
+	switch s.Kind {
+	case "repo":
+		return "repo " + s.Owner + "/" + s.Repo
+	case "global":
+		return "global"
+	default:
+		return s.Kind + " " + s.Owner
+	}
+}
+
+// Covers reports whether a job of repo (owner/name) is visible in scope.
+func (s Scope) Covers(repo string) bool {
+	owner, name, _ := strings.Cut(repo, "/")
+	switch s.Kind {
+	case "global":
+		return true
+	case "org", "user":
+		return strings.EqualFold(owner, s.Owner)
+	case "repo":
+		return strings.EqualFold(owner, s.Owner) && strings.EqualFold(name, s.Repo)
+	}
+	return false
+}
+
+// Specificity orders scopes for claiming: the most specific scope that
+// can run a job claims it.
+func (s Scope) Specificity() int {
+	switch s.Kind {
+	case "repo":
+		return 3
+	case "org", "user":
+		return 2
+	}
+	return 1
+}
+
+// Client is one forge.
+type Client interface {
+	// Jobs lists the queued and in-progress jobs in scope, every page.
+	Jobs(ctx context.Context, s Scope) ([]Job, error)
+	// Job fetches one job again (to confirm it finished before a runner
+	// is reaped on the strength of a listing).
+	Job(ctx context.Context, j Job) (Job, error)
+	// Register prepares a registration for a runner called name.
+	Register(ctx context.Context, s Scope, name string, labels []string) (Registration, error)
+	Runners(ctx context.Context, s Scope) ([]Runner, error)
+	// DeleteRunner removes a registration; a missing runner is not an error.
+	DeleteRunner(ctx context.Context, s Scope, id int64) error
+}
+
+// ErrNotFound is returned for a 404 from the forge.
+var ErrNotFound = errors.New("not found")
+
+// APIError is a non-2xx answer from a forge.
+type APIError struct {
+	Method, URL string
+	Status      int
+	Message     string
+	RetryAfter  time.Duration
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s %s: HTTP %d: %s", e.Method, e.URL, e.Status, e.Message)
+}
+
+func (e *APIError) Unwrap() error {
+	if e.Status == 404 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// Match reports whether a group offering labels can run a job needing
+// jobLabels: every job label equals one of the group's labels, or the
+// name part of a `name:scheme` label. No default labels are added.
+func Match(jobLabels []string, labels LabelSet) bool {
+	for _, l := range jobLabels {
+		if _, ok := labels[l]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// LabelSet is a group's effective labels by the names jobs can ask for.
+type LabelSet map[string]struct{}
+
+// NewLabelSet indexes labels by full text and by name (before the first ':').
+func NewLabelSet(labels []string) LabelSet {
+	s := LabelSet{}
+	for _, l := range labels {
+		s[l] = struct{}{}
+		if name, _, ok := strings.Cut(l, ":"); ok {
+			s[name] = struct{}{}
+		}
+	}
+	return s
+}
+
+// LabelNames are the names a runner reports to the forge.
+func LabelNames(labels []string) []string {
+	out := make([]string, 0, len(labels))
+	for _, l := range labels {
+		name, _, _ := strings.Cut(l, ":")
+		out = append(out, name)
+	}
+	return out
+}

@@ -1,0 +1,593 @@
+// Package forgetest holds API contract servers for the forges the
+// orchestrator talks to, built from ../shared/reference/forge-apis.md (a
+// live Gitea 1.26 was the source of those facts; Gitea itself is not
+// installable here). They are real HTTP servers on 127.0.0.1: the
+// orchestrator's REST clients, its webhook endpoint and the test runner
+// program talk to them exactly as they would to the real forge.
+//
+// Limits, written down: one API token; users own only repositories named
+// <user>/...; no workflows — jobs are added by the test; runner logs
+// (UpdateLog) are accepted and dropped; the GitHub server's runner side is
+// a stand-in (the Actions runner protocol is not public).
+package forgetest
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+)
+
+// GiteaJob is a job as the server holds it.
+type GiteaJob struct {
+	ID         int64
+	RunID      int64
+	Repo       string
+	Name       string
+	Labels     []string
+	Status     string // queued | waiting | in_progress | completed
+	Conclusion string
+	RunnerID   int64
+	RunnerName string
+	Created    time.Time
+	Started    time.Time
+	Completed  time.Time
+}
+
+// GiteaRunner is a registered runner.
+type GiteaRunner struct {
+	ID        int64
+	UUID      string
+	Token     string
+	Name      string
+	Labels    []string
+	Ephemeral bool
+	Scope     string // the API prefix of the token it registered with
+	LastSeen  time.Time
+	TaskJob   int64
+	Disabled  bool
+}
+
+type hook struct {
+	url    string
+	secret []byte
+}
+
+// Gitea is the contract server.
+type Gitea struct {
+	*httptest.Server
+	APIToken string
+	User     string // the API token's user (for /user/... scope)
+
+	mu         sync.Mutex
+	jobs       map[int64]*GiteaJob
+	runners    map[int64]*GiteaRunner
+	regTokens  map[string]string // scope prefix → token
+	hooks      []hook
+	nextID     int64
+	down       bool
+	requests   map[string]int
+	deliveries sync.WaitGroup
+}
+
+// NewGitea starts a server on 127.0.0.1.
+func NewGitea(apiToken string) *Gitea {
+	g := &Gitea{APIToken: apiToken, User: "tester", jobs: map[int64]*GiteaJob{}, runners: map[int64]*GiteaRunner{},
+		regTokens: map[string]string{}, nextID: 100, requests: map[string]int{}}
+	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
+	return g
+}
+
+// SetDown makes every API answer 503 (the forge is down) or restores it.
+func (g *Gitea) SetDown(down bool) {
+	g.mu.Lock()
+	g.down = down
+	g.mu.Unlock()
+}
+
+// AddHook registers a workflow_job webhook (system hook: every repo).
+func (g *Gitea) AddHook(u string, secret []byte) {
+	g.mu.Lock()
+	g.hooks = append(g.hooks, hook{u, secret})
+	g.mu.Unlock()
+}
+
+// Requests counts API requests by "METHOD /path" (query dropped).
+func (g *Gitea) Requests() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range g.requests {
+		out[k] = v
+	}
+	return out
+}
+
+// AddJob queues a job (status queued or waiting) in repo owner/name.
+func (g *Gitea) AddJob(repo, name string, labels []string, status string) int64 {
+	g.mu.Lock()
+	g.nextID++
+	j := &GiteaJob{ID: g.nextID, RunID: g.nextID + 10000, Repo: repo, Name: name, Labels: labels, Status: status, Created: time.Now()}
+	g.jobs[j.ID] = j
+	g.mu.Unlock()
+	g.deliver(j, status)
+	return j.ID
+}
+
+// SetJobStatus moves a job (e.g. waiting → queued when its needs finish).
+func (g *Gitea) SetJobStatus(id int64, status string) {
+	g.mu.Lock()
+	j := g.jobs[id]
+	j.Status = status
+	g.mu.Unlock()
+	g.deliver(j, status)
+}
+
+// Job returns a copy of a job.
+func (g *Gitea) Job(id int64) GiteaJob {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return *g.jobs[id]
+}
+
+// Runners returns copies of the registered runners.
+func (g *Gitea) Runners() []GiteaRunner {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := []GiteaRunner{}
+	for _, r := range g.runners {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// WaitDeliveries waits for webhook deliveries in flight.
+func (g *Gitea) WaitDeliveries() { g.deliveries.Wait() }
+
+func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	g.requests[r.Method+" "+r.URL.Path]++
+	down := g.down
+	g.mu.Unlock()
+	if down {
+		writeJSON(w, 503, map[string]string{"message": "service unavailable"})
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/api/actions/runner.v1.RunnerService/") {
+		g.runnerRPC(w, r, strings.TrimPrefix(r.URL.Path, "/api/actions/runner.v1.RunnerService/"))
+		return
+	}
+	if !strings.HasPrefix(r.URL.Path, "/api/v1/") {
+		writeJSON(w, 404, map[string]string{"message": "not found"})
+		return
+	}
+	if r.Header.Get("Authorization") != "token "+g.APIToken {
+		writeJSON(w, 401, map[string]string{"message": "token is required"})
+		return
+	}
+	path := strings.TrimPrefix(r.URL.Path, "/api/v1")
+	scope, rest, ok := splitScope(path, g.User)
+	if !ok {
+		writeJSON(w, 404, map[string]string{"message": "not found"})
+		return
+	}
+	switch {
+	case rest == "/actions/jobs" && r.Method == "GET":
+		g.listJobs(w, r, scope)
+	case strings.HasPrefix(rest, "/actions/jobs/") && r.Method == "GET" && strings.HasPrefix(scope, "/repos/"):
+		id, _ := strconv.ParseInt(strings.TrimPrefix(rest, "/actions/jobs/"), 10, 64)
+		g.mu.Lock()
+		j, ok := g.jobs[id]
+		var body map[string]any
+		if ok && scopeCovers(scope, j.Repo, g.User) {
+			body = g.jobJSON(j)
+		}
+		g.mu.Unlock()
+		if body == nil {
+			writeJSON(w, 404, map[string]string{"message": "job not found"})
+			return
+		}
+		writeJSON(w, 200, body)
+	case rest == "/actions/runs" && r.Method == "GET" && strings.HasPrefix(scope, "/repos/"):
+		g.listRuns(w, scope)
+	case rest == "/actions/runners/registration-token":
+		if r.Method != "POST" {
+			writeJSON(w, 404, map[string]string{"message": "not found"})
+			return
+		}
+		g.mu.Lock()
+		t, ok := g.regTokens[scope]
+		if !ok {
+			t = randHex(20) // 40 chars, like Gitea's
+			g.regTokens[scope] = t
+		}
+		g.mu.Unlock()
+		writeJSON(w, 200, map[string]string{"token": t})
+	case rest == "/actions/runners" && r.Method == "GET":
+		g.listRunners(w, r, scope)
+	case strings.HasPrefix(rest, "/actions/runners/") && r.Method == "DELETE":
+		id, _ := strconv.ParseInt(strings.TrimPrefix(rest, "/actions/runners/"), 10, 64)
+		g.mu.Lock()
+		rn, ok := g.runners[id]
+		if ok && (rn.Scope == scope || scope == "/admin") {
+			delete(g.runners, id)
+		} else {
+			ok = false
+		}
+		g.mu.Unlock()
+		if !ok {
+			writeJSON(w, 404, map[string]string{"message": "Runner not found"})
+			return
+		}
+		w.WriteHeader(204)
+	default:
+		writeJSON(w, 404, map[string]string{"message": "not found"})
+	}
+}
+
+// splitScope splits /repos/o/r/..., /orgs/o/..., /user/..., /admin/...
+func splitScope(p, user string) (string, string, bool) {
+	parts := strings.SplitN(strings.TrimPrefix(p, "/"), "/", 4)
+	switch {
+	case len(parts) >= 3 && parts[0] == "repos":
+		return "/repos/" + parts[1] + "/" + parts[2], "/" + strings.Join(parts[3:], "/"), len(parts) == 4
+	case len(parts) >= 2 && parts[0] == "orgs":
+		return "/orgs/" + parts[1], "/" + strings.Join(parts[2:], "/"), true
+	case parts[0] == "user" || parts[0] == "admin":
+		return "/" + parts[0], "/" + strings.Join(parts[1:], "/"), true
+	}
+	return "", "", false
+}
+
+func scopeCovers(scope, repo, user string) bool {
+	owner, _, _ := strings.Cut(repo, "/")
+	switch {
+	case scope == "/admin":
+		return true
+	case scope == "/user":
+		return owner == user
+	case strings.HasPrefix(scope, "/orgs/"):
+		return owner == strings.TrimPrefix(scope, "/orgs/")
+	}
+	return scope == "/repos/"+repo
+}
+
+var statusAliases = map[string]string{"queued": "queued", "waiting": "waiting", "in_progress": "in_progress",
+	"completed": "completed", "pending": "waiting", "requested": "waiting", "action_required": "waiting"}
+
+func (g *Gitea) listJobs(w http.ResponseWriter, r *http.Request, scope string) {
+	q := r.URL.Query()
+	want := map[string]bool{}
+	for _, s := range q["status"] {
+		v, ok := statusAliases[s]
+		if !ok {
+			writeJSON(w, 400, map[string]string{"message": "Invalid status " + s})
+			return
+		}
+		want[v] = true
+	}
+	page, _ := strconv.Atoi(q.Get("page"))
+	if page < 1 {
+		page = 1
+	}
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	if limit < 1 {
+		limit = 30
+	}
+	limit = min(limit, 50)
+	g.mu.Lock()
+	var all []*GiteaJob
+	for _, j := range g.jobs {
+		if scopeCovers(scope, j.Repo, g.User) && (len(want) == 0 || want[j.Status]) {
+			all = append(all, j)
+		}
+	}
+	sort.Slice(all, func(a, b int) bool { return all[a].ID < all[b].ID })
+	out := []map[string]any{}
+	for i := (page - 1) * limit; i < len(all) && i < page*limit; i++ {
+		out = append(out, g.jobJSON(all[i]))
+	}
+	g.mu.Unlock()
+	w.Header().Set("X-Total-Count", strconv.Itoa(len(all)))
+	if page*limit < len(all) {
+		u := *r.URL
+		v := u.Query()
+		v.Set("page", strconv.Itoa(page+1))
+		u.RawQuery = v.Encode()
+		w.Header().Set("Link", fmt.Sprintf(`<%s%s>; rel="next"`, g.URL, u.String()))
+	}
+	writeJSON(w, 200, map[string]any{"jobs": out, "total_count": len(all)})
+}
+
+func (g *Gitea) listRuns(w http.ResponseWriter, scope string) {
+	g.mu.Lock()
+	runs := map[int64]map[string]any{}
+	for _, j := range g.jobs {
+		if "/repos/"+j.Repo != scope {
+			continue
+		}
+		run, ok := runs[j.RunID]
+		if !ok {
+			run = map[string]any{"id": j.RunID, "status": j.Status}
+			runs[j.RunID] = run
+		}
+		if j.Status == "queued" {
+			run["status"] = "queued"
+		}
+	}
+	g.mu.Unlock()
+	out := []map[string]any{}
+	for _, r := range runs {
+		out = append(out, r)
+	}
+	writeJSON(w, 200, map[string]any{"workflow_runs": out, "total_count": len(out)})
+}
+
+func (g *Gitea) listRunners(w http.ResponseWriter, r *http.Request, scope string) {
+	g.mu.Lock()
+	out := []map[string]any{}
+	var ids []int64
+	for id, rn := range g.runners {
+		if rn.Scope == scope || scope == "/admin" {
+			ids = append(ids, id)
+		}
+	}
+	sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+	for _, id := range ids {
+		rn := g.runners[id]
+		if r.URL.Query().Get("disabled") == "true" && !rn.Disabled {
+			continue
+		}
+		status := "offline"
+		if time.Since(rn.LastSeen) < time.Minute {
+			status = "online"
+		}
+		labels := []map[string]any{}
+		for i, l := range rn.Labels {
+			labels = append(labels, map[string]any{"id": i + 1, "name": l, "type": "custom"})
+		}
+		out = append(out, map[string]any{"id": rn.ID, "name": rn.Name, "status": status,
+			"busy": time.Since(rn.LastSeen) < 10*time.Second && rn.TaskJob != 0, "disabled": rn.Disabled,
+			"ephemeral": rn.Ephemeral, "labels": labels})
+	}
+	g.mu.Unlock()
+	writeJSON(w, 200, map[string]any{"runners": out, "total_count": len(out)})
+}
+
+// jobJSON renders a job as the REST API does: conclusion, runner_id and
+// runner_name omitted until set; unset dates are the Unix epoch.
+func (g *Gitea) jobJSON(j *GiteaJob) map[string]any {
+	epoch := func(t time.Time) string {
+		if t.IsZero() {
+			return "1970-01-01T00:00:00Z"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	m := map[string]any{
+		"id": j.ID, "url": fmt.Sprintf("%s/api/v1/repos/%s/actions/jobs/%d", g.URL, j.Repo, j.ID),
+		"html_url": fmt.Sprintf("%s/%s/actions/runs/%d/jobs/0", g.URL, j.Repo, j.RunID),
+		"run_id":   j.RunID, "run_url": fmt.Sprintf("%s/api/v1/repos/%s/actions/runs/%d", g.URL, j.Repo, j.RunID),
+		"name": j.Name, "labels": j.Labels, "run_attempt": 0, "head_sha": "0000000000000000000000000000000000000000",
+		"head_branch": "main", "status": j.Status, "steps": []any{},
+		"created_at": epoch(j.Created), "started_at": epoch(j.Started), "completed_at": epoch(j.Completed),
+	}
+	if j.RunnerID != 0 {
+		m["runner_id"], m["runner_name"], m["run_attempt"] = j.RunnerID, j.RunnerName, 1
+	}
+	if j.Conclusion != "" {
+		m["conclusion"] = j.Conclusion
+	}
+	return m
+}
+
+// deliver sends a workflow_job delivery to every hook, asynchronously (as
+// Gitea's hook queue does).
+func (g *Gitea) deliver(j *GiteaJob, action string) {
+	g.mu.Lock()
+	owner, name, _ := strings.Cut(j.Repo, "/")
+	payload := map[string]any{"action": action, "workflow_job": g.jobJSON(j),
+		"repository":   map[string]any{"full_name": j.Repo, "name": name, "owner": map[string]any{"login": owner}},
+		"organization": map[string]any{"login": owner}, "sender": map[string]any{"login": g.User}}
+	hooks := append([]hook(nil), g.hooks...)
+	g.mu.Unlock()
+	body, _ := json.Marshal(payload)
+	for _, h := range hooks {
+		g.deliveries.Add(1)
+		go func() {
+			defer g.deliveries.Done()
+			req, _ := http.NewRequest("POST", h.url, bytes.NewReader(body))
+			sig := forge.Sign(h.secret, body)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Gitea-Event", "workflow_job")
+			req.Header.Set("X-Gitea-Event-Type", "workflow_job")
+			req.Header.Set("X-Gitea-Delivery", randUUID())
+			req.Header.Set("X-Gitea-Signature", sig)
+			req.Header.Set("X-Hub-Signature-256", "sha256="+sig)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+}
+
+// runnerRPC serves the Connect-RPC JSON runner protocol.
+func (g *Gitea) runnerRPC(w http.ResponseWriter, r *http.Request, method string) {
+	var req map[string]any
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		connectError(w, 400, "invalid_argument", err.Error())
+		return
+	}
+	if method == "Register" {
+		g.register(w, req)
+		return
+	}
+	g.mu.Lock()
+	var rn *GiteaRunner
+	for _, x := range g.runners {
+		if x.UUID == r.Header.Get("x-runner-uuid") && x.Token == r.Header.Get("x-runner-token") {
+			rn = x
+		}
+	}
+	if rn == nil {
+		g.mu.Unlock()
+		connectError(w, 401, "unauthenticated", "unregistered runner")
+		return
+	}
+	rn.LastSeen = time.Now()
+	switch method {
+	case "Declare":
+		g.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"runner": runnerJSON(rn)})
+	case "FetchTask":
+		var picked *GiteaJob
+		if rn.TaskJob == 0 && !rn.Disabled {
+			have := map[string]bool{}
+			for _, l := range rn.Labels {
+				have[l] = true
+			}
+			var ids []int64
+			for id := range g.jobs {
+				ids = append(ids, id)
+			}
+			sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+		next:
+			for _, id := range ids {
+				j := g.jobs[id]
+				if j.Status != "queued" || !scopeCovers(rn.Scope, j.Repo, g.User) {
+					continue
+				}
+				for _, l := range j.Labels {
+					if !have[l] {
+						continue next
+					}
+				}
+				picked = j
+				break
+			}
+		}
+		if picked == nil {
+			g.mu.Unlock()
+			writeJSON(w, 200, map[string]any{"tasksVersion": "1"})
+			return
+		}
+		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
+		rn.TaskJob = picked.ID
+		g.mu.Unlock()
+		g.deliver(picked, "in_progress")
+		writeJSON(w, 200, map[string]any{"task": map[string]any{"id": strconv.FormatInt(picked.ID, 10),
+			"context": map[string]any{"repository": picked.Repo, "job": picked.Name}}, "tasksVersion": "1"})
+	case "UpdateTask":
+		state, _ := req["state"].(map[string]any)
+		id := toInt(state["id"])
+		j, ok := g.jobs[id]
+		if !ok || rn.TaskJob != id {
+			g.mu.Unlock()
+			connectError(w, 404, "not_found", "task not found")
+			return
+		}
+		result, _ := state["result"].(string)
+		done := result != "" && result != "RESULT_UNSPECIFIED"
+		if done {
+			j.Status, j.Completed = "completed", time.Now()
+			j.Conclusion = strings.ToLower(strings.TrimPrefix(result, "RESULT_"))
+			rn.TaskJob = 0
+			if rn.Ephemeral {
+				// Gitea removes an ephemeral runner once its task is done.
+				delete(g.runners, rn.ID)
+			}
+		}
+		g.mu.Unlock()
+		if done {
+			g.deliver(j, "completed")
+		}
+		writeJSON(w, 200, map[string]any{"state": map[string]any{"id": strconv.FormatInt(id, 10), "result": result}})
+	case "UpdateLog":
+		g.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"ackIndex": "0"})
+	default:
+		g.mu.Unlock()
+		connectError(w, 404, "unimplemented", "unknown method "+method)
+	}
+}
+
+func (g *Gitea) register(w http.ResponseWriter, req map[string]any) {
+	token, _ := req["token"].(string)
+	name, _ := req["name"].(string)
+	g.mu.Lock()
+	scope := ""
+	for s, t := range g.regTokens {
+		if t == token && token != "" {
+			scope = s
+		}
+	}
+	if scope == "" {
+		g.mu.Unlock()
+		connectError(w, 401, "unauthenticated", "runner registration token not found")
+		return
+	}
+	g.nextID++
+	rn := &GiteaRunner{ID: g.nextID, UUID: randUUID(), Token: randHex(20), Name: name, Scope: scope, LastSeen: time.Now()}
+	rn.Ephemeral, _ = req["ephemeral"].(bool)
+	if ls, ok := req["labels"].([]any); ok {
+		for _, l := range ls {
+			if s, ok := l.(string); ok {
+				n, _, _ := strings.Cut(s, ":")
+				rn.Labels = append(rn.Labels, n)
+			}
+		}
+	}
+	g.runners[rn.ID] = rn
+	body := map[string]any{"runner": runnerJSON(rn)}
+	g.mu.Unlock()
+	writeJSON(w, 200, body)
+}
+
+func runnerJSON(rn *GiteaRunner) map[string]any {
+	return map[string]any{"id": strconv.FormatInt(rn.ID, 10), "uuid": rn.UUID, "token": rn.Token, "name": rn.Name,
+		"labels": rn.Labels, "ephemeral": rn.Ephemeral}
+}
+
+func toInt(v any) int64 {
+	switch t := v.(type) {
+	case float64:
+		return int64(t)
+	case string:
+		n, _ := strconv.ParseInt(t, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func connectError(w http.ResponseWriter, code int, kind, msg string) {
+	writeJSON(w, code, map[string]string{"code": kind, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func randUUID() string {
+	h := randHex(16)
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}

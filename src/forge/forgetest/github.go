@@ -1,0 +1,388 @@
+package forgetest
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/runway-cpi/runway/src/forge"
+)
+
+// GitHubJob is a job as the GitHub contract server holds it.
+type GitHubJob struct {
+	ID, RunID  int64
+	Repo       string
+	Labels     []string
+	Status     string
+	Conclusion string
+	RunnerID   int64
+	RunnerName string
+}
+
+type ghRunner struct {
+	ID     int64
+	Name   string
+	Labels []string
+	Scope  string
+	Secret string
+	Job    int64
+}
+
+// GitHub is the REST + webhook contract server for GitHub Actions: runs
+// and jobs listings, JIT configs, registration tokens, runners, and
+// `workflow_job` deliveries signed with X-Hub-Signature-256.
+type GitHub struct {
+	*httptest.Server
+	APIToken string
+	// JITDisabled makes generate-jitconfig answer 404, as on servers
+	// without JIT support, so clients fall back to registration tokens.
+	JITDisabled bool
+
+	mu       sync.Mutex
+	jobs     map[int64]*GitHubJob
+	runners  map[int64]*ghRunner
+	hooks    []hook
+	nextID   int64
+	requests map[string]int
+	wg       sync.WaitGroup
+}
+
+// NewGitHub starts a server on 127.0.0.1.
+func NewGitHub(apiToken string) *GitHub {
+	g := &GitHub{APIToken: apiToken, jobs: map[int64]*GitHubJob{}, runners: map[int64]*ghRunner{}, nextID: 5000,
+		requests: map[string]int{}}
+	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
+	return g
+}
+
+// AddHook registers a webhook receiving every repository's workflow_job.
+func (g *GitHub) AddHook(u string, secret []byte) {
+	g.mu.Lock()
+	g.hooks = append(g.hooks, hook{u, secret})
+	g.mu.Unlock()
+}
+
+// AddJob queues a job and delivers its `queued` webhook.
+func (g *GitHub) AddJob(repo string, labels []string) int64 {
+	g.mu.Lock()
+	g.nextID++
+	j := &GitHubJob{ID: g.nextID, RunID: g.nextID + 100000, Repo: repo, Labels: labels, Status: "queued"}
+	g.jobs[j.ID] = j
+	g.mu.Unlock()
+	g.deliver(j, "queued")
+	return j.ID
+}
+
+// Job returns a copy of a job.
+func (g *GitHub) Job(id int64) GitHubJob {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return *g.jobs[id]
+}
+
+// RunnerCount is how many runners are registered.
+func (g *GitHub) RunnerCount() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.runners)
+}
+
+// Requests counts API requests by "METHOD /path".
+func (g *GitHub) Requests() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range g.requests {
+		out[k] = v
+	}
+	return out
+}
+
+// WaitDeliveries waits for webhook deliveries in flight.
+func (g *GitHub) WaitDeliveries() { g.wg.Wait() }
+
+func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	g.requests[r.Method+" "+r.URL.Path]++
+	g.mu.Unlock()
+	if strings.HasPrefix(r.URL.Path, "/_runner/") {
+		g.runnerSide(w, r)
+		return
+	}
+	if r.Header.Get("Authorization") != "Bearer "+g.APIToken {
+		writeJSON(w, 401, map[string]string{"message": "Bad credentials"})
+		return
+	}
+	p := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	var scope string
+	var rest []string
+	switch {
+	case len(p) >= 3 && p[0] == "repos":
+		scope, rest = "repos/"+p[1]+"/"+p[2], p[3:]
+	case len(p) >= 2 && p[0] == "orgs":
+		scope, rest = "orgs/"+p[1], p[2:]
+	default:
+		writeJSON(w, 404, map[string]string{"message": "Not Found"})
+		return
+	}
+	route := strings.Join(rest, "/")
+	switch {
+	case scope[:4] == "orgs" && route == "repos" && r.Method == "GET":
+		g.orgRepos(w, strings.TrimPrefix(scope, "orgs/"))
+	case route == "actions/runs" && r.Method == "GET":
+		g.runs(w, strings.TrimPrefix(scope, "repos/"), r.URL.Query().Get("status"))
+	case len(rest) == 4 && rest[0] == "actions" && rest[1] == "runs" && rest[3] == "jobs":
+		run, _ := strconv.ParseInt(rest[2], 10, 64)
+		g.mu.Lock()
+		out := []map[string]any{}
+		for _, j := range g.sortedJobs() {
+			if j.RunID == run && "repos/"+j.Repo == scope {
+				out = append(out, g.jobJSON(j))
+			}
+		}
+		g.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"total_count": len(out), "jobs": out})
+	case len(rest) == 3 && rest[0] == "actions" && rest[1] == "jobs":
+		id, _ := strconv.ParseInt(rest[2], 10, 64)
+		g.mu.Lock()
+		j, ok := g.jobs[id]
+		var body map[string]any
+		if ok && "repos/"+j.Repo == scope {
+			body = g.jobJSON(j)
+		}
+		g.mu.Unlock()
+		if body == nil {
+			writeJSON(w, 404, map[string]string{"message": "Not Found"})
+			return
+		}
+		writeJSON(w, 200, body)
+	case route == "actions/runners/generate-jitconfig" && r.Method == "POST":
+		g.jit(w, r, scope)
+	case route == "actions/runners/registration-token" && r.Method == "POST":
+		writeJSON(w, 201, map[string]any{"token": "AABBCC" + randHex(10), "expires_at": "2099-01-01T00:00:00Z"})
+	case route == "actions/runners" && r.Method == "GET":
+		g.mu.Lock()
+		out := []map[string]any{}
+		var ids []int64
+		for id, rn := range g.runners {
+			if rn.Scope == scope {
+				ids = append(ids, id)
+			}
+		}
+		sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+		for _, id := range ids {
+			rn := g.runners[id]
+			labels := []map[string]any{}
+			for _, l := range rn.Labels {
+				labels = append(labels, map[string]any{"name": l, "type": "custom"})
+			}
+			out = append(out, map[string]any{"id": rn.ID, "name": rn.Name, "os": "linux", "status": "online",
+				"busy": rn.Job != 0, "labels": labels})
+		}
+		g.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"total_count": len(out), "runners": out})
+	case len(rest) == 3 && rest[0] == "actions" && rest[1] == "runners" && r.Method == "DELETE":
+		id, _ := strconv.ParseInt(rest[2], 10, 64)
+		g.mu.Lock()
+		_, ok := g.runners[id]
+		delete(g.runners, id)
+		g.mu.Unlock()
+		if !ok {
+			writeJSON(w, 404, map[string]string{"message": "Not Found"})
+			return
+		}
+		w.WriteHeader(204)
+	default:
+		writeJSON(w, 404, map[string]string{"message": "Not Found"})
+	}
+}
+
+func (g *GitHub) sortedJobs() []*GitHubJob {
+	out := make([]*GitHubJob, 0, len(g.jobs))
+	for _, j := range g.jobs {
+		out = append(out, j)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+func (g *GitHub) orgRepos(w http.ResponseWriter, org string) {
+	g.mu.Lock()
+	seen := map[string]bool{}
+	out := []map[string]any{}
+	for _, j := range g.sortedJobs() {
+		if strings.HasPrefix(j.Repo, org+"/") && !seen[j.Repo] {
+			seen[j.Repo] = true
+			out = append(out, map[string]any{"full_name": j.Repo, "archived": false})
+		}
+	}
+	g.mu.Unlock()
+	writeJSON(w, 200, out)
+}
+
+// runs lists runs by their derived status: in_progress while any job
+// runs, queued while any is queued, else completed.
+func (g *GitHub) runs(w http.ResponseWriter, repo, status string) {
+	g.mu.Lock()
+	st := map[int64]string{}
+	for _, j := range g.jobs {
+		if j.Repo != repo {
+			continue
+		}
+		switch {
+		case j.Status == "in_progress":
+			st[j.RunID] = "in_progress"
+		case j.Status == "queued" && st[j.RunID] != "in_progress":
+			st[j.RunID] = "queued"
+		case st[j.RunID] == "":
+			st[j.RunID] = j.Status
+		}
+	}
+	g.mu.Unlock()
+	out := []map[string]any{}
+	for id, s := range st {
+		if status == "" || s == status {
+			out = append(out, map[string]any{"id": id, "status": s})
+		}
+	}
+	writeJSON(w, 200, map[string]any{"total_count": len(out), "workflow_runs": out})
+}
+
+func (g *GitHub) jit(w http.ResponseWriter, r *http.Request, scope string) {
+	if g.JITDisabled {
+		writeJSON(w, 404, map[string]string{"message": "Not Found"})
+		return
+	}
+	var req struct {
+		Name          string   `json:"name"`
+		RunnerGroupID int64    `json:"runner_group_id"`
+		Labels        []string `json:"labels"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Name == "" || req.RunnerGroupID == 0 || len(req.Labels) == 0 {
+		writeJSON(w, 422, map[string]string{"message": "Invalid request: name, runner_group_id and labels are required"})
+		return
+	}
+	g.mu.Lock()
+	for _, rn := range g.runners {
+		if rn.Name == req.Name && rn.Scope == scope {
+			g.mu.Unlock()
+			writeJSON(w, 409, map[string]string{"message": "Already exists - A runner with the name " + req.Name + " already exists."})
+			return
+		}
+	}
+	g.nextID++
+	rn := &ghRunner{ID: g.nextID, Name: req.Name, Labels: req.Labels, Scope: scope, Secret: randHex(16)}
+	g.runners[rn.ID] = rn
+	g.mu.Unlock()
+	cfg, _ := json.Marshal(map[string]any{"url": g.URL, "runner_id": rn.ID, "secret": rn.Secret})
+	writeJSON(w, 201, map[string]any{"runner": map[string]any{"id": rn.ID, "name": rn.Name, "status": "offline"},
+		"encoded_jit_config": base64.StdEncoding.EncodeToString(cfg)})
+}
+
+// runnerSide is the stand-in for the runner protocol: acquire a job the
+// JIT runner's labels satisfy, then complete it (the runner is then
+// removed, as a JIT runner is).
+func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
+	var who struct {
+		RunnerID int64  `json:"runner_id"`
+		Secret   string `json:"secret"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&who)
+	g.mu.Lock()
+	rn, ok := g.runners[who.RunnerID]
+	if !ok || rn.Secret != who.Secret {
+		g.mu.Unlock()
+		writeJSON(w, 401, map[string]string{"message": "unknown runner"})
+		return
+	}
+	switch r.URL.Path {
+	case "/_runner/acquire":
+		have := map[string]bool{}
+		for _, l := range rn.Labels {
+			have[l] = true
+		}
+		var picked *GitHubJob
+	next:
+		for _, j := range g.sortedJobs() {
+			if j.Status != "queued" || rn.Job != 0 || (rn.Scope != "repos/"+j.Repo && !strings.HasPrefix(j.Repo, strings.TrimPrefix(rn.Scope, "orgs/")+"/")) {
+				continue
+			}
+			for _, l := range j.Labels {
+				if !have[l] {
+					continue next
+				}
+			}
+			picked = j
+			break
+		}
+		if picked == nil {
+			g.mu.Unlock()
+			writeJSON(w, 200, map[string]any{})
+			return
+		}
+		picked.Status, picked.RunnerID, picked.RunnerName = "in_progress", rn.ID, rn.Name
+		rn.Job = picked.ID
+		g.mu.Unlock()
+		g.deliver(picked, "in_progress")
+		writeJSON(w, 200, map[string]any{"job_id": picked.ID})
+	case "/_runner/complete":
+		j := g.jobs[rn.Job]
+		if j == nil {
+			g.mu.Unlock()
+			writeJSON(w, 409, map[string]string{"message": "no job"})
+			return
+		}
+		j.Status, j.Conclusion = "completed", "success"
+		delete(g.runners, rn.ID)
+		g.mu.Unlock()
+		g.deliver(j, "completed")
+		w.WriteHeader(204)
+	default:
+		g.mu.Unlock()
+		writeJSON(w, 404, map[string]string{"message": "Not Found"})
+	}
+}
+
+func (g *GitHub) jobJSON(j *GitHubJob) map[string]any {
+	m := map[string]any{"id": j.ID, "run_id": j.RunID, "name": fmt.Sprintf("job-%d", j.ID), "labels": j.Labels,
+		"status": j.Status, "conclusion": nil, "runner_id": nil, "runner_name": nil,
+		"url": fmt.Sprintf("%s/repos/%s/actions/jobs/%d", g.URL, j.Repo, j.ID)}
+	if j.Conclusion != "" {
+		m["conclusion"] = j.Conclusion
+	}
+	if j.RunnerID != 0 {
+		m["runner_id"], m["runner_name"] = j.RunnerID, j.RunnerName
+	}
+	return m
+}
+
+func (g *GitHub) deliver(j *GitHubJob, action string) {
+	g.mu.Lock()
+	body, _ := json.Marshal(map[string]any{"action": action, "workflow_job": g.jobJSON(j),
+		"repository": map[string]any{"full_name": j.Repo}, "sender": map[string]any{"login": "octocat"}})
+	hooks := append([]hook(nil), g.hooks...)
+	g.mu.Unlock()
+	for _, h := range hooks {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			req, _ := http.NewRequest("POST", h.url, bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-GitHub-Event", "workflow_job")
+			req.Header.Set("X-GitHub-Delivery", randUUID())
+			req.Header.Set("X-Hub-Signature-256", "sha256="+forge.Sign(h.secret, body))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+}

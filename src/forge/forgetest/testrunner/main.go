@@ -1,0 +1,167 @@
+// Command testrunner is the process a test runner VM runs: it reads what
+// the orchestrator's bootstrap exported, registers with the forge's
+// contract server, takes one job whose labels it has, completes it and
+// exits — an ephemeral runner in miniature.
+//
+// Gitea: the Connect-RPC JSON runner protocol (Register, FetchTask,
+// UpdateTask). GitHub: the contract server's stand-in endpoints, keyed by
+// the JIT config.
+//
+// TESTRUNNER_HOLD_FILE: while that file exists, the job stays in progress.
+// TESTRUNNER_IDLE: how long to wait for a job before exiting (default 2m).
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "testrunner:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	idle := 2 * time.Minute
+	if v := os.Getenv("TESTRUNNER_IDLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		idle = d
+	}
+	if jit := os.Getenv("RUNWAY_RUNNER_JITCONFIG"); jit != "" {
+		return github(jit, idle)
+	}
+	return gitea(idle)
+}
+
+func post(url string, hdr map[string]string, in, out any) (int, error) {
+	b, _ := json.Marshal(in)
+	req, err := http.NewRequest("POST", url, bytes.NewReader(b))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return resp.StatusCode, fmt.Errorf("POST %s: HTTP %d: %s", url, resp.StatusCode, body)
+	}
+	if out != nil && len(body) > 0 {
+		return resp.StatusCode, json.Unmarshal(body, out)
+	}
+	return resp.StatusCode, nil
+}
+
+func hold() {
+	f := os.Getenv("TESTRUNNER_HOLD_FILE")
+	for f != "" {
+		if _, err := os.Stat(f); err != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func gitea(idle time.Duration) error {
+	base := strings.TrimRight(os.Getenv("GITEA_INSTANCE_URL"), "/") + "/api/actions/runner.v1.RunnerService/"
+	var reg struct {
+		Runner struct {
+			UUID  string `json:"uuid"`
+			Token string `json:"token"`
+		} `json:"runner"`
+	}
+	labels := strings.Split(os.Getenv("GITEA_RUNNER_LABELS"), ",")
+	name := os.Getenv("GITEA_RUNNER_NAME")
+	if _, err := post(base+"Register", nil, map[string]any{"name": name, "token": os.Getenv("GITEA_RUNNER_REGISTRATION_TOKEN"),
+		"version": "testrunner", "labels": labels, "ephemeral": os.Getenv("GITEA_RUNNER_EPHEMERAL") == "true"}, &reg); err != nil {
+		return err
+	}
+	auth := map[string]string{"x-runner-uuid": reg.Runner.UUID, "x-runner-token": reg.Runner.Token}
+	fmt.Println("registered", name)
+	deadline := time.Now().Add(idle)
+	for time.Now().Before(deadline) {
+		var fetched struct {
+			Task *struct {
+				ID string `json:"id"`
+			} `json:"task"`
+		}
+		if _, err := post(base+"FetchTask", auth, map[string]any{"tasksVersion": "0"}, &fetched); err != nil {
+			return err
+		}
+		if fetched.Task == nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		fmt.Println("took task", fetched.Task.ID)
+		if _, err := post(base+"UpdateTask", auth, map[string]any{"state": map[string]any{"id": fetched.Task.ID}}, nil); err != nil {
+			return err
+		}
+		hold()
+		_, err := post(base+"UpdateTask", auth, map[string]any{"state": map[string]any{"id": fetched.Task.ID,
+			"result": "RESULT_SUCCESS", "stoppedAt": time.Now().UTC().Format(time.RFC3339)}}, nil)
+		fmt.Println("completed task", fetched.Task.ID)
+		return err
+	}
+	fmt.Println("no job within", idle)
+	return nil
+}
+
+func github(jit string, idle time.Duration) error {
+	var cfg struct {
+		URL      string `json:"url"`
+		RunnerID int64  `json:"runner_id"`
+		Secret   string `json:"secret"`
+	}
+	b, err := decodeJIT(jit)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return fmt.Errorf("jit config: %v", err)
+	}
+	who := map[string]any{"runner_id": cfg.RunnerID, "secret": cfg.Secret}
+	deadline := time.Now().Add(idle)
+	for time.Now().Before(deadline) {
+		var got struct {
+			JobID int64 `json:"job_id"`
+		}
+		if _, err := post(cfg.URL+"/_runner/acquire", nil, who, &got); err != nil {
+			return err
+		}
+		if got.JobID == 0 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		fmt.Println("took job", got.JobID)
+		hold()
+		_, err := post(cfg.URL+"/_runner/complete", nil, who, nil)
+		return err
+	}
+	return nil
+}
+
+func decodeJIT(s string) ([]byte, error) {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil, fmt.Errorf("jit config is not base64: %v", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,219 @@
+// Package gitea is the orchestrator's Gitea client: the actions jobs queue,
+// the scope's runner registration token, and the runners list. Facts it
+// relies on are in ../shared/reference/forge-apis.md (Gitea 1.26).
+package gitea
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+)
+
+// PageLimit is Gitea's cap on `limit`.
+const PageLimit = 50
+
+// Client talks to one Gitea instance.
+type Client struct {
+	API *forge.API
+
+	mu     sync.Mutex
+	tokens map[string]cachedToken
+}
+
+type cachedToken struct {
+	token string
+	at    time.Time
+}
+
+// tokenTTL bounds how long a registration token is reused from memory.
+// Gitea hands out the same long-lived token anyway; re-asking now and
+// then picks up a rotation.
+const tokenTTL = 10 * time.Minute
+
+// New returns a client for baseURL (the instance URL, without /api/v1).
+func New(baseURL, token string) *Client {
+	return &Client{API: forge.NewAPI(strings.TrimRight(baseURL, "/")+"/api/v1", "token "+token), tokens: map[string]cachedToken{}}
+}
+
+// scopeBase is the API prefix that owns a scope's actions resources.
+func scopeBase(s forge.Scope) (string, error) {
+	switch s.Kind {
+	case "global":
+		return "/admin", nil
+	case "org":
+		return "/orgs/" + url.PathEscape(s.Owner), nil
+	case "user":
+		// Gitea serves a user's actions only to that user: the forge
+		// token must be theirs.
+		return "/user", nil
+	case "repo":
+		return "/repos/" + url.PathEscape(s.Owner) + "/" + url.PathEscape(s.Repo), nil
+	}
+	return "", fmt.Errorf("unknown scope %q", s.Kind)
+}
+
+type apiJob struct {
+	ID          int64     `json:"id"`
+	URL         string    `json:"url"`
+	RunID       int64     `json:"run_id"`
+	Name        string    `json:"name"`
+	Labels      []string  `json:"labels"`
+	Status      string    `json:"status"`
+	Conclusion  string    `json:"conclusion"`
+	RunnerName  string    `json:"runner_name"`
+	CreatedAt   time.Time `json:"created_at"`
+	HTMLURL     string    `json:"html_url"`
+	RunnerID    int64     `json:"runner_id"`
+	RunAttempt  int64     `json:"run_attempt"`
+	HeadBranch  string    `json:"head_branch"`
+	StartedAt   time.Time `json:"started_at"`
+	CompletedAt time.Time `json:"completed_at"`
+}
+
+func (j apiJob) job() forge.Job {
+	return forge.Job{ID: j.ID, RunID: j.RunID, Repo: RepoFromURL(j.URL), Name: j.Name, Labels: j.Labels,
+		Status: j.Status, Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
+}
+
+// RepoFromURL takes owner/name from a job's API URL
+// (.../api/v1/repos/{owner}/{repo}/actions/jobs/{id}).
+func RepoFromURL(u string) string {
+	_, rest, ok := strings.Cut(u, "/repos/")
+	if !ok {
+		return ""
+	}
+	parts := strings.SplitN(rest, "/", 3)
+	if len(parts) < 2 {
+		return ""
+	}
+	return parts[0] + "/" + parts[1]
+}
+
+// Jobs implements forge.Client: queued and in_progress jobs, every page.
+func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
+	base, err := scopeBase(s)
+	if err != nil {
+		return nil, err
+	}
+	var out []forge.Job
+	for page := 1; ; page++ {
+		q := url.Values{"status": {forge.StatusQueued, forge.StatusInProgress},
+			"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
+		var body struct {
+			Jobs       []apiJob `json:"jobs"`
+			TotalCount int      `json:"total_count"`
+		}
+		h, err := c.API.Do(ctx, "GET", base+"/actions/jobs", q, nil, &body)
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range body.Jobs {
+			out = append(out, j.job())
+		}
+		if len(body.Jobs) < PageLimit || (forge.NextPage(h) == 0 && h.Get("Link") != "") || len(out) >= body.TotalCount {
+			return out, nil
+		}
+		if page > 10000 {
+			return nil, errors.New("gitea: jobs listing does not end")
+		}
+	}
+}
+
+// Job implements forge.Client.
+func (c *Client) Job(ctx context.Context, j forge.Job) (forge.Job, error) {
+	owner, name, ok := strings.Cut(j.Repo, "/")
+	if !ok {
+		return forge.Job{}, fmt.Errorf("gitea: job %d has no repository", j.ID)
+	}
+	var aj apiJob
+	path := fmt.Sprintf("/repos/%s/%s/actions/jobs/%d", url.PathEscape(owner), url.PathEscape(name), j.ID)
+	if _, err := c.API.Do(ctx, "GET", path, nil, nil, &aj); err != nil {
+		return forge.Job{}, err
+	}
+	return aj.job(), nil
+}
+
+// Register implements forge.Client: Gitea has one reusable token per scope.
+func (c *Client) Register(ctx context.Context, s forge.Scope, _ string, _ []string) (forge.Registration, error) {
+	base, err := scopeBase(s)
+	if err != nil {
+		return forge.Registration{}, err
+	}
+	c.mu.Lock()
+	t, ok := c.tokens[base]
+	c.mu.Unlock()
+	if ok && time.Since(t.at) < tokenTTL {
+		return forge.Registration{Token: t.token}, nil
+	}
+	var body struct {
+		Token string `json:"token"`
+	}
+	if _, err := c.API.Do(ctx, "POST", base+"/actions/runners/registration-token", nil, nil, &body); err != nil {
+		return forge.Registration{}, err
+	}
+	if body.Token == "" {
+		return forge.Registration{}, fmt.Errorf("gitea: %s: empty registration token", s)
+	}
+	c.mu.Lock()
+	c.tokens[base] = cachedToken{token: body.Token, at: time.Now()}
+	c.mu.Unlock()
+	return forge.Registration{Token: body.Token}, nil
+}
+
+// Runners implements forge.Client.
+func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, error) {
+	base, err := scopeBase(s)
+	if err != nil {
+		return nil, err
+	}
+	var out []forge.Runner
+	for page := 1; page < 10000; page++ {
+		var body struct {
+			Runners []struct {
+				ID     int64  `json:"id"`
+				Name   string `json:"name"`
+				Status string `json:"status"`
+				Busy   bool   `json:"busy"`
+				Labels []struct {
+					Name string `json:"name"`
+				} `json:"labels"`
+			} `json:"runners"`
+			TotalCount int `json:"total_count"`
+		}
+		q := url.Values{"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
+		if _, err := c.API.Do(ctx, "GET", base+"/actions/runners", q, nil, &body); err != nil {
+			return nil, err
+		}
+		for _, r := range body.Runners {
+			fr := forge.Runner{ID: r.ID, Name: r.Name, Status: r.Status, Busy: r.Busy}
+			for _, l := range r.Labels {
+				fr.Labels = append(fr.Labels, l.Name)
+			}
+			out = append(out, fr)
+		}
+		if len(body.Runners) < PageLimit || len(out) >= body.TotalCount {
+			break
+		}
+	}
+	return out, nil
+}
+
+// DeleteRunner implements forge.Client.
+func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) error {
+	base, err := scopeBase(s)
+	if err != nil {
+		return err
+	}
+	_, err = c.API.Do(ctx, "DELETE", fmt.Sprintf("%s/actions/runners/%d", base, id), nil, nil, nil)
+	if errors.Is(err, forge.ErrNotFound) {
+		return nil
+	}
+	return err
+}

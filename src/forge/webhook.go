@@ -1,0 +1,75 @@
+package forge
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Sign is the lowercase hex HMAC-SHA256 of body: Gitea's X-Gitea-Signature
+// and GitHub's X-Hub-Signature-256 (after "sha256=").
+func Sign(secret, body []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write(body)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// Verify checks a delivery's signature in constant time. Gitea sends
+// X-Gitea-Signature (bare hex) and X-Hub-Signature-256; GitHub only the
+// latter. An empty secret never verifies.
+func Verify(secret, body []byte, h http.Header) bool {
+	if len(secret) == 0 {
+		return false
+	}
+	want := Sign(secret, body)
+	got := h.Get("X-Gitea-Signature")
+	if got == "" {
+		got = strings.TrimPrefix(h.Get("X-Hub-Signature-256"), "sha256=")
+	}
+	return got != "" && hmac.Equal([]byte(strings.ToLower(got)), []byte(want))
+}
+
+// WorkflowJobEvent is a `workflow_job` delivery, as both forges send it.
+type WorkflowJobEvent struct {
+	Action string `json:"action"`
+	Job    Job    `json:"-"`
+	Repo   string `json:"-"`
+}
+
+// ParseWorkflowJob decodes a `workflow_job` delivery body (Gitea and
+// GitHub share the shape: action, workflow_job, repository).
+func ParseWorkflowJob(body []byte) (WorkflowJobEvent, error) {
+	var p struct {
+		Action string `json:"action"`
+		Job    *struct {
+			ID         int64     `json:"id"`
+			RunID      int64     `json:"run_id"`
+			Name       string    `json:"name"`
+			Labels     []string  `json:"labels"`
+			Status     string    `json:"status"`
+			Conclusion string    `json:"conclusion"`
+			RunnerName string    `json:"runner_name"`
+			URL        string    `json:"url"`
+			CreatedAt  time.Time `json:"created_at"`
+		} `json:"workflow_job"`
+		Repository struct {
+			FullName string `json:"full_name"`
+		} `json:"repository"`
+	}
+	if err := json.Unmarshal(body, &p); err != nil {
+		return WorkflowJobEvent{}, fmt.Errorf("workflow_job payload: %v", err)
+	}
+	if p.Job == nil || p.Job.ID == 0 {
+		return WorkflowJobEvent{}, errors.New("workflow_job payload: no workflow_job.id")
+	}
+	j := p.Job
+	return WorkflowJobEvent{Action: p.Action, Repo: p.Repository.FullName, Job: Job{
+		ID: j.ID, RunID: j.RunID, Repo: p.Repository.FullName, Name: j.Name, Labels: j.Labels, Status: j.Status,
+		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}}, nil
+}

@@ -1,0 +1,391 @@
+package orchestrator
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is `runway serve -config runway.yml`.
+type Config struct {
+	Listen   string        `yaml:"listen"`
+	StateDir string        `yaml:"state_dir"`
+	LogLevel string        `yaml:"log_level"`
+	CPI      CPIConfig     `yaml:"cpi"`
+	Forges   []ForgeConfig `yaml:"forges"`
+	Groups   []GroupConfig `yaml:"groups"`
+	// SweepInterval paces the slower checks: has_vm per runner, the
+	// forge's runner list, offline registrations.
+	SweepInterval Duration `yaml:"sweep_interval"`
+	// History keeps deleted runners' rows this long.
+	History Duration `yaml:"history"`
+	// AdminTokenFile, when set, guards the write endpoints (drain, resume)
+	// with `Authorization: Bearer <token>`.
+	AdminTokenFile string `yaml:"admin_token_file"`
+}
+
+// CPIConfig is how bin/cpi is called.
+type CPIConfig struct {
+	Path    string   `yaml:"path"`
+	Config  string   `yaml:"config"`
+	Timeout Duration `yaml:"timeout"`
+	// DirectorUUID goes into every request's context and so onto every
+	// VM as its `director` tag: it is how this orchestrator finds its own.
+	DirectorUUID       string `yaml:"director_uuid"`
+	StemcellAPIVersion int    `yaml:"stemcell_api_version"`
+}
+
+// ForgeConfig is one Gitea or GitHub.
+type ForgeConfig struct {
+	Name string `yaml:"name"`
+	Type string `yaml:"type"` // gitea | github
+	URL  string `yaml:"url"`  // Gitea instance URL; GitHub API URL
+	// RunnerURL is the URL a runner connects to (default: url; GitHub:
+	// https://github.com).
+	RunnerURL         string   `yaml:"runner_url"`
+	TokenFile         string   `yaml:"token_file"`
+	TokenEnv          string   `yaml:"token_env"`
+	WebhookSecretFile string   `yaml:"webhook_secret_file"`
+	WebhookSecretEnv  string   `yaml:"webhook_secret_env"`
+	PollInterval      Duration `yaml:"poll_interval"`
+	RunnerGroupID     int64    `yaml:"runner_group_id"` // GitHub JIT
+}
+
+// GroupConfig is one pool of runners (seed 001's RunnerGroup).
+type GroupConfig struct {
+	Name             string         `yaml:"name"`
+	Forge            string         `yaml:"forge"`
+	Scope            string         `yaml:"scope"`
+	Org              string         `yaml:"org"`
+	User             string         `yaml:"user"`
+	Repo             string         `yaml:"repo"` // owner/name
+	Labels           []string       `yaml:"labels"`
+	MaxActiveRunners int            `yaml:"max_active_runners"`
+	MinIdle          int            `yaml:"min_idle"`
+	Stemcell         StemcellConfig `yaml:"stemcell"`
+	CloudProperties  map[string]any `yaml:"cloud_properties"`
+	Networks         map[string]any `yaml:"networks"`
+	Runner           RunnerConfig   `yaml:"runner"`
+	Timeouts         Timeouts       `yaml:"timeouts"`
+	PollInterval     Duration       `yaml:"poll_interval"`
+	// SpawnConcurrency bounds parallel create_vm calls for this group.
+	SpawnConcurrency int `yaml:"spawn_concurrency"`
+	// CPI overrides the top-level cpi keys for this group (another IaaS,
+	// another CPI config).
+	CPI GroupCPI `yaml:"cpi"`
+}
+
+// GroupCPI is the part of CPIConfig a group may override.
+type GroupCPI struct {
+	Path    string   `yaml:"path"`
+	Config  string   `yaml:"config"`
+	Timeout Duration `yaml:"timeout"`
+}
+
+// cpiConfig is the group's effective CPI.
+func (g GroupConfig) cpiConfig(top CPIConfig) CPIConfig {
+	c := top
+	if g.CPI.Path != "" {
+		c.Path = g.CPI.Path
+	}
+	if g.CPI.Config != "" {
+		c.Config = g.CPI.Config
+	}
+	if g.CPI.Timeout.Duration != 0 {
+		c.Timeout = g.CPI.Timeout
+	}
+	return c
+}
+
+// StemcellConfig names the image: an existing CID, or a tarball uploaded
+// once (create_stemcell) and remembered in the state store.
+type StemcellConfig struct {
+	CID             string         `yaml:"cid"`
+	Image           string         `yaml:"image"`
+	CloudProperties map[string]any `yaml:"cloud_properties"`
+}
+
+// RunnerConfig is what the VM runs.
+type RunnerConfig struct {
+	Command string            `yaml:"command"` // the runner binary or bootstrap, on the VM
+	Args    []string          `yaml:"args"`
+	Env     map[string]string `yaml:"env"`
+}
+
+// Timeouts bound a runner's life.
+type Timeouts struct {
+	Spawn       Duration `yaml:"spawn"`        // create_vm to registered
+	Idle        Duration `yaml:"idle"`         // created, no job taken
+	MaxLifetime Duration `yaml:"max_lifetime"` // whatever it is doing
+}
+
+// Duration reads "90s", "15m", "2h".
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: a duration like \"30s\" or \"10m\"", n.Line)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return fmt.Errorf("line %d: %q is not a duration like \"30s\" or \"10m\"", n.Line, s)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// FieldError names the offending field.
+type FieldError struct {
+	Field, Msg string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,38}$`)
+
+// LoadConfig reads, defaults and validates a config file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig decodes strictly (unknown keys are errors), fills defaults
+// and validates.
+func ParseConfig(b []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("yaml: %v", err)
+	}
+	c.defaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func def(d *Duration, v time.Duration) {
+	if d.Duration == 0 {
+		d.Duration = v
+	}
+}
+
+func (c *Config) defaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8480"
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	def(&c.SweepInterval, 30*time.Second)
+	def(&c.History, 24*time.Hour)
+	def(&c.CPI.Timeout, 10*time.Minute)
+	if c.CPI.DirectorUUID == "" {
+		c.CPI.DirectorUUID = "runway-orchestrator"
+	}
+	if c.CPI.StemcellAPIVersion == 0 {
+		c.CPI.StemcellAPIVersion = 2
+	}
+	for i := range c.Forges {
+		f := &c.Forges[i]
+		if f.Type == "github" {
+			def(&f.PollInterval, 5*time.Minute)
+			if f.URL == "" {
+				f.URL = "https://api.github.com"
+			}
+			if f.RunnerURL == "" {
+				f.RunnerURL = "https://github.com"
+			}
+			if f.RunnerGroupID == 0 {
+				f.RunnerGroupID = 1
+			}
+		}
+		def(&f.PollInterval, 15*time.Second)
+		if f.RunnerURL == "" {
+			f.RunnerURL = f.URL
+		}
+	}
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		if g.Forge == "" && len(c.Forges) == 1 {
+			g.Forge = c.Forges[0].Name
+		}
+		def(&g.Timeouts.Spawn, 10*time.Minute)
+		def(&g.Timeouts.Idle, 15*time.Minute)
+		def(&g.Timeouts.MaxLifetime, 6*time.Hour)
+		if g.SpawnConcurrency == 0 {
+			g.SpawnConcurrency = 4
+		}
+		if g.CloudProperties == nil {
+			g.CloudProperties = map[string]any{}
+		}
+		if g.Networks == nil {
+			g.Networks = map[string]any{}
+		}
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	if c.StateDir == "" {
+		bad("state_dir", "required (the SQLite store and the daemon's lock live there)")
+	}
+	if c.CPI.Path == "" {
+		bad("cpi.path", "required (the bin/cpi to call)")
+	}
+	forges := map[string]ForgeConfig{}
+	for i, f := range c.Forges {
+		p := fmt.Sprintf("forges[%d]", i)
+		if !nameRE.MatchString(f.Name) {
+			bad(p+".name", "%q must be lowercase letters, digits and dashes", f.Name)
+		} else if _, dup := forges[f.Name]; dup {
+			bad(p+".name", "%q is used twice", f.Name)
+		}
+		forges[f.Name] = f
+		if f.Type != "gitea" && f.Type != "github" {
+			bad(p+".type", "%q must be gitea or github", f.Type)
+		}
+		if !strings.HasPrefix(f.URL, "http://") && !strings.HasPrefix(f.URL, "https://") {
+			bad(p+".url", "%q must be an http(s) URL", f.URL)
+		}
+		if (f.TokenFile == "") == (f.TokenEnv == "") {
+			bad(p+".token_file", "set exactly one of token_file or token_env (tokens are never inline)")
+		}
+		if f.WebhookSecretFile != "" && f.WebhookSecretEnv != "" {
+			bad(p+".webhook_secret_file", "set at most one of webhook_secret_file or webhook_secret_env")
+		}
+	}
+	if len(c.Forges) == 0 {
+		bad("forges", "at least one forge is required")
+	}
+	names := map[string]bool{}
+	for i, g := range c.Groups {
+		p := fmt.Sprintf("groups[%d]", i)
+		if !nameRE.MatchString(g.Name) {
+			bad(p+".name", "%q must be lowercase letters, digits and dashes (it prefixes runner names)", g.Name)
+		} else if names[g.Name] {
+			bad(p+".name", "%q is used twice", g.Name)
+		}
+		names[g.Name] = true
+		f, ok := forges[g.Forge]
+		if !ok {
+			bad(p+".forge", "%q is not a configured forge", g.Forge)
+		}
+		switch g.Scope {
+		case "global":
+			if f.Type == "github" {
+				bad(p+".scope", "global is not supported on GitHub (use org or repo)")
+			}
+		case "org":
+			if g.Org == "" {
+				bad(p+".org", "required for scope org")
+			}
+		case "user":
+			if g.User == "" {
+				bad(p+".user", "required for scope user")
+			}
+			if f.Type == "github" {
+				bad(p+".scope", "user is not supported on GitHub (use org or repo)")
+			}
+		case "repo":
+			if o, n, ok := strings.Cut(g.Repo, "/"); !ok || o == "" || n == "" || strings.Contains(n, "/") {
+				bad(p+".repo", "%q must be owner/name for scope repo", g.Repo)
+			}
+		default:
+			bad(p+".scope", "%q must be one of global, org, user, repo", g.Scope)
+		}
+		if len(g.Labels) == 0 {
+			bad(p+".labels", "at least one label is required (no default labels are added)")
+		}
+		for j, l := range g.Labels {
+			if strings.TrimSpace(l) == "" || strings.Contains(l, ",") {
+				bad(fmt.Sprintf("%s.labels[%d]", p, j), "%q is not a label", l)
+			}
+		}
+		if g.MaxActiveRunners < 1 {
+			bad(p+".max_active_runners", "must be at least 1")
+		}
+		if g.MinIdle < 0 || g.MinIdle > g.MaxActiveRunners {
+			bad(p+".min_idle", "must be between 0 and max_active_runners")
+		}
+		if (g.Stemcell.CID == "") == (g.Stemcell.Image == "") {
+			bad(p+".stemcell", "set exactly one of cid or image")
+		}
+		if g.Runner.Command == "" {
+			bad(p+".runner.command", "required (the runner or its bootstrap, as a path on the VM)")
+		}
+		for k := range g.Runner.Env {
+			if !envRE.MatchString(k) {
+				bad(p+".runner.env", "%q is not an environment variable name", k)
+			}
+		}
+		if g.SpawnConcurrency < 1 {
+			bad(p+".spawn_concurrency", "must be at least 1")
+		}
+	}
+	if len(c.Groups) == 0 {
+		bad("groups", "at least one group is required")
+	}
+	return errors.Join(errs...)
+}
+
+var envRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Scope returns the group's forge scope.
+func (g GroupConfig) ForgeScope() forgeScope {
+	switch g.Scope {
+	case "org":
+		return forgeScope{Kind: "org", Owner: g.Org}
+	case "user":
+		return forgeScope{Kind: "user", Owner: g.User}
+	case "repo":
+		o, n, _ := strings.Cut(g.Repo, "/")
+		return forgeScope{Kind: "repo", Owner: o, Repo: n}
+	}
+	return forgeScope{Kind: "global"}
+}
+
+// secret reads a token from a file (trimmed) or an environment variable.
+func secret(file, env, what string) (string, error) {
+	switch {
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", what, err)
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "" {
+			return "", fmt.Errorf("%s: %s is empty", what, file)
+		}
+		return s, nil
+	case env != "":
+		s := strings.TrimSpace(os.Getenv(env))
+		if s == "" {
+			return "", fmt.Errorf("%s: environment variable %s is empty", what, env)
+		}
+		return s, nil
+	}
+	return "", nil
+}

@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"bytes"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+)
+
+func completed(e *env, ids ...int64) func() bool {
+	return func() bool {
+		for _, id := range ids {
+			if e.gitea.Job(id).Status != forge.StatusCompleted {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// Queued jobs get exactly one runner each; mismatched labels and blocked
+// jobs get none; every VM is gone once the jobs are done.
+func TestQueuedJobsGetOneRunnerEach(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig("300ms", e.group("linux", "scope: org\n    org: acme", []string{"linux:host", "x64"}, 5, ""))
+	a := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	b := e.gitea.AddJob("acme/app", "test", []string{"linux", "x64"}, forge.StatusQueued)
+	c := e.gitea.AddJob("acme/lib", "lint", []string{"linux"}, forge.StatusQueued)
+	win := e.gitea.AddJob("acme/app", "win", []string{"windows"}, forge.StatusQueued)
+	blocked := e.gitea.AddJob("acme/app", "deploy", []string{"linux"}, forge.StatusWaiting)
+	other := e.gitea.AddJob("elsewhere/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.start()
+
+	e.eventually(60*time.Second, "the three matching jobs complete", completed(e, a, b, c))
+	e.eventually(30*time.Second, "every runner VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+
+	hist := e.runners(true)
+	if len(hist) != 3 {
+		t.Fatalf("want exactly 3 runners for 3 matching jobs, got %d: %+v", len(hist), hist)
+	}
+	ranBy := map[string]int64{}
+	for _, id := range []int64{a, b, c} {
+		j := e.gitea.Job(id)
+		if prev, dup := ranBy[j.RunnerName]; dup {
+			t.Errorf("runner %s ran jobs %d and %d", j.RunnerName, prev, id)
+		}
+		ranBy[j.RunnerName] = id
+		if !strings.HasPrefix(j.RunnerName, "linux-") {
+			t.Errorf("job %d ran on %q, not a linux-<suffix> runner", id, j.RunnerName)
+		}
+	}
+	for _, id := range []int64{win, other} {
+		if s := e.gitea.Job(id).Status; s != forge.StatusQueued {
+			t.Errorf("job %d (no group can run it) is %s", id, s)
+		}
+	}
+	if s := e.gitea.Job(blocked).Status; s != forge.StatusWaiting {
+		t.Errorf("blocked job is %s", s)
+	}
+	if n := len(e.gitea.Runners()); n != 0 {
+		t.Errorf("%d runner registrations left at the forge", n)
+	}
+
+	// The blocked job becomes runnable: now it is demand.
+	e.gitea.SetJobStatus(blocked, forge.StatusQueued)
+	e.eventually(60*time.Second, "the unblocked job completes", completed(e, blocked))
+	e.eventually(30*time.Second, "its VM is deleted", func() bool { return len(e.vms()) == 0 })
+	if n := len(e.runners(true)); n != 4 {
+		t.Errorf("want 4 runners after the unblocked job, got %d", n)
+	}
+	if s := e.gitea.Job(win).Status; s != forge.StatusQueued {
+		t.Errorf("windows job is %s", s)
+	}
+
+	out, err := e.runway("status", "-config", e.cfgPath)
+	if err != nil || !strings.Contains(out, "linux") || !strings.Contains(out, "org acme") {
+		t.Errorf("runway status: %v\n%s", err, out)
+	}
+	out, err = e.runway("runners", "-all", "-config", e.cfgPath)
+	if err != nil || strings.Count(out, "deleted") != 4 {
+		t.Errorf("runway runners -all: %v\n%s", err, out)
+	}
+}
+
+// max_active_runners holds while runners are busy; the rest of the queue is
+// served as runners finish, still one runner per job.
+func TestMaxActiveRespected(t *testing.T) {
+	e := newEnv(t)
+	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.writeConfig("200ms", e.group("small", "scope: repo\n    repo: acme/app", []string{"linux"}, 2, ""))
+	var jobs []int64
+	for i := 0; i < 5; i++ {
+		jobs = append(jobs, e.gitea.AddJob("acme/app", "job", []string{"linux"}, forge.StatusQueued))
+	}
+	e.start()
+	busy := func() int {
+		n := 0
+		for _, id := range jobs {
+			if e.gitea.Job(id).Status == forge.StatusInProgress {
+				n++
+			}
+		}
+		return n
+	}
+	e.eventually(30*time.Second, "two jobs in progress", func() bool { return busy() == 2 })
+	// Several reconcile passes (200 ms apart) and sweeps go by: capacity holds.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := len(e.vms()); n > 2 {
+			t.Fatalf("%d VMs exist with max_active_runners 2", n)
+		}
+		if g := e.groupStatus("small"); g.ActiveRunners > 2 {
+			t.Fatalf("group reports %d active runners", g.ActiveRunners)
+		}
+	}
+	if b := busy(); b != 2 {
+		t.Fatalf("%d jobs in progress with max_active_runners 2", b)
+	}
+	g := e.groupStatus("small")
+	if g.QueuedJobs != 3 || g.Busy != 2 {
+		t.Errorf("status: queued %d busy %d, want 3 and 2", g.QueuedJobs, g.Busy)
+	}
+	os.Remove(e.hold)
+	e.eventually(90*time.Second, "all five jobs complete", completed(e, jobs...))
+	e.eventually(30*time.Second, "no VM left", func() bool { return len(e.vms()) == 0 })
+	if n := len(e.runners(true)); n != 5 {
+		t.Errorf("want 5 runners for 5 jobs, got %d", n)
+	}
+}
+
+// A webhook delivery starts a runner at once, although the poll interval is
+// an hour; a delivery with a bad signature is refused and changes nothing.
+func TestWebhookAndSignature(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig("1h", e.group("hooked", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
+	e.start()
+	e.eventually(10*time.Second, "first pass done", func() bool { return !e.groupStatus("hooked").LastCheckTime.IsZero() })
+	e.gitea.AddHook("http://"+e.addr+"/webhooks/gitea", []byte(webhookSecret))
+
+	// Forged: a queued job the forge never had, signed with the wrong key.
+	forged := []byte(`{"action":"queued","workflow_job":{"id":999999,"labels":["linux"],"status":"queued"},"repository":{"full_name":"acme/app"}}`)
+	req, _ := http.NewRequest("POST", "http://"+e.addr+"/webhooks/gitea", bytes.NewReader(forged))
+	req.Header.Set("X-Gitea-Event", "workflow_job")
+	req.Header.Set("X-Gitea-Signature", forge.Sign([]byte("wrong"), forged))
+	resp, err := http.DefaultClient.Do(req)
+	must(t, err)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("bad signature answered %d, want 401", resp.StatusCode)
+	}
+	if n := len(e.runners(true)); n != 0 {
+		t.Fatalf("a forged delivery made %d runners", n)
+	}
+	if !strings.Contains(e.stderr.String(), "bad signature") {
+		t.Errorf("the rejection is not logged")
+	}
+
+	start := time.Now()
+	id := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.eventually(10*time.Second, "a runner for the webhook's job", func() bool { return len(e.runners(true)) == 1 })
+	t.Logf("webhook → runner recorded in %s", time.Since(start).Round(time.Millisecond))
+	e.eventually(60*time.Second, "the job completes", completed(e, id))
+	e.eventually(30*time.Second, "its VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	if n := len(e.runners(true)); n != 1 {
+		t.Errorf("want 1 runner, got %d", n)
+	}
+}

@@ -1,0 +1,308 @@
+// Package e2e drives the real binaries: `runway serve` as a subprocess,
+// calling the real bin/cpi on the local driver, whose VMs run the real
+// test runner program against the forge contract servers.
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/cpiclient"
+	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/orchestrator"
+)
+
+var bins struct{ cpi, runway, testrunner, stemcell string }
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "runway-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	bins.cpi = filepath.Join(dir, "cpi")
+	bins.runway = filepath.Join(dir, "runway")
+	bins.testrunner = filepath.Join(dir, "testrunner")
+	for out, pkg := range map[string]string{bins.cpi: "src/cmd/cpi", bins.runway: "src/cmd/runway", bins.testrunner: "src/forge/forgetest/testrunner"} {
+		b := exec.Command("go", "build", "-o", out, "github.com/runway-cpi/runway/"+pkg)
+		b.Stdout, b.Stderr = os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			panic(err)
+		}
+	}
+	bins.stemcell = filepath.Join(dir, "stemcell.tgz")
+	if err := writeStemcell(bins.stemcell); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// writeStemcell makes a one-file image tarball for the local driver.
+func writeStemcell(path string) error {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	body := []byte("runner image\n")
+	if err := tw.WriteHeader(&tar.Header{Name: "image", Mode: 0o644, Size: int64(len(body))}); err != nil {
+		return err
+	}
+	tw.Write(body)
+	tw.Close()
+	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
+
+const (
+	apiToken      = "api-token-0123456789"
+	webhookSecret = "hook-secret-abcdef"
+	directorUUID  = "orch-e2e"
+)
+
+// env is one orchestrator under test with its forge and CPI state.
+type env struct {
+	t        *testing.T
+	dir      string
+	cpiCfg   string
+	cfgPath  string
+	gitea    *forgetest.Gitea
+	github   *forgetest.GitHub
+	hold     string // while this file exists, test runners keep their job
+	daemon   *exec.Cmd
+	stderr   *syncBuffer
+	addr     string
+	exited   chan struct{}
+	groups   string
+	forgeYML string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// newEnv writes the CPI config and starts the Gitea contract server.
+func newEnv(t *testing.T) *env {
+	e := &env{t: t, dir: t.TempDir()}
+	e.hold = filepath.Join(e.dir, "hold")
+	e.cpiCfg = filepath.Join(e.dir, "cpi.json")
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
+		"local": map[string]any{"stop_grace_seconds": 1}})
+	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
+	must(t, os.WriteFile(filepath.Join(e.dir, "api-token"), []byte(apiToken+"\n"), 0o600))
+	must(t, os.WriteFile(filepath.Join(e.dir, "hook-secret"), []byte(webhookSecret), 0o600))
+	e.gitea = forgetest.NewGitea(apiToken)
+	t.Cleanup(e.gitea.Close)
+	t.Cleanup(e.cleanup)
+	return e
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// group renders one group's YAML with the test runner as its command.
+func (e *env) group(name, scopeYAML string, labels []string, maxActive int, extra string) string {
+	ls, _ := json.Marshal(labels)
+	return fmt.Sprintf(`
+  - name: %s
+    %s
+    labels: %s
+    max_active_runners: %d
+    stemcell: {image: %q}
+    cloud_properties: {}
+    runner:
+      command: %q
+      env: {TESTRUNNER_HOLD_FILE: %q, TESTRUNNER_IDLE: "60s"}
+    timeouts: {spawn: 2m, idle: 2m, max_lifetime: 10m}
+%s`, name, scopeYAML, ls, maxActive, bins.stemcell, bins.testrunner, e.hold, extra)
+}
+
+// writeConfig writes runway.yml for the given groups (forge: the Gitea
+// server unless forgeYML is set).
+func (e *env) writeConfig(pollInterval string, groups ...string) {
+	forges := e.forgeYML
+	if forges == "" {
+		forges = fmt.Sprintf(`
+  - name: gitea
+    type: gitea
+    url: %s
+    token_file: %s
+    webhook_secret_file: %s
+    poll_interval: %s`, e.gitea.URL, filepath.Join(e.dir, "api-token"), filepath.Join(e.dir, "hook-secret"), pollInterval)
+	}
+	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
+state_dir: %s
+log_level: debug
+sweep_interval: 1s
+cpi:
+  path: %s
+  config: %s
+  timeout: 60s
+  director_uuid: %s
+forges:%s
+groups:%s`, filepath.Join(e.dir, "orch"), bins.cpi, e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
+	e.cfgPath = filepath.Join(e.dir, "runway.yml")
+	must(e.t, os.WriteFile(e.cfgPath, []byte(cfg), 0o600))
+	if _, err := orchestrator.LoadConfig(e.cfgPath); err != nil {
+		e.t.Fatalf("test config does not load: %v", err)
+	}
+}
+
+// start runs `runway serve` and waits until it answers /healthz.
+func (e *env) start() {
+	e.t.Helper()
+	os.Remove(filepath.Join(e.dir, "orch", "listen.addr"))
+	cmd := exec.Command(bins.runway, "serve", "-config", e.cfgPath)
+	e.stderr = &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = e.stderr, e.stderr
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}
+	must(e.t, cmd.Start())
+	e.daemon = cmd
+	e.exited = make(chan struct{})
+	go func() { cmd.Wait(); close(e.exited) }()
+	e.eventually(10*time.Second, "runway serve answers /healthz", func() bool {
+		b, err := os.ReadFile(filepath.Join(e.dir, "orch", "listen.addr"))
+		if err != nil {
+			return false
+		}
+		e.addr = strings.TrimSpace(string(b))
+		resp, err := http.Get("http://" + e.addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+}
+
+// stop ends the daemon with SIGTERM (kill9: SIGKILL) and waits.
+func (e *env) stop(kill9 bool) {
+	if e.daemon == nil {
+		return
+	}
+	sig := syscall.SIGTERM
+	if kill9 {
+		sig = syscall.SIGKILL
+	}
+	e.daemon.Process.Signal(sig)
+	select {
+	case <-e.exited:
+	case <-time.After(30 * time.Second):
+		e.daemon.Process.Kill()
+		<-e.exited
+		e.t.Errorf("runway serve did not stop on %v", sig)
+	}
+	e.daemon = nil
+}
+
+// cleanup stops the daemon and deletes every VM left, so no test runner
+// outlives the test (and says so if the orchestrator left any).
+func (e *env) cleanup() {
+	e.stop(false)
+	os.Remove(e.hold)
+	for _, vm := range e.vms() {
+		e.cpi().Call(context.Background(), "delete_vm", "cleanup", vm.CID)
+	}
+	if e.t.Failed() && e.stderr != nil {
+		e.t.Logf("runway serve output:\n%s", e.stderr.String())
+	}
+}
+
+func (e *env) cpi() *cpiclient.Client {
+	return &cpiclient.Client{Path: bins.cpi, ConfigPath: e.cpiCfg, DirectorUUID: "e2e-observer", Timeout: 30 * time.Second}
+}
+
+type vm struct {
+	CID     string            `json:"cid"`
+	AgentID string            `json:"agent_id"`
+	State   string            `json:"state"`
+	Tags    map[string]string `json:"tags"`
+}
+
+// vms lists the orchestrator's VMs through bin/cpi (what really exists).
+func (e *env) vms() []vm {
+	resp, err := e.cpi().Call(context.Background(), "list_vms", "observe", map[string]string{"director": directorUUID})
+	if err != nil {
+		e.t.Fatalf("list_vms: %v", err)
+	}
+	var out []vm
+	must(e.t, json.Unmarshal(resp.Result, &out))
+	return out
+}
+
+func (e *env) get(path string, out any) {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.addr + path)
+	must(e.t, err)
+	defer resp.Body.Close()
+	must(e.t, json.NewDecoder(resp.Body).Decode(out))
+}
+
+func (e *env) runners(all bool) []orchestrator.RunnerView {
+	var rs []orchestrator.RunnerView
+	p := "/api/v1/runners"
+	if all {
+		p += "?all=true"
+	}
+	e.get(p, &rs)
+	return rs
+}
+
+func (e *env) groupStatus(name string) orchestrator.GroupStatus {
+	var gs []orchestrator.GroupStatus
+	e.get("/api/v1/groups", &gs)
+	for _, g := range gs {
+		if g.Name == name {
+			return g
+		}
+	}
+	e.t.Fatalf("no group %s in /api/v1/groups", name)
+	return orchestrator.GroupStatus{}
+}
+
+// eventually polls cond (a condition wait, not a sleep standing in for
+// synchronisation) until it holds or the timeout passes.
+func (e *env) eventually(timeout time.Duration, what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after %s waiting for: %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// runway runs the CLI against the daemon.
+func (e *env) runway(args ...string) (string, error) {
+	cmd := exec.Command(bins.runway, args...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

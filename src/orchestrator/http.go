@@ -1,0 +1,162 @@
+package orchestrator
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+)
+
+// RunnerView is one runner as /api/v1/runners shows it.
+type RunnerView struct {
+	Name       string    `json:"name"`
+	Group      string    `json:"group"`
+	State      string    `json:"state"`
+	VMCID      string    `json:"vm_cid,omitempty"`
+	AgentID    string    `json:"agent_id"`
+	TriggerJob int64     `json:"trigger_job,omitempty"`
+	JobID      int64     `json:"job_id,omitempty"`
+	JobRepo    string    `json:"job_repo,omitempty"`
+	ForgeID    int64     `json:"forge_runner_id,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	LastError  string    `json:"last_error,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	StateAt    time.Time `json:"state_at"`
+}
+
+func view(r store.Runner) RunnerView {
+	return RunnerView{Name: r.Name, Group: r.Group, State: r.State, VMCID: r.VMCID, AgentID: r.AgentID,
+		TriggerJob: r.TriggerJob, JobID: r.JobID, JobRepo: r.JobRepo, ForgeID: r.ForgeRunnerID, Reason: r.Reason,
+		LastError: r.LastError, CreatedAt: r.CreatedAt, StateAt: r.StateAt}
+}
+
+// Groups returns every group's status.
+func (o *Orchestrator) Groups() []GroupStatus {
+	out := make([]GroupStatus, 0, len(o.groups))
+	for _, g := range o.groups {
+		out = append(out, g.Status())
+	}
+	return out
+}
+
+const maxWebhookBody = 5 << 20
+
+// Handler serves the daemon's HTTP interface.
+func (o *Orchestrator) Handler() (http.Handler, error) {
+	admin, err := secret(o.cfg.AdminTokenFile, "", "admin_token_file")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := o.store.Drained(""); err != nil {
+			http.Error(w, "state store: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /api/v1/groups", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, o.Groups())
+	})
+	mux.HandleFunc("GET /api/v1/runners", func(w http.ResponseWriter, r *http.Request) {
+		var rows []store.Runner
+		var err error
+		if r.URL.Query().Get("all") == "true" {
+			rows, err = o.store.All(1000)
+		} else {
+			rows, err = o.store.Active(r.URL.Query().Get("group"))
+		}
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+			return
+		}
+		out := make([]RunnerView, 0, len(rows))
+		for _, x := range rows {
+			out = append(out, view(x))
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	drain := func(v bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if admin != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+admin)) != 1 {
+				writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required"})
+				return
+			}
+			if err := o.SetDrained(r.PathValue("name"), v); err != nil {
+				writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+				return
+			}
+			writeJSON(w, http.StatusOK, o.group(r.PathValue("name")).Status())
+		}
+	}
+	mux.HandleFunc("POST /api/v1/groups/{name}/drain", drain(true))
+	mux.HandleFunc("POST /api/v1/groups/{name}/resume", drain(false))
+	mux.HandleFunc("POST /webhooks/gitea", o.webhook("gitea", "X-Gitea-Event", "X-Gitea-Delivery"))
+	mux.HandleFunc("POST /webhooks/github", o.webhook("github", "X-GitHub-Event", "X-GitHub-Delivery"))
+	return mux, nil
+}
+
+func (o *Orchestrator) webhook(kind, eventHeader, deliveryHeader string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxWebhookBody+1))
+		if err != nil || len(body) > maxWebhookBody {
+			o.metrics.webhooks.WithLabelValues(kind, "too_large").Inc()
+			http.Error(w, "body too large or unreadable", http.StatusRequestEntityTooLarge)
+			return
+		}
+		event := r.Header.Get(eventHeader)
+		delivery := r.Header.Get(deliveryHeader)
+		if event != "workflow_job" {
+			// Pings and other events: acknowledged once signed, not acted on.
+			if !o.verifies(kind, body, r.Header) {
+				o.metrics.webhooks.WithLabelValues(kind, "bad_signature").Inc()
+				o.log.Warn("webhook rejected: bad signature", "type", kind, "event", event, "delivery", delivery, "remote", r.RemoteAddr)
+				http.Error(w, "bad signature", http.StatusUnauthorized)
+				return
+			}
+			o.metrics.webhooks.WithLabelValues(kind, "ignored").Inc()
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		name, ev, err := o.Webhook(kind, body, r.Header)
+		switch {
+		case errors.Is(err, ErrBadSignature):
+			o.metrics.webhooks.WithLabelValues(kind, "bad_signature").Inc()
+			o.log.Warn("webhook rejected: bad signature", "type", kind, "delivery", delivery, "remote", r.RemoteAddr)
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+		case err != nil:
+			o.metrics.webhooks.WithLabelValues(kind, "bad_payload").Inc()
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		default:
+			o.metrics.webhooks.WithLabelValues(kind, "accepted").Inc()
+			o.log.Debug("webhook", "forge", name, "action", ev.Action, "job", ev.Job.ID, "repo", ev.Job.Repo, "delivery", delivery)
+			w.WriteHeader(http.StatusAccepted)
+		}
+	}
+}
+
+// verifies reports whether any forge of kind signed body.
+func (o *Orchestrator) verifies(kind string, body []byte, h http.Header) bool {
+	for _, fv := range o.forges {
+		if fv.cfg.Type == kind && forge.Verify(fv.secret, body, h) {
+			return true
+		}
+	}
+	return false
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,50 @@
+package orchestrator
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the daemon's Prometheus series, on their own registry.
+type Metrics struct {
+	Registry           *prometheus.Registry
+	queued             *prometheus.GaugeVec
+	runners            *prometheus.GaugeVec
+	spawnLatency       *prometheus.HistogramVec
+	cpiDuration        *prometheus.HistogramVec
+	cpiErrors          *prometheus.CounterVec
+	forgeRequests      *prometheus.CounterVec
+	forgeRateRemaining *prometheus.GaugeVec
+	reconcileErrors    *prometheus.CounterVec
+	webhooks           *prometheus.CounterVec
+}
+
+// NewMetrics registers every series.
+func NewMetrics() *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_queued_jobs",
+			Help: "Queued jobs this group claims (demand)."}, []string{"group"}),
+		runners: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_runners",
+			Help: "Runners by group and state (spawning, idle, busy, deleting)."}, []string{"group", "state"}),
+		spawnLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_spawn_seconds",
+			Help: "From spawn decision to create_vm answered.", Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12)}, []string{"group"}),
+		cpiDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_cpi_call_seconds",
+			Help: "bin/cpi call duration by method.", Buckets: prometheus.ExponentialBuckets(0.002, 3, 12)}, []string{"method"}),
+		cpiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_cpi_call_errors_total",
+			Help: "bin/cpi calls that failed, by method and error type."}, []string{"method", "type"}),
+		forgeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_forge_requests_total",
+			Help: "Forge API requests by forge, HTTP method and status."}, []string{"forge", "method", "code"}),
+		forgeRateRemaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_forge_rate_limit_remaining",
+			Help: "X-RateLimit-Remaining from the forge's last answer."}, []string{"forge"}),
+		reconcileErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_reconcile_errors_total",
+			Help: "Reconcile passes that failed, by group."}, []string{"group"}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_webhook_deliveries_total",
+			Help: "Webhook deliveries by forge type and result."}, []string{"type", "result"}),
+	}
+	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

@@ -1,0 +1,422 @@
+// Package orchestrator keeps ephemeral CI runners matched to the job queues
+// of Gitea and GitHub. It is a CPI caller like the BOSH Director: every VM
+// is made and removed by running bin/cpi (through cpiclient), never by
+// importing a driver. Its state lives in a SQLite store so that a restart
+// loses track of nothing.
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofrs/flock"
+
+	"github.com/runway-cpi/runway/src/cpiclient"
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/gitea"
+	"github.com/runway-cpi/runway/src/forge/github"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+)
+
+type forgeScope = forge.Scope
+
+// CPI is one CPI executable (cpiclient.Client in production).
+type CPI interface {
+	Call(ctx context.Context, method, requestID string, args ...any) (*cpiclient.Response, error)
+}
+
+// Orchestrator is the daemon.
+type Orchestrator struct {
+	cfg     *Config
+	store   *store.Store
+	log     *slog.Logger
+	metrics *Metrics
+	forges  map[string]*forgeView
+	groups  []*group
+	now     func() time.Time
+	lock    *flock.Flock
+
+	stemcellMu sync.Mutex // one upload per image
+
+	ownMu  sync.Mutex
+	ownGen int // bumped when a drain flag changes: ownership may move
+}
+
+// Options are the parts tests and benchmarks replace.
+type Options struct {
+	CPI    CPI // default: cpiclient for cfg.CPI
+	Logger *slog.Logger
+	Forges map[string]forge.Client // default: REST clients from cfg
+	Now    func() time.Time
+}
+
+// New opens the state store (taking the state dir's lock, so two daemons
+// never manage the same runners) and builds the groups.
+func New(cfg *Config, opt Options) (*Orchestrator, error) {
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state_dir: %w", err)
+	}
+	lk := flock.New(filepath.Join(cfg.StateDir, "orchestrator.lock"))
+	ok, err := lk.TryLock()
+	if err != nil {
+		return nil, fmt.Errorf("state_dir lock: %w", err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("state_dir %s is in use by another runway serve", cfg.StateDir)
+	}
+	st, err := store.Open(filepath.Join(cfg.StateDir, "runway.db"))
+	if err != nil {
+		lk.Unlock()
+		return nil, err
+	}
+	o := &Orchestrator{cfg: cfg, store: st, log: opt.Logger, forges: map[string]*forgeView{},
+		now: opt.Now, lock: lk, metrics: NewMetrics()}
+	if o.log == nil {
+		o.log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	for _, fc := range cfg.Forges {
+		fv, err := o.newForgeView(fc, opt.Forges[fc.Name])
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		o.forges[fc.Name] = fv
+	}
+	for i := range cfg.Groups {
+		gc := cfg.Groups[i]
+		drained, err := st.Drained(gc.Name)
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		var cpi CPI = cpiFor(gc.cpiConfig(cfg.CPI))
+		if opt.CPI != nil {
+			cpi = opt.CPI
+		}
+		o.groups = append(o.groups, &group{o: o, cfg: gc, index: i, forge: o.forges[gc.Forge], cpi: cpi,
+			scope: gc.ForgeScope(), labels: forge.NewLabelSet(gc.Labels), kick: make(chan struct{}, 1),
+			inflight: map[string]bool{}, drained: drained})
+	}
+	return o, nil
+}
+
+func cpiFor(c CPIConfig) *cpiclient.Client {
+	return &cpiclient.Client{Path: c.Path, ConfigPath: c.Config, DirectorUUID: c.DirectorUUID, APIVersion: 2,
+		StemcellAPIVersion: c.StemcellAPIVersion, Timeout: c.Timeout.Duration}
+}
+
+// Close releases the store and the lock.
+func (o *Orchestrator) Close() error {
+	err := o.store.Close()
+	o.lock.Unlock()
+	return err
+}
+
+// Store exposes the state (for the HTTP API and tests).
+func (o *Orchestrator) Store() *store.Store { return o.store }
+
+// Run reconciles every group until ctx ends. Groups run independently: a
+// slow forge or CPI stalls only its own groups.
+func (o *Orchestrator) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, g := range o.groups {
+		wg.Add(1)
+		go func() { defer wg.Done(); g.loop(ctx) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); o.sweepLoop(ctx) }()
+	<-ctx.Done()
+	wg.Wait()
+	return nil
+}
+
+// Kick asks every group of forge that can see repo for an immediate pass.
+func (o *Orchestrator) Kick(forgeName, repo string) int {
+	n := 0
+	for _, g := range o.groups {
+		if g.cfg.Forge == forgeName && (repo == "" || g.scope.Covers(repo)) {
+			g.wake()
+			n++
+		}
+	}
+	return n
+}
+
+// group looks a group up by name.
+func (o *Orchestrator) group(name string) *group {
+	for _, g := range o.groups {
+		if g.cfg.Name == name {
+			return g
+		}
+	}
+	return nil
+}
+
+// SetDrained stops (or resumes) spawning for a group; persisted.
+func (o *Orchestrator) SetDrained(name string, drained bool) error {
+	g := o.group(name)
+	if g == nil {
+		return fmt.Errorf("no group %q", name)
+	}
+	if err := o.store.SetDrained(name, drained); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.drained = drained
+	g.mu.Unlock()
+	o.ownMu.Lock()
+	o.ownGen++
+	o.ownMu.Unlock()
+	o.log.Info("group drain changed", "group", name, "drained", drained)
+	g.wake()
+	return nil
+}
+
+// owner picks the one group that claims a job among those able to run it:
+// the most specific scope (repo, then org/user, then global), then the
+// fewest labels (the tightest fit), then the earliest in the config file.
+// Drained groups claim nothing, so their jobs fall to the next group.
+func (o *Orchestrator) owner(forgeName string, j forge.Job, cands []*group) *group {
+	var best *group
+	for _, g := range cands {
+		if g.cfg.Forge != forgeName || g.isDrained() || !g.scope.Covers(j.Repo) || !forge.Match(j.Labels, g.labels) {
+			continue
+		}
+		if best == nil || better(g, best) {
+			best = g
+		}
+	}
+	return best
+}
+
+func better(a, b *group) bool {
+	if sa, sb := a.scope.Specificity(), b.scope.Specificity(); sa != sb {
+		return sa > sb
+	}
+	if la, lb := len(a.cfg.Labels), len(b.cfg.Labels); la != lb {
+		return la < lb
+	}
+	return a.index < b.index
+}
+
+// forgeView is one forge: its client and a short-lived cache of each
+// scope's job listing, shared by the groups that watch the same scope, and
+// kept current between polls by webhook deliveries.
+type forgeView struct {
+	cfg    ForgeConfig
+	client forge.Client
+	secret []byte
+
+	mu      sync.Mutex
+	scopes  map[string]*scopeJobs
+	pollMax time.Duration
+}
+
+type scopeJobs struct {
+	mu    sync.Mutex // one listing at a time per scope
+	at    time.Time
+	stale bool
+	jobs  map[int64]forge.Job
+	gen   int // ownership generation the partition was built for
+	owned map[string][]forge.Job
+}
+
+func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
+	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}, pollMax: fc.PollInterval.Duration}
+	sec, err := secret(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret")
+	if err != nil {
+		return nil, err
+	}
+	fv.secret = []byte(sec)
+	if client != nil {
+		return fv, nil
+	}
+	token, err := secret(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token")
+	if err != nil {
+		return nil, err
+	}
+	observe := func(method string, status int, h http.Header) {
+		o.metrics.forgeRequests.WithLabelValues(fc.Name, method, fmt.Sprint(status)).Inc()
+		if v := h.Get("X-RateLimit-Remaining"); v != "" {
+			var n float64
+			if _, err := fmt.Sscan(v, &n); err == nil {
+				o.metrics.forgeRateRemaining.WithLabelValues(fc.Name).Set(n)
+			}
+		}
+	}
+	switch fc.Type {
+	case "gitea":
+		c := gitea.New(fc.URL, token)
+		c.API.Observe = observe
+		fv.client = c
+	case "github":
+		c := github.New(fc.URL, token)
+		c.API.Observe = observe
+		c.RunnerGroupID = fc.RunnerGroupID
+		fv.client = c
+	default:
+		return nil, fmt.Errorf("forge %s: unknown type %q", fc.Name, fc.Type)
+	}
+	return fv, nil
+}
+
+func scopeKey(s forge.Scope) string { return s.Kind + "/" + s.Owner + "/" + s.Repo }
+
+// jobs returns the scope's listing: cached if younger than the forge's
+// poll interval and not marked stale by a webhook, else fetched. Errors
+// are returned as is: a group never acts on a listing it did not get.
+func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Duration, now time.Time) (*scopeJobs, error) {
+	fv.mu.Lock()
+	sj := fv.scopes[scopeKey(s)]
+	if sj == nil {
+		sj = &scopeJobs{stale: true}
+		fv.scopes[scopeKey(s)] = sj
+	}
+	fv.mu.Unlock()
+	sj.mu.Lock()
+	defer sj.mu.Unlock()
+	if !sj.stale && now.Sub(sj.at) < maxAge {
+		return sj, nil
+	}
+	list, err := fv.client.Jobs(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[int64]forge.Job, len(list))
+	for _, j := range list {
+		m[j.ID] = j
+	}
+	sj.jobs, sj.at, sj.stale, sj.owned = m, now, false, nil
+	return sj, nil
+}
+
+// apply folds a webhook delivery into every cached listing that can see
+// the job. Gitea listings are cheap and authoritative, so they are also
+// marked stale; GitHub's are polled slowly and live on deltas between.
+func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
+	fv.mu.Lock()
+	defer fv.mu.Unlock()
+	for key, sj := range fv.scopes {
+		kind, rest, _ := strings.Cut(key, "/")
+		owner, repo, _ := strings.Cut(rest, "/")
+		if !(forge.Scope{Kind: kind, Owner: owner, Repo: repo}).Covers(ev.Job.Repo) {
+			continue
+		}
+		sj.mu.Lock()
+		if sj.jobs != nil {
+			j := ev.Job
+			switch ev.Action {
+			case forge.StatusQueued, forge.StatusInProgress:
+				j.Status = ev.Action
+				sj.jobs[j.ID] = j
+			default: // waiting, completed: not demand, not running
+				delete(sj.jobs, j.ID)
+			}
+			sj.owned = nil
+		}
+		if fv.cfg.Type == "gitea" {
+			sj.stale = true
+		}
+		sj.mu.Unlock()
+	}
+}
+
+// partition splits a listing into the queued jobs each group claims. It
+// is computed once per listing (and ownership generation) and shared by
+// every group watching the scope; jobs with the same repository and labels
+// share one ownership decision.
+func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) map[string][]forge.Job {
+	o.ownMu.Lock()
+	gen := o.ownGen
+	o.ownMu.Unlock()
+	sj.mu.Lock()
+	defer sj.mu.Unlock()
+	if sj.owned != nil && sj.gen == gen {
+		return sj.owned
+	}
+	owned := map[string][]forge.Job{}
+	memo := map[string]*group{}
+	var key strings.Builder
+	for _, j := range sj.jobs {
+		if j.Status != forge.StatusQueued {
+			continue
+		}
+		key.Reset()
+		key.WriteString(j.Repo)
+		for _, l := range j.Labels {
+			key.WriteByte(0)
+			key.WriteString(l)
+		}
+		g, ok := memo[key.String()]
+		if !ok {
+			g = o.owner(fv.cfg.Name, j, o.groups)
+			memo[key.String()] = g
+		}
+		if g != nil {
+			owned[g.cfg.Name] = append(owned[g.cfg.Name], j)
+		}
+	}
+	for _, js := range owned {
+		sort.Slice(js, func(a, b int) bool { return js[a].ID < js[b].ID })
+	}
+	sj.owned, sj.gen = owned, gen
+	return owned
+}
+
+// Webhook verifies and applies one delivery for a forge type; it returns
+// the forge that signed it. A delivery no configured secret verifies is
+// rejected.
+func (o *Orchestrator) Webhook(forgeType string, body []byte, h http.Header) (string, forge.WorkflowJobEvent, error) {
+	names := make([]string, 0, len(o.forges))
+	for n := range o.forges {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fv := o.forges[n]
+		if fv.cfg.Type != forgeType || !forge.Verify(fv.secret, body, h) {
+			continue
+		}
+		ev, err := forge.ParseWorkflowJob(body)
+		if err != nil {
+			return n, ev, err
+		}
+		fv.apply(ev)
+		o.Kick(n, ev.Job.Repo)
+		return n, ev, nil
+	}
+	return "", forge.WorkflowJobEvent{}, ErrBadSignature
+}
+
+// ErrBadSignature is a webhook delivery no secret verifies.
+var ErrBadSignature = errors.New("webhook signature does not verify")
+
+// sweepLoop drops old history rows now and then.
+func (o *Orchestrator) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if n, err := o.store.Purge(o.now().Add(-o.cfg.History.Duration)); err != nil {
+			o.log.Warn("purging history", "err", err)
+		} else if n > 0 {
+			o.log.Info("purged history", "rows", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,231 @@
+// Package store is the orchestrator's durable state: one SQLite file
+// (modernc.org/sqlite, pure Go) holding every runner it ever intended to
+// make, the stemcells it uploaded and each group's drain flag. A runner's
+// row is written BEFORE create_vm is called, so a crash mid-call leaves a
+// record to recover from rather than an orphan.
+package store
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Runner states.
+const (
+	Spawning = "spawning" // intent recorded; create_vm may be in flight
+	Idle     = "idle"     // VM exists, runner has not taken a job yet
+	Busy     = "busy"     // runner is running JobID
+	Deleting = "deleting" // reap decided; VM (if any) still to delete
+	Deleted  = "deleted"  // terminal; kept for history
+)
+
+// Runner is one row.
+type Runner struct {
+	Name          string
+	Group         string
+	AgentID       string
+	VMCID         string
+	State         string
+	TriggerJob    int64 // the queued job it was spawned for (dedup)
+	JobID         int64 // the job it actually took
+	JobRepo       string
+	ForgeRunnerID int64
+	Reason        string // why it is being / was deleted
+	LastError     string
+	CreatedAt     time.Time
+	StateAt       time.Time // when State last changed
+	VMCheckedAt   time.Time // last has_vm
+}
+
+// Active reports whether the runner counts toward capacity: its VM may
+// exist.
+func (r Runner) Active() bool { return r.State != Deleted }
+
+// Unassigned reports whether the runner is supply for a queued job.
+func (r Runner) Unassigned() bool { return r.State == Spawning || r.State == Idle }
+
+// Store is the database.
+type Store struct{ db *sql.DB }
+
+const schema = `
+CREATE TABLE IF NOT EXISTS runners (
+  name TEXT PRIMARY KEY,
+  grp TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  vm_cid TEXT NOT NULL DEFAULT '',
+  state TEXT NOT NULL,
+  trigger_job INTEGER NOT NULL DEFAULT 0,
+  job_id INTEGER NOT NULL DEFAULT 0,
+  job_repo TEXT NOT NULL DEFAULT '',
+  forge_runner_id INTEGER NOT NULL DEFAULT 0,
+  reason TEXT NOT NULL DEFAULT '',
+  last_error TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL,
+  state_at INTEGER NOT NULL,
+  vm_checked_at INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runners_grp_state ON runners (grp, state);
+CREATE TABLE IF NOT EXISTS stemcells (key TEXT PRIMARY KEY, cid TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (name TEXT PRIMARY KEY, drained INTEGER NOT NULL DEFAULT 0);
+`
+
+// Open opens (creating if needed) the database at path.
+func Open(path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	// One writer connection: SQLite serialises writes anyway, and one
+	// connection means no SQLITE_BUSY between our own goroutines.
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func ms(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v)
+}
+
+// Save inserts or replaces a runner row (durably, before returning).
+func (s *Store) Save(r Runner) error {
+	_, err := s.db.Exec(`INSERT INTO runners (name, grp, agent_id, vm_cid, state, trigger_job, job_id, job_repo,
+		forge_runner_id, reason, last_error, created_at, state_at, vm_checked_at)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+		ON CONFLICT(name) DO UPDATE SET grp=excluded.grp, agent_id=excluded.agent_id, vm_cid=excluded.vm_cid,
+		state=excluded.state, trigger_job=excluded.trigger_job, job_id=excluded.job_id, job_repo=excluded.job_repo,
+		forge_runner_id=excluded.forge_runner_id, reason=excluded.reason, last_error=excluded.last_error,
+		state_at=excluded.state_at, vm_checked_at=excluded.vm_checked_at`,
+		r.Name, r.Group, r.AgentID, r.VMCID, r.State, r.TriggerJob, r.JobID, r.JobRepo, r.ForgeRunnerID,
+		r.Reason, r.LastError, ms(r.CreatedAt), ms(r.StateAt), ms(r.VMCheckedAt))
+	if err != nil {
+		return fmt.Errorf("saving runner %s: %w", r.Name, err)
+	}
+	return nil
+}
+
+const cols = `name, grp, agent_id, vm_cid, state, trigger_job, job_id, job_repo, forge_runner_id, reason,
+	last_error, created_at, state_at, vm_checked_at`
+
+func scan(rows *sql.Rows) ([]Runner, error) {
+	defer rows.Close()
+	var out []Runner
+	for rows.Next() {
+		var r Runner
+		var c, sa, vc int64
+		if err := rows.Scan(&r.Name, &r.Group, &r.AgentID, &r.VMCID, &r.State, &r.TriggerJob, &r.JobID, &r.JobRepo,
+			&r.ForgeRunnerID, &r.Reason, &r.LastError, &c, &sa, &vc); err != nil {
+			return nil, err
+		}
+		r.CreatedAt, r.StateAt, r.VMCheckedAt = fromMS(c), fromMS(sa), fromMS(vc)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Active lists a group's runners that are not deleted ("" = every group).
+func (s *Store) Active(group string) ([]Runner, error) {
+	q, args := `SELECT `+cols+` FROM runners WHERE state != ?`, []any{Deleted}
+	if group != "" {
+		q += ` AND grp = ?`
+		args = append(args, group)
+	}
+	rows, err := s.db.Query(q+` ORDER BY created_at, name`, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scan(rows)
+}
+
+// All lists every runner, newest first, up to limit.
+func (s *Store) All(limit int) ([]Runner, error) {
+	rows, err := s.db.Query(`SELECT `+cols+` FROM runners ORDER BY created_at DESC, name LIMIT ?`, limit)
+	if err != nil {
+		return nil, err
+	}
+	return scan(rows)
+}
+
+// Get returns one runner.
+func (s *Store) Get(name string) (Runner, error) {
+	rows, err := s.db.Query(`SELECT `+cols+` FROM runners WHERE name = ?`, name)
+	if err != nil {
+		return Runner{}, err
+	}
+	rs, err := scan(rows)
+	if err != nil {
+		return Runner{}, err
+	}
+	if len(rs) == 0 {
+		return Runner{}, ErrNotFound
+	}
+	return rs[0], nil
+}
+
+// ErrNotFound is returned by Get for an unknown name.
+var ErrNotFound = errors.New("not found")
+
+// Purge drops deleted rows older than before.
+func (s *Store) Purge(before time.Time) (int64, error) {
+	res, err := s.db.Exec(`DELETE FROM runners WHERE state = ? AND state_at < ?`, Deleted, ms(before))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Stemcell returns the CID recorded for key.
+func (s *Store) Stemcell(key string) (string, bool, error) {
+	var cid string
+	err := s.db.QueryRow(`SELECT cid FROM stemcells WHERE key = ?`, key).Scan(&cid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return cid, err == nil, err
+}
+
+// PutStemcell records an uploaded stemcell.
+func (s *Store) PutStemcell(key, cid string) error {
+	_, err := s.db.Exec(`INSERT OR REPLACE INTO stemcells (key, cid, created_at) VALUES (?,?,?)`, key, cid, ms(time.Now()))
+	return err
+}
+
+// SetDrained records a group's drain flag.
+func (s *Store) SetDrained(group string, drained bool) error {
+	v := 0
+	if drained {
+		v = 1
+	}
+	_, err := s.db.Exec(`INSERT INTO groups (name, drained) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET drained = excluded.drained`, group, v)
+	return err
+}
+
+// Drained reads a group's drain flag.
+func (s *Store) Drained(group string) (bool, error) {
+	var v int
+	err := s.db.QueryRow(`SELECT drained FROM groups WHERE name = ?`, group).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return v == 1, err
+}
