@@ -95,15 +95,7 @@ func (g *group) loop(ctx context.Context) {
 	if poll == 0 {
 		poll = g.forge.pollMax
 	}
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-g.kick:
-		case <-t.C:
-		}
+	for ctx.Err() == nil {
 		err := g.pass(ctx)
 		g.mu.Lock()
 		next := poll
@@ -120,22 +112,21 @@ func (g *group) loop(ctx context.Context) {
 			g.status.BackoffUntil = time.Time{}
 		}
 		g.mu.Unlock()
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
+		t := time.NewTimer(next)
 		if err != nil {
 			// While backing off, webhooks do not shorten the wait.
 			select {
 			case <-ctx.Done():
-				return
-			case <-time.After(next):
+			case <-t.C:
 			}
-			continue
+		} else {
+			select {
+			case <-ctx.Done():
+			case <-g.kick:
+			case <-t.C:
+			}
 		}
-		t.Reset(next)
+		t.Stop()
 	}
 }
 
@@ -144,6 +135,7 @@ func (g *group) loop(ctx context.Context) {
 type decision struct {
 	busy      map[string]forge.Job // idle runner → the job it took
 	confirm   []store.Runner       // runner whose job left the listing
+	recover   []store.Runner       // spawn cut short: adopt or delete its VM
 	reap      map[string]string    // runner → reason
 	spawn     []int64              // trigger job per new runner (0: warm pool)
 	queued    int
@@ -172,10 +164,10 @@ func plan(cfg *GroupConfig, now time.Time, jobs map[int64]forge.Job, owned []for
 		switch r.State {
 		case store.Spawning:
 			if !inflight[r.Name] {
-				// Its create_vm was cut short (a restart, a killed call):
-				// find and delete whatever it made.
-				d.reap[r.Name] = "spawn interrupted"
-				continue
+				// Its create_vm was cut short (a restart): look the VM up.
+				// It still counts as supply until that is settled.
+				d.recover = append(d.recover, r)
+				break
 			}
 			d.inflights++
 		case store.Idle:
@@ -280,6 +272,11 @@ func (g *group) pass(ctx context.Context) error {
 		}
 		o.log.Info("runner took a job", "group", g.cfg.Name, "runner", name, "job", j.ID, "repo", j.Repo)
 	}
+	for _, r := range d.recover {
+		if err := g.recover(ctx, r); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, r := range d.confirm {
 		reason, err := g.confirm(ctx, r)
 		if err != nil {
@@ -361,6 +358,28 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (string, error) {
 		return "", g.o.store.Save(r)
 	}
 	return "", nil
+}
+
+// recover settles a runner whose create_vm never answered (the daemon
+// died mid-call): a VM found running under its agent id is adopted — it
+// may already be running a job — anything else is deleted.
+func (g *group) recover(ctx context.Context, r store.Runner) error {
+	vms, err := g.listVMs(ctx)
+	if err != nil {
+		return fmt.Errorf("recovering %s: %w", r.Name, err)
+	}
+	var mine []listedVM
+	for _, vm := range vms {
+		if vm.AgentID == r.AgentID {
+			mine = append(mine, vm)
+		}
+	}
+	if len(mine) == 1 && mine[0].State == "running" {
+		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.o.now()
+		g.o.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg.Name, "runner", r.Name, "vm", r.VMCID)
+		return g.o.store.Save(r)
+	}
+	return g.destroy(ctx, r, "spawn interrupted")
 }
 
 // destroy deletes a runner's VM (finding it by agent id when the CID was
