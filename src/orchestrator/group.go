@@ -95,6 +95,9 @@ func (g *group) loop(ctx context.Context) {
 	if poll == 0 {
 		poll = g.forge.pollMax
 	}
+	// Passes also pace the sweep; between forge polls they use the cached
+	// listing, so a long poll interval costs no forge requests.
+	poll = min(poll, g.o.cfg.SweepInterval.Duration)
 	for ctx.Err() == nil {
 		err := g.pass(ctx)
 		g.mu.Lock()
@@ -236,7 +239,11 @@ func (g *group) pass(ctx context.Context) error {
 	g.status.LastCheckTime = now
 	drained := g.drained
 	g.mu.Unlock()
-	sj, err := g.forge.jobs(ctx, g.scope, g.forge.pollMax, now)
+	maxAge := g.cfg.PollInterval.Duration
+	if maxAge == 0 {
+		maxAge = g.forge.pollMax
+	}
+	sj, err := g.forge.jobs(ctx, g.scope, maxAge, now)
 	if err != nil {
 		// The forge could not be read: decide nothing from it, delete
 		// nothing because of it.

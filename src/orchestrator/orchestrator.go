@@ -229,7 +229,8 @@ type scopeJobs struct {
 	at    time.Time
 	stale bool
 	jobs  map[int64]forge.Job
-	gen   int // ownership generation the partition was built for
+	done  map[int64]bool // completed by webhook: a late delivery must not revive it
+	gen   int            // ownership generation the partition was built for
 	owned map[string][]forge.Job
 }
 
@@ -298,7 +299,7 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 	for _, j := range list {
 		m[j.ID] = j
 	}
-	sj.jobs, sj.at, sj.stale, sj.owned = m, now, false, nil
+	sj.jobs, sj.at, sj.stale, sj.owned, sj.done = m, now, false, nil, map[int64]bool{}
 	return sj, nil
 }
 
@@ -316,12 +317,20 @@ func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
 		}
 		sj.mu.Lock()
 		if sj.jobs != nil {
+			// Deliveries can arrive out of order: a job only moves
+			// forward (queued → in_progress → completed).
 			j := ev.Job
-			switch ev.Action {
-			case forge.StatusQueued, forge.StatusInProgress:
-				j.Status = ev.Action
+			j.Status = ev.Action
+			switch prev, seen := sj.jobs[j.ID]; {
+			case sj.done[j.ID]:
+			case ev.Action == forge.StatusCompleted:
+				delete(sj.jobs, j.ID)
+				sj.done[j.ID] = true
+			case ev.Action == forge.StatusInProgress:
 				sj.jobs[j.ID] = j
-			default: // waiting, completed: not demand, not running
+			case ev.Action == forge.StatusQueued && !(seen && prev.Status == forge.StatusInProgress):
+				sj.jobs[j.ID] = j
+			case ev.Action == forge.StatusWaiting:
 				delete(sj.jobs, j.ID)
 			}
 			sj.owned = nil

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/cpiclient"
+	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator"
 )
@@ -82,8 +83,8 @@ type env struct {
 	stderr   *syncBuffer
 	addr     string
 	exited   chan struct{}
-	groups   string
 	forgeYML string
+	extraEnv []string // for the daemon, beyond PATH and HOME
 }
 
 type syncBuffer struct {
@@ -181,12 +182,17 @@ func (e *env) start() {
 	cmd := exec.Command(bins.runway, "serve", "-config", e.cfgPath)
 	e.stderr = &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = e.stderr, e.stderr
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}
+	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}, e.extraEnv...)
 	must(e.t, cmd.Start())
 	e.daemon = cmd
 	e.exited = make(chan struct{})
 	go func() { cmd.Wait(); close(e.exited) }()
 	e.eventually(10*time.Second, "runway serve answers /healthz", func() bool {
+		select {
+		case <-e.exited:
+			e.t.Fatalf("runway serve exited: %s", e.stderr.String())
+		default:
+		}
 		b, err := os.ReadFile(filepath.Join(e.dir, "orch", "listen.addr"))
 		if err != nil {
 			return false
@@ -306,3 +312,5 @@ func (e *env) runway(args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+func forgetestAPI(e *env) *forge.API { return forge.NewAPI(e.gitea.URL+"/api/v1", "token "+apiToken) }

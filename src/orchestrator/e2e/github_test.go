@@ -1,0 +1,102 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge/forgetest"
+)
+
+// GitHub: demand arrives by webhook (the poll is an hour apart), each
+// runner gets its own JIT config, and the completed delivery retires it.
+func TestGitHubWebhookJIT(t *testing.T) {
+	e := newEnv(t)
+	gh := forgetest.NewGitHub(apiToken)
+	t.Cleanup(gh.Close)
+	e.forgeYML = fmt.Sprintf(`
+  - name: gh
+    type: github
+    url: %s
+    runner_url: %s
+    token_env: RUNWAY_TEST_GH_TOKEN
+    webhook_secret_file: %s
+    poll_interval: 1h`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"))
+	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
+	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, 3, ""))
+	e.start()
+	e.eventually(10*time.Second, "the first (polling) pass", func() bool { return !e.groupStatus("gha").LastCheckTime.IsZero() })
+	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
+	a := gh.AddJob("acme/app", []string{"self-hosted", "linux"})
+	b := gh.AddJob("acme/app", []string{"linux"})
+	skip := gh.AddJob("acme/app", []string{"macos"})
+	e.eventually(60*time.Second, "both jobs complete", func() bool {
+		return gh.Job(a).Status == "completed" && gh.Job(b).Status == "completed"
+	})
+	e.eventually(30*time.Second, "the runners are retired", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	if n := len(e.runners(true)); n != 2 {
+		t.Errorf("want 2 runners, got %d", n)
+	}
+	if gh.Job(skip).Status != "queued" || gh.RunnerCount() != 0 {
+		t.Errorf("macos job %s, %d runners registered", gh.Job(skip).Status, gh.RunnerCount())
+	}
+	req := gh.Requests()
+	if req["POST /repos/acme/app/actions/runners/generate-jitconfig"] != 2 || req["POST /repos/acme/app/actions/runners/registration-token"] != 0 {
+		t.Errorf("want one JIT config per runner and no registration token: %v", req)
+	}
+	if polls := req["GET /repos/acme/app/actions/runs"]; polls > 2 {
+		t.Errorf("the queue was polled %d times with an hour's poll interval", polls)
+	}
+}
+
+// Secrets stay out of the daemon's output, its API and the CPI's logs.
+func TestSecretsStayOut(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig("200ms", e.group("quiet", "scope: org\n    org: acme", []string{"linux"}, 2, ""))
+	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, "queued")
+	e.start()
+	e.eventually(60*time.Second, "the job completes", completed(e, job))
+	e.eventually(30*time.Second, "cleaned up", func() bool { return len(e.runners(false)) == 0 })
+	// The registration token Gitea hands out for the org scope.
+	reg := regToken(t, e)
+	var api strings.Builder
+	for _, p := range []string{"/api/v1/runners?all=true", "/api/v1/groups", "/metrics"} {
+		var v any
+		if p == "/metrics" {
+			continue
+		}
+		e.get(p, &v)
+		fmt.Fprint(&api, v)
+	}
+	for what, text := range map[string]string{"daemon output": e.stderr.String(), "API": api.String()} {
+		for _, s := range []string{reg, apiToken, webhookSecret} {
+			if strings.Contains(text, s) {
+				t.Errorf("%s contains a secret (%.6s...)", what, s)
+			}
+		}
+	}
+	filepath.Walk(filepath.Join(e.dir, "cpi-state"), func(p string, info os.FileInfo, err error) error {
+		if err != nil || info.IsDir() || !strings.HasSuffix(p, ".log") {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		if strings.Contains(string(b), reg) {
+			t.Errorf("%s contains the registration token", p)
+		}
+		return nil
+	})
+}
+
+func regToken(t *testing.T, e *env) string {
+	var tok struct {
+		Token string `json:"token"`
+	}
+	c := forgetestAPI(e)
+	if _, err := c.Do(t.Context(), "POST", "/orgs/acme/actions/runners/registration-token", nil, nil, &tok); err != nil || tok.Token == "" {
+		t.Fatalf("registration token: %v", err)
+	}
+	return tok.Token
+}
