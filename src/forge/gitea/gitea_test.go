@@ -1,0 +1,101 @@
+package gitea_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/forge/gitea"
+)
+
+func TestJobsEveryPageQueuedAndRunningOnly(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	var want []int64
+	for i := 0; i < 120; i++ {
+		want = append(want, srv.AddJob("acme/app", "j", []string{"linux"}, forge.StatusQueued))
+		srv.AddJob("acme/app", "blocked", []string{"linux"}, forge.StatusWaiting)
+	}
+	running := srv.AddJob("acme/lib", "r", []string{"linux"}, forge.StatusQueued)
+	srv.SetJobStatus(running, forge.StatusInProgress)
+	done := srv.AddJob("acme/lib", "d", []string{"linux"}, forge.StatusQueued)
+	srv.SetJobStatus(done, forge.StatusCompleted)
+	srv.AddJob("other/app", "x", []string{"linux"}, forge.StatusQueued)
+
+	c := gitea.New(srv.URL, "tok")
+	jobs, err := c.Jobs(context.Background(), forge.Scope{Kind: "org", Owner: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 121 {
+		t.Fatalf("got %d jobs, want 120 queued + 1 running", len(jobs))
+	}
+	for i, id := range want {
+		if jobs[i].ID != id || jobs[i].Repo != "acme/app" || jobs[i].Status != forge.StatusQueued {
+			t.Fatalf("job %d: %+v", i, jobs[i])
+		}
+	}
+	if last := jobs[120]; last.ID != running || last.Status != forge.StatusInProgress || last.Repo != "acme/lib" {
+		t.Fatalf("running job: %+v", last)
+	}
+	if n := srv.Requests()["GET /api/v1/orgs/acme/actions/jobs"]; n != 3 {
+		t.Errorf("%d requests for 121 jobs at 50 a page", n)
+	}
+	j, err := c.Job(context.Background(), forge.Job{ID: done, Repo: "acme/lib"})
+	if err != nil || j.Status != forge.StatusCompleted {
+		t.Errorf("Job: %+v %v", j, err)
+	}
+	if _, err := c.Job(context.Background(), forge.Job{ID: 1, Repo: "acme/lib"}); !errors.Is(err, forge.ErrNotFound) {
+		t.Errorf("missing job: %v", err)
+	}
+}
+
+func TestRegistrationTokenReusedAndRunners(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	c := gitea.New(srv.URL, "tok")
+	s := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
+	a, err := c.Register(context.Background(), s, "r1", nil)
+	if err != nil || len(a.Token) != 40 {
+		t.Fatalf("token %q: %v", a.Token, err)
+	}
+	b, _ := c.Register(context.Background(), s, "r2", nil)
+	if a != b || srv.Requests()["POST /api/v1/repos/acme/app/actions/runners/registration-token"] != 1 {
+		t.Errorf("the scope's token is asked for once and reused")
+	}
+	rs, err := c.Runners(context.Background(), s)
+	if err != nil || len(rs) != 0 {
+		t.Fatalf("runners: %v %v", rs, err)
+	}
+	if err := c.DeleteRunner(context.Background(), s, 12345); err != nil {
+		t.Errorf("deleting a missing runner: %v", err)
+	}
+}
+
+func TestErrorsAreTyped(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	c := gitea.New(srv.URL, "wrong")
+	_, err := c.Jobs(context.Background(), forge.Scope{Kind: "global"})
+	var ae *forge.APIError
+	if !errors.As(err, &ae) || ae.Status != 401 {
+		t.Fatalf("bad token: %v", err)
+	}
+	if !strings.Contains(err.Error(), "HTTP 401") || strings.Contains(err.Error(), "wrong") {
+		t.Errorf("error %q: want the status, never the token", err)
+	}
+	srv.SetDown(true)
+	c = gitea.New(srv.URL, "tok")
+	c.API.Retry.Budget = 300 * time.Millisecond
+	_, err = c.Jobs(context.Background(), forge.Scope{Kind: "global"})
+	if !errors.As(err, &ae) || ae.Status != 503 {
+		t.Fatalf("forge down: %v", err)
+	}
+	if n := srv.Requests()["GET /api/v1/admin/actions/jobs"]; n < 2 {
+		t.Errorf("a 503 was not retried (%d requests)", n)
+	}
+}

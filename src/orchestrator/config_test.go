@@ -1,0 +1,64 @@
+package orchestrator
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `
+state_dir: /tmp/x
+cpi: {path: /bin/cpi}
+forges:
+  - {name: gitea, type: gitea, url: "https://gitea.example", token_file: /etc/token}
+groups:
+  - name: linux
+    scope: org
+    org: acme
+    labels: [linux]
+    max_active_runners: 2
+    stemcell: {cid: sc-1}
+    runner: {command: /usr/bin/runner}
+`
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := ParseConfig([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := c.Groups[0]
+	if g.Forge != "gitea" || g.Timeouts.Idle.Duration != 15*time.Minute || g.SpawnConcurrency != 4 ||
+		c.Forges[0].PollInterval.Duration != 15*time.Second || c.Forges[0].RunnerURL != "https://gitea.example" ||
+		c.CPI.Timeout.Duration != 10*time.Minute || c.Listen != "127.0.0.1:8480" {
+		t.Errorf("defaults: %+v %+v", c, g)
+	}
+	if s := g.ForgeScope(); s.Kind != "org" || s.Owner != "acme" {
+		t.Errorf("scope %+v", s)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	for _, c := range []struct{ from, to, field string }{
+		{"scope: org", "scope: team", "groups[0].scope"},
+		{"    org: acme\n", "", "groups[0].org"},
+		{"labels: [linux]", "labels: []", "groups[0].labels"},
+		{"max_active_runners: 2", "max_active_runners: 0", "groups[0].max_active_runners"},
+		{"stemcell: {cid: sc-1}", "stemcell: {cid: sc-1, image: /x.tgz}", "groups[0].stemcell"},
+		{"token_file: /etc/token", "token_file: /etc/token, token_env: T", "forges[0].token_file"},
+		{"type: gitea", "type: gitlab", "forges[0].type"},
+		{"name: linux", "name: Linux_1", "groups[0].name"},
+		{"runner: {command: /usr/bin/runner}", "runner: {command: /usr/bin/runner, env: {\"A-B\": x}}", "groups[0].runner.env"},
+		{"max_active_runners: 2", "max_active_runners: 2\n    timeouts: {idle: soon}", "soon"},
+		{"max_active_runners: 2", "max_active_runners: 2\n    colour: blue", "colour"},
+	} {
+		_, err := ParseConfig([]byte(strings.Replace(minimal, c.from, c.to, 1)))
+		if err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s → %s: error %v does not name %s", c.from, c.to, err, c.field)
+		}
+	}
+	gh := strings.Replace(minimal, "type: gitea", "type: github", 1)
+	gh = strings.Replace(gh, "scope: org\n    org: acme", "scope: global", 1)
+	if _, err := ParseConfig([]byte(gh)); err == nil || !strings.Contains(err.Error(), "not supported on GitHub") {
+		t.Errorf("global scope on GitHub: %v", err)
+	}
+}

@@ -1,0 +1,150 @@
+package orchestrator
+
+import (
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+)
+
+var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func testGroup(maxActive, minIdle int) *GroupConfig {
+	return &GroupConfig{Name: "g", MaxActiveRunners: maxActive, MinIdle: minIdle, Timeouts: Timeouts{
+		Spawn: Duration{10 * time.Minute}, Idle: Duration{15 * time.Minute}, MaxLifetime: Duration{6 * time.Hour}}}
+}
+
+func queued(ids ...int64) ([]forge.Job, map[int64]forge.Job) {
+	var list []forge.Job
+	m := map[int64]forge.Job{}
+	for _, id := range ids {
+		j := forge.Job{ID: id, Repo: "acme/app", Status: forge.StatusQueued, Labels: []string{"linux"}}
+		list = append(list, j)
+		m[id] = j
+	}
+	return list, m
+}
+
+func TestPlanOneRunnerPerQueuedJob(t *testing.T) {
+	owned, jobs := queued(1, 2, 3)
+	d := plan(testGroup(10, 0), t0, jobs, owned, nil, nil, false)
+	if len(d.spawn) != 3 || d.spawn[0] != 1 || d.spawn[2] != 3 {
+		t.Fatalf("spawn %v", d.spawn)
+	}
+	// The next pass, with those runners recorded (one still spawning), adds none.
+	runners := []store.Runner{
+		{Name: "g-a", State: store.Spawning, TriggerJob: 1, CreatedAt: t0},
+		{Name: "g-b", State: store.Idle, TriggerJob: 2, CreatedAt: t0, StateAt: t0},
+		{Name: "g-c", State: store.Idle, TriggerJob: 3, CreatedAt: t0, StateAt: t0},
+	}
+	d = plan(testGroup(10, 0), t0.Add(time.Second), jobs, owned, runners, map[string]bool{"g-a": true}, false)
+	if len(d.spawn) != 0 || len(d.reap) != 0 {
+		t.Fatalf("second pass: spawn %v reap %v", d.spawn, d.reap)
+	}
+	// A fourth job with the same labels gets exactly one more.
+	owned, jobs = queued(1, 2, 3, 4)
+	d = plan(testGroup(10, 0), t0.Add(time.Second), jobs, owned, runners, map[string]bool{"g-a": true}, false)
+	if len(d.spawn) != 1 || d.spawn[0] != 4 {
+		t.Fatalf("fourth job: spawn %v", d.spawn)
+	}
+}
+
+func TestPlanCapacityCountsEveryLiveRunner(t *testing.T) {
+	owned, jobs := queued(1, 2, 3, 4, 5)
+	runners := []store.Runner{
+		{Name: "g-busy", State: store.Busy, JobID: 9, CreatedAt: t0},
+		{Name: "g-del", State: store.Deleting, Reason: "job finished", CreatedAt: t0},
+	}
+	jobs[9] = forge.Job{ID: 9, Status: forge.StatusInProgress, RunnerName: "g-busy"}
+	d := plan(testGroup(3, 0), t0, jobs, owned, runners, nil, false)
+	if len(d.spawn) != 1 {
+		t.Fatalf("max 3 with 2 live runners: spawn %v", d.spawn)
+	}
+	if d.reap["g-del"] != "job finished" {
+		t.Errorf("a deleting runner's deletion is resumed: %v", d.reap)
+	}
+}
+
+func TestPlanLifecycle(t *testing.T) {
+	owned, jobs := queued(1)
+	jobs[7] = forge.Job{ID: 7, Status: forge.StatusInProgress, RunnerName: "g-took"}
+	runners := []store.Runner{
+		{Name: "g-lost", State: store.Spawning, TriggerJob: 1, CreatedAt: t0},                                  // no spawn in flight
+		{Name: "g-took", State: store.Idle, TriggerJob: 1, CreatedAt: t0, StateAt: t0},                         // took job 7
+		{Name: "g-old", State: store.Idle, CreatedAt: t0.Add(-time.Hour), StateAt: t0.Add(-time.Hour)},         // idle too long
+		{Name: "g-done", State: store.Busy, JobID: 8, CreatedAt: t0, StateAt: t0},                              // job 8 left the listing
+		{Name: "g-ancient", State: store.Busy, JobID: 7, CreatedAt: t0.Add(-7 * time.Hour), StateAt: t0},       // past max lifetime
+		{Name: "g-vanish", State: store.Idle, TriggerJob: 5, CreatedAt: t0, StateAt: t0.Add(-2 * time.Minute)}, // trigger job gone
+	}
+	d := plan(testGroup(10, 0), t0, jobs, owned, runners, nil, false)
+	if len(d.recover) != 1 || d.recover[0].Name != "g-lost" {
+		t.Errorf("recover %v", d.recover)
+	}
+	if d.busy["g-took"].ID != 7 {
+		t.Errorf("busy %v", d.busy)
+	}
+	if d.reap["g-old"] != "idle timeout" || d.reap["g-ancient"] != "max lifetime" || len(d.reap) != 2 {
+		t.Errorf("reap %v", d.reap)
+	}
+	names := map[string]bool{}
+	for _, r := range d.confirm {
+		names[r.Name] = true
+	}
+	if !names["g-done"] || !names["g-vanish"] || len(names) != 2 {
+		t.Errorf("confirm %v", names)
+	}
+	if len(d.spawn) != 0 {
+		t.Errorf("job 1 is covered by the runner being recovered: spawn %v", d.spawn)
+	}
+}
+
+func TestPlanDrainAndWarmPool(t *testing.T) {
+	_, jobs := queued()
+	d := plan(testGroup(4, 2), t0, jobs, nil, nil, nil, false)
+	if len(d.spawn) != 2 || d.spawn[0] != 0 {
+		t.Fatalf("warm pool of 2: spawn %v", d.spawn)
+	}
+	owned, jobs := queued(1, 2, 3)
+	idle := []store.Runner{{Name: "g-w", State: store.Idle, CreatedAt: t0, StateAt: t0}}
+	d = plan(testGroup(4, 2), t0, jobs, owned, idle, nil, true)
+	if len(d.spawn) != 0 || d.reap["g-w"] != "group drained" {
+		t.Fatalf("drained: spawn %v reap %v", d.spawn, d.reap)
+	}
+}
+
+func TestOwnerIsDeterministic(t *testing.T) {
+	mk := func(name string, idx int, scope forge.Scope, labels ...string) *group {
+		return &group{cfg: GroupConfig{Name: name, Forge: "f", Labels: labels}, index: idx, scope: scope, labels: forge.NewLabelSet(labels)}
+	}
+	o := &Orchestrator{}
+	global := mk("global", 0, forge.Scope{Kind: "global"}, "linux")
+	org := mk("org-big", 1, forge.Scope{Kind: "org", Owner: "acme"}, "linux", "x64", "docker")
+	orgTight := mk("org-tight", 2, forge.Scope{Kind: "org", Owner: "acme"}, "linux", "x64")
+	repo := mk("repo", 3, forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}, "linux")
+	all := []*group{global, org, orgTight, repo}
+	for _, c := range []struct {
+		repo   string
+		labels []string
+		want   string
+	}{
+		{"acme/app", []string{"linux"}, "repo"},
+		{"acme/lib", []string{"linux"}, "org-tight"},
+		{"acme/lib", []string{"docker"}, "org-big"},
+		{"other/x", []string{"linux"}, "global"},
+		{"other/x", []string{"arm"}, ""},
+	} {
+		g := o.owner("f", forge.Job{Repo: c.repo, Labels: c.labels}, all)
+		got := ""
+		if g != nil {
+			got = g.cfg.Name
+		}
+		if got != c.want {
+			t.Errorf("%s %v claimed by %q, want %q", c.repo, c.labels, got, c.want)
+		}
+	}
+	repo.drained = true
+	if g := o.owner("f", forge.Job{Repo: "acme/app", Labels: []string{"linux"}}, all); g != orgTight {
+		t.Errorf("with the repo group drained, the job falls to %v", g)
+	}
+}
