@@ -150,15 +150,10 @@ type decision struct {
 
 // plan decides one pass. jobs is the scope's listing; owned the queued
 // jobs this group claims; runners the group's rows that are not deleted.
-func plan(cfg *GroupConfig, now time.Time, jobs map[int64]forge.Job, owned []forge.Job,
+func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 	runners []store.Runner, inflight map[string]bool, drained bool) decision {
 	d := decision{busy: map[string]forge.Job{}, reap: map[string]string{}, byState: map[string]int{}, queued: len(owned)}
-	running := map[string]forge.Job{}
-	for _, j := range jobs {
-		if j.Status == forge.StatusInProgress && j.RunnerName != "" {
-			running[j.RunnerName] = j
-		}
-	}
+	jobs, running := l.jobs, l.running
 	covered := map[int64]bool{}
 	for _, r := range runners {
 		d.active++
@@ -249,10 +244,8 @@ func (g *group) pass(ctx context.Context) error {
 		// nothing because of it.
 		return fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
 	}
-	owned := o.partition(g.forge, sj)[g.cfg.Name]
-	sj.mu.Lock()
-	jobs := sj.jobs
-	sj.mu.Unlock()
+	l := o.partition(g.forge, sj)
+	owned, jobs := l.owned[g.cfg.Name], l.jobs
 	runners, err := o.store.Active(g.cfg.Name)
 	if err != nil {
 		return err
@@ -263,7 +256,7 @@ func (g *group) pass(ctx context.Context) error {
 		inflight[k] = true
 	}
 	g.mu.Unlock()
-	d := plan(&g.cfg, now, jobs, owned, runners, inflight, drained)
+	d := plan(&g.cfg, now, l, owned, runners, inflight, drained)
 	o.metrics.queued.WithLabelValues(g.cfg.Name).Set(float64(d.queued))
 
 	byName := map[string]store.Runner{}

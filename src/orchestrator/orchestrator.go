@@ -231,7 +231,14 @@ type scopeJobs struct {
 	jobs  map[int64]forge.Job
 	done  map[int64]bool // completed by webhook: a late delivery must not revive it
 	gen   int            // ownership generation the partition was built for
-	owned map[string][]forge.Job
+	owned *listing
+}
+
+// listing is one scope's jobs as the groups use them, computed once.
+type listing struct {
+	jobs    map[int64]forge.Job
+	running map[string]forge.Job // in-progress jobs by runner name
+	owned   map[string][]forge.Job
 }
 
 func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
@@ -346,19 +353,23 @@ func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
 // is computed once per listing (and ownership generation) and shared by
 // every group watching the scope; jobs with the same repository and labels
 // share one ownership decision.
-func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) map[string][]forge.Job {
+func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) listing {
 	o.ownMu.Lock()
 	gen := o.ownGen
 	o.ownMu.Unlock()
 	sj.mu.Lock()
 	defer sj.mu.Unlock()
 	if sj.owned != nil && sj.gen == gen {
-		return sj.owned
+		return *sj.owned
 	}
 	owned := map[string][]forge.Job{}
+	running := map[string]forge.Job{}
 	memo := map[string]*group{}
 	var key strings.Builder
 	for _, j := range sj.jobs {
+		if j.Status == forge.StatusInProgress && j.RunnerName != "" {
+			running[j.RunnerName] = j
+		}
 		if j.Status != forge.StatusQueued {
 			continue
 		}
@@ -380,8 +391,14 @@ func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) map[string][]forg
 	for _, js := range owned {
 		sort.Slice(js, func(a, b int) bool { return js[a].ID < js[b].ID })
 	}
-	sj.owned, sj.gen = owned, gen
-	return owned
+	// The webhook path replaces sj.jobs entries under sj.mu; the copy
+	// handed out is the groups' own.
+	jobs := make(map[int64]forge.Job, len(sj.jobs))
+	for id, j := range sj.jobs {
+		jobs[id] = j
+	}
+	sj.owned, sj.gen = &listing{jobs: jobs, running: running, owned: owned}, gen
+	return *sj.owned
 }
 
 // Webhook verifies and applies one delivery for a forge type; it returns

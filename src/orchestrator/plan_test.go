@@ -15,6 +15,16 @@ func testGroup(maxActive, minIdle int) *GroupConfig {
 		Spawn: Duration{10 * time.Minute}, Idle: Duration{15 * time.Minute}, MaxLifetime: Duration{6 * time.Hour}}}
 }
 
+func lst(jobs map[int64]forge.Job) listing {
+	l := listing{jobs: jobs, running: map[string]forge.Job{}}
+	for _, j := range jobs {
+		if j.Status == forge.StatusInProgress {
+			l.running[j.RunnerName] = j
+		}
+	}
+	return l
+}
+
 func queued(ids ...int64) ([]forge.Job, map[int64]forge.Job) {
 	var list []forge.Job
 	m := map[int64]forge.Job{}
@@ -28,7 +38,7 @@ func queued(ids ...int64) ([]forge.Job, map[int64]forge.Job) {
 
 func TestPlanOneRunnerPerQueuedJob(t *testing.T) {
 	owned, jobs := queued(1, 2, 3)
-	d := plan(testGroup(10, 0), t0, jobs, owned, nil, nil, false)
+	d := plan(testGroup(10, 0), t0, lst(jobs), owned, nil, nil, false)
 	if len(d.spawn) != 3 || d.spawn[0] != 1 || d.spawn[2] != 3 {
 		t.Fatalf("spawn %v", d.spawn)
 	}
@@ -38,13 +48,13 @@ func TestPlanOneRunnerPerQueuedJob(t *testing.T) {
 		{Name: "g-b", State: store.Idle, TriggerJob: 2, CreatedAt: t0, StateAt: t0},
 		{Name: "g-c", State: store.Idle, TriggerJob: 3, CreatedAt: t0, StateAt: t0},
 	}
-	d = plan(testGroup(10, 0), t0.Add(time.Second), jobs, owned, runners, map[string]bool{"g-a": true}, false)
+	d = plan(testGroup(10, 0), t0.Add(time.Second), lst(jobs), owned, runners, map[string]bool{"g-a": true}, false)
 	if len(d.spawn) != 0 || len(d.reap) != 0 {
 		t.Fatalf("second pass: spawn %v reap %v", d.spawn, d.reap)
 	}
 	// A fourth job with the same labels gets exactly one more.
 	owned, jobs = queued(1, 2, 3, 4)
-	d = plan(testGroup(10, 0), t0.Add(time.Second), jobs, owned, runners, map[string]bool{"g-a": true}, false)
+	d = plan(testGroup(10, 0), t0.Add(time.Second), lst(jobs), owned, runners, map[string]bool{"g-a": true}, false)
 	if len(d.spawn) != 1 || d.spawn[0] != 4 {
 		t.Fatalf("fourth job: spawn %v", d.spawn)
 	}
@@ -57,7 +67,7 @@ func TestPlanCapacityCountsEveryLiveRunner(t *testing.T) {
 		{Name: "g-del", State: store.Deleting, Reason: "job finished", CreatedAt: t0},
 	}
 	jobs[9] = forge.Job{ID: 9, Status: forge.StatusInProgress, RunnerName: "g-busy"}
-	d := plan(testGroup(3, 0), t0, jobs, owned, runners, nil, false)
+	d := plan(testGroup(3, 0), t0, lst(jobs), owned, runners, nil, false)
 	if len(d.spawn) != 1 {
 		t.Fatalf("max 3 with 2 live runners: spawn %v", d.spawn)
 	}
@@ -77,7 +87,7 @@ func TestPlanLifecycle(t *testing.T) {
 		{Name: "g-ancient", State: store.Busy, JobID: 7, CreatedAt: t0.Add(-7 * time.Hour), StateAt: t0},       // past max lifetime
 		{Name: "g-vanish", State: store.Idle, TriggerJob: 5, CreatedAt: t0, StateAt: t0.Add(-2 * time.Minute)}, // trigger job gone
 	}
-	d := plan(testGroup(10, 0), t0, jobs, owned, runners, nil, false)
+	d := plan(testGroup(10, 0), t0, lst(jobs), owned, runners, nil, false)
 	if len(d.recover) != 1 || d.recover[0].Name != "g-lost" {
 		t.Errorf("recover %v", d.recover)
 	}
@@ -101,13 +111,13 @@ func TestPlanLifecycle(t *testing.T) {
 
 func TestPlanDrainAndWarmPool(t *testing.T) {
 	_, jobs := queued()
-	d := plan(testGroup(4, 2), t0, jobs, nil, nil, nil, false)
+	d := plan(testGroup(4, 2), t0, lst(jobs), nil, nil, nil, false)
 	if len(d.spawn) != 2 || d.spawn[0] != 0 {
 		t.Fatalf("warm pool of 2: spawn %v", d.spawn)
 	}
 	owned, jobs := queued(1, 2, 3)
 	idle := []store.Runner{{Name: "g-w", State: store.Idle, CreatedAt: t0, StateAt: t0}}
-	d = plan(testGroup(4, 2), t0, jobs, owned, idle, nil, true)
+	d = plan(testGroup(4, 2), t0, lst(jobs), owned, idle, nil, true)
 	if len(d.spawn) != 0 || d.reap["g-w"] != "group drained" {
 		t.Fatalf("drained: spawn %v reap %v", d.spawn, d.reap)
 	}
