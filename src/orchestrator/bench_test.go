@@ -152,4 +152,3 @@ func BenchmarkSteadyStateForgeRequests(b *testing.B) {
 		b.ReportMetric(float64(total)/3, "forge-requests/min")
 	}
 }
-
