@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/orchestrator"
 )
 
 func repoRoot(t *testing.T) string {
@@ -101,5 +102,49 @@ func TestSpecTemplatesExist(t *testing.T) {
 	}
 	if msg, err := exec.Command("bash", "-n", filepath.Join(root, "packages/runway_cpi/packaging")).CombinedOutput(); err != nil {
 		t.Errorf("packaging script: %v\n%s", err, msg)
+	}
+}
+
+func renderJob(t *testing.T, job, template string, props map[string]any) string {
+	t.Helper()
+	dir := filepath.Join(repoRoot(t), "jobs", job)
+	pf := filepath.Join(t.TempDir(), "props.json")
+	b, _ := json.Marshal(props)
+	os.WriteFile(pf, b, 0o600)
+	out, err := exec.Command("ruby", "render.rb", filepath.Join(dir, "spec"), filepath.Join(dir, "templates", template), pf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rendering %s/%s: %v\n%s", job, template, err, out)
+	}
+	return string(out)
+}
+
+// The orchestrator job renders a config `runway serve` accepts, pointing at
+// the colocated runway_cpi wrapper, with tokens only in bpm's environment.
+func TestOrchestratorJobRenders(t *testing.T) {
+	props := map[string]any{"runway_orchestrator": map[string]any{
+		"listen": "0.0.0.0:8480",
+		"forges": []any{map[string]any{"name": "gitea", "type": "gitea", "url": "https://git.example",
+			"token": "tok-SECRET", "webhook_secret": "hook-SECRET", "poll_interval": "20s"}},
+		"groups": []any{map[string]any{"name": "linux", "scope": "org", "org": "acme", "labels": []string{"linux"},
+			"max_active_runners": 4, "stemcell": map[string]any{"cid": "ami-1"}, "runner": map[string]any{"command": "/opt/runner/bootstrap"}}},
+	}}
+	cfgText := renderJob(t, "runway_orchestrator", "runway.yml.erb", props)
+	if strings.Contains(cfgText, "tok-SECRET") || strings.Contains(cfgText, "hook-SECRET") {
+		t.Fatalf("a secret is in the config file:\n%s", cfgText)
+	}
+	cfg, err := orchestrator.ParseConfig([]byte(cfgText))
+	if err != nil {
+		t.Fatalf("runway serve rejects the rendered config: %v\n%s", err, cfgText)
+	}
+	if cfg.CPI.Path != "/var/vcap/jobs/runway_cpi/bin/cpi" || cfg.Forges[0].TokenEnv != "RUNWAY_FORGE_GITEA_TOKEN" ||
+		cfg.Forges[0].WebhookSecretEnv != "RUNWAY_FORGE_GITEA_WEBHOOK_SECRET" || cfg.Groups[0].MaxActiveRunners != 4 {
+		t.Errorf("rendered config: %+v", cfg)
+	}
+	bpm := renderJob(t, "runway_orchestrator", "bpm.yml.erb", props)
+	for _, want := range []string{"RUNWAY_FORGE_GITEA_TOKEN: tok-SECRET", "RUNWAY_FORGE_GITEA_WEBHOOK_SECRET: hook-SECRET",
+		"/var/vcap/packages/runway_cpi/bin/runway", "persistent_disk: true"} {
+		if !strings.Contains(bpm, want) {
+			t.Errorf("bpm.yml lacks %q:\n%s", want, bpm)
+		}
 	}
 }
