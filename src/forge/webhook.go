@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // Sign is the lowercase hex HMAC-SHA256 of body: Gitea's X-Gitea-Signature
@@ -46,18 +45,8 @@ type WorkflowJobEvent struct {
 // GitHub share the shape: action, workflow_job, repository).
 func ParseWorkflowJob(body []byte) (WorkflowJobEvent, error) {
 	var p struct {
-		Action string `json:"action"`
-		Job    *struct {
-			ID         int64     `json:"id"`
-			RunID      int64     `json:"run_id"`
-			Name       string    `json:"name"`
-			Labels     []string  `json:"labels"`
-			Status     string    `json:"status"`
-			Conclusion string    `json:"conclusion"`
-			RunnerName string    `json:"runner_name"`
-			URL        string    `json:"url"`
-			CreatedAt  time.Time `json:"created_at"`
-		} `json:"workflow_job"`
+		Action     string   `json:"action"`
+		Job        *JobJSON `json:"workflow_job"`
 		Repository struct {
 			FullName string `json:"full_name"`
 		} `json:"repository"`
@@ -68,8 +57,5 @@ func ParseWorkflowJob(body []byte) (WorkflowJobEvent, error) {
 	if p.Job == nil || p.Job.ID == 0 {
 		return WorkflowJobEvent{}, errors.New("workflow_job payload: no workflow_job.id")
 	}
-	j := p.Job
-	return WorkflowJobEvent{Action: p.Action, Repo: p.Repository.FullName, Job: Job{
-		ID: j.ID, RunID: j.RunID, Repo: p.Repository.FullName, Name: j.Name, Labels: j.Labels, Status: j.Status,
-		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}}, nil
+	return WorkflowJobEvent{Action: p.Action, Repo: p.Repository.FullName, Job: p.Job.Job(p.Repository.FullName)}, nil
 }

@@ -59,28 +59,9 @@ func scopeBase(s forge.Scope) (string, error) {
 	return "", fmt.Errorf("unknown scope %q", s.Kind)
 }
 
-type apiJob struct {
-	ID          int64     `json:"id"`
-	URL         string    `json:"url"`
-	RunID       int64     `json:"run_id"`
-	Name        string    `json:"name"`
-	Labels      []string  `json:"labels"`
-	Status      string    `json:"status"`
-	Conclusion  string    `json:"conclusion"`
-	RunnerName  string    `json:"runner_name"`
-	CreatedAt   time.Time `json:"created_at"`
-	HTMLURL     string    `json:"html_url"`
-	RunnerID    int64     `json:"runner_id"`
-	RunAttempt  int64     `json:"run_attempt"`
-	HeadBranch  string    `json:"head_branch"`
-	StartedAt   time.Time `json:"started_at"`
-	CompletedAt time.Time `json:"completed_at"`
-}
+type apiJob = forge.JobJSON
 
-func (j apiJob) job() forge.Job {
-	return forge.Job{ID: j.ID, RunID: j.RunID, Repo: RepoFromURL(j.URL), Name: j.Name, Labels: j.Labels,
-		Status: j.Status, Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
-}
+func job(j apiJob) forge.Job { return j.Job(RepoFromURL(j.URL)) }
 
 // RepoFromURL takes owner/name from a job's API URL
 // (.../api/v1/repos/{owner}/{repo}/actions/jobs/{id}).
@@ -115,7 +96,7 @@ func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
 			return nil, err
 		}
 		for _, j := range body.Jobs {
-			out = append(out, j.job())
+			out = append(out, job(j))
 		}
 		if len(body.Jobs) < PageLimit || (forge.NextPage(h) == 0 && h.Get("Link") != "") || len(out) >= body.TotalCount {
 			return out, nil
@@ -137,7 +118,7 @@ func (c *Client) Job(ctx context.Context, j forge.Job) (forge.Job, error) {
 	if _, err := c.API.Do(ctx, "GET", path, nil, nil, &aj); err != nil {
 		return forge.Job{}, err
 	}
-	return aj.job(), nil
+	return job(aj), nil
 }
 
 // Register implements forge.Client: Gitea has one reusable token per scope.
@@ -175,29 +156,12 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 	}
 	var out []forge.Runner
 	for page := 1; page < 10000; page++ {
-		var body struct {
-			Runners []struct {
-				ID     int64  `json:"id"`
-				Name   string `json:"name"`
-				Status string `json:"status"`
-				Busy   bool   `json:"busy"`
-				Labels []struct {
-					Name string `json:"name"`
-				} `json:"labels"`
-			} `json:"runners"`
-			TotalCount int `json:"total_count"`
-		}
+		var body forge.RunnersJSON
 		q := url.Values{"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
 		if _, err := c.API.Do(ctx, "GET", base+"/actions/runners", q, nil, &body); err != nil {
 			return nil, err
 		}
-		for _, r := range body.Runners {
-			fr := forge.Runner{ID: r.ID, Name: r.Name, Status: r.Status, Busy: r.Busy}
-			for _, l := range r.Labels {
-				fr.Labels = append(fr.Labels, l.Name)
-			}
-			out = append(out, fr)
-		}
+		out = append(out, body.List()...)
 		if len(body.Runners) < PageLimit || len(out) >= body.TotalCount {
 			break
 		}

@@ -41,21 +41,7 @@ func scopeBase(s forge.Scope) (string, error) {
 	return "", fmt.Errorf("github: scope %q is not supported (use org or repo)", s.Kind)
 }
 
-type apiJob struct {
-	ID         int64    `json:"id"`
-	RunID      int64    `json:"run_id"`
-	Name       string   `json:"name"`
-	Labels     []string `json:"labels"`
-	Status     string   `json:"status"`
-	Conclusion string   `json:"conclusion"`
-	RunnerName string   `json:"runner_name"`
-	URL        string   `json:"url"`
-}
-
-func (j apiJob) job(repo string) forge.Job {
-	return forge.Job{ID: j.ID, RunID: j.RunID, Repo: repo, Name: j.Name, Labels: j.Labels, Status: j.Status,
-		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL}
-}
+type apiJob = forge.JobJSON
 
 // Jobs implements forge.Client: the queued and in-progress jobs of the
 // queued and in-progress runs of every repository in scope.
@@ -83,7 +69,7 @@ func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
 				}
 				for _, j := range jobs {
 					if j.Status == forge.StatusQueued || j.Status == forge.StatusInProgress {
-						out = append(out, j.job(repo))
+						out = append(out, j.Job(repo))
 					}
 				}
 			}
@@ -167,7 +153,7 @@ func (c *Client) Job(ctx context.Context, j forge.Job) (forge.Job, error) {
 	if _, err := c.API.Do(ctx, "GET", fmt.Sprintf("/repos/%s/actions/jobs/%d", j.Repo, j.ID), nil, nil, &aj); err != nil {
 		return forge.Job{}, err
 	}
-	return aj.job(j.Repo), nil
+	return aj.Job(j.Repo), nil
 }
 
 // Register implements forge.Client: a JIT config bound to this runner,
@@ -212,29 +198,13 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 	}
 	var out []forge.Runner
 	for page := 1; page < 1000; page++ {
-		var body struct {
-			Runners []struct {
-				ID     int64  `json:"id"`
-				Name   string `json:"name"`
-				Status string `json:"status"`
-				Busy   bool   `json:"busy"`
-				Labels []struct {
-					Name string `json:"name"`
-				} `json:"labels"`
-			} `json:"runners"`
-		}
+		var body forge.RunnersJSON
 		q := url.Values{"per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
 		h, err := c.API.Do(ctx, "GET", base+"/actions/runners", q, nil, &body)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range body.Runners {
-			fr := forge.Runner{ID: r.ID, Name: r.Name, Status: r.Status, Busy: r.Busy}
-			for _, l := range r.Labels {
-				fr.Labels = append(fr.Labels, l.Name)
-			}
-			out = append(out, fr)
-		}
+		out = append(out, body.List()...)
 		if forge.NextPage(h) == 0 {
 			break
 		}
