@@ -180,6 +180,12 @@ func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 			case now.Sub(r.StateAt) > cfg.Timeouts.Idle.Duration:
 				d.reap[r.Name] = "idle timeout"
 				continue
+			case r.ForgeRunnerID == 0 && age > cfg.Timeouts.Spawn.Duration:
+				// Never seen registered: it will not serve its job, which
+				// gets a new runner once this one is gone (seed 001's TTL
+				// retry, but from durable state).
+				d.reap[r.Name] = "spawn timeout: never registered"
+				continue
 			case age > cfg.Timeouts.MaxLifetime.Duration:
 				d.reap[r.Name] = "max lifetime"
 				continue

@@ -158,3 +158,18 @@ func TestOwnerIsDeterministic(t *testing.T) {
 		t.Errorf("with the repo group drained, the job falls to %v", g)
 	}
 }
+
+func TestPlanUnregisteredRunnerRetried(t *testing.T) {
+	owned, jobs := queued(1)
+	stale := []store.Runner{{Name: "g-x", State: store.Idle, TriggerJob: 1, CreatedAt: t0.Add(-11 * time.Minute), StateAt: t0.Add(-11 * time.Minute)}}
+	cfg := testGroup(5, 0)
+	cfg.Timeouts.Idle = Duration{time.Hour}
+	d := plan(cfg, t0, lst(jobs), owned, stale, nil, false)
+	if d.reap["g-x"] == "" {
+		t.Fatalf("a runner never seen registered past the spawn timeout is kept: %v", d.reap)
+	}
+	stale[0].ForgeRunnerID = 7
+	if d := plan(cfg, t0, lst(jobs), owned, stale, nil, false); len(d.reap) != 0 || len(d.spawn) != 0 {
+		t.Fatalf("a registered idle runner is supply: reap %v spawn %v", d.reap, d.spawn)
+	}
+}
