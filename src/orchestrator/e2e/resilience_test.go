@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,9 +19,20 @@ func writeScript(t *testing.T, path, body string) {
 	must(t, os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755))
 }
 
+// countProcs counts live processes whose command line contains pattern.
 func countProcs(pattern string) int {
-	out, _ := exec.Command("pgrep", "-f", pattern).Output()
-	return len(strings.Fields(string(out)))
+	n := 0
+	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) == 0 {
+			continue // gone, or a zombie
+		}
+		if strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), pattern) {
+			n++
+		}
+	}
+	return n
 }
 
 // The daemon is killed -9 while create_vm has made the VM but not answered.
