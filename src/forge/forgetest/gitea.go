@@ -404,23 +404,37 @@ func (g *Gitea) deliver(j *GiteaJob, action string) {
 	g.mu.Unlock()
 	body, _ := json.Marshal(payload)
 	for _, h := range hooks {
-		g.deliveries.Add(1)
-		go func() {
-			defer g.deliveries.Done()
-			req, _ := http.NewRequest("POST", h.url, bytes.NewReader(body))
-			sig := forge.Sign(h.secret, body)
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-Gitea-Event", "workflow_job")
-			req.Header.Set("X-Gitea-Event-Type", "workflow_job")
-			req.Header.Set("X-Gitea-Delivery", randUUID())
-			req.Header.Set("X-Gitea-Signature", sig)
-			req.Header.Set("X-Hub-Signature-256", "sha256="+sig)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
+		sig := forge.Sign(h.secret, body)
+		h.send(&g.deliveries, body, map[string]string{"X-Gitea-Event": "workflow_job", "X-Gitea-Event-Type": "workflow_job",
+			"X-Gitea-Delivery": randUUID(), "X-Gitea-Signature": sig, "X-Hub-Signature-256": "sha256=" + sig})
 	}
+}
+
+// send posts one delivery in the background, as a forge's hook queue does.
+func (h hook) send(wg *sync.WaitGroup, body []byte, headers map[string]string) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		req, _ := http.NewRequest("POST", h.url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+}
+
+// hasAll reports whether a runner with labels have can take a job needing labels.
+func hasAll(have map[string]bool, labels []string) bool {
+	for _, l := range labels {
+		if !have[l] {
+			return false
+		}
+	}
+	return true
 }
 
 // runnerRPC serves the Connect-RPC JSON runner protocol.
@@ -463,19 +477,12 @@ func (g *Gitea) runnerRPC(w http.ResponseWriter, r *http.Request, method string)
 				ids = append(ids, id)
 			}
 			sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
-		next:
 			for _, id := range ids {
 				j := g.jobs[id]
-				if j.Status != "queued" || !scopeCovers(rn.Scope, j.Repo, g.User) {
-					continue
+				if j.Status == "queued" && scopeCovers(rn.Scope, j.Repo, g.User) && hasAll(have, j.Labels) {
+					picked = j
+					break
 				}
-				for _, l := range j.Labels {
-					if !have[l] {
-						continue next
-					}
-				}
-				picked = j
-				break
 			}
 		}
 		if picked == nil {

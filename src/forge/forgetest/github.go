@@ -1,11 +1,9 @@
 package forgetest
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -310,18 +308,12 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 			have[l] = true
 		}
 		var picked *GitHubJob
-	next:
 		for _, j := range g.sortedJobs() {
-			if j.Status != "queued" || rn.Job != 0 || (rn.Scope != "repos/"+j.Repo && !strings.HasPrefix(j.Repo, strings.TrimPrefix(rn.Scope, "orgs/")+"/")) {
-				continue
+			inScope := rn.Scope == "repos/"+j.Repo || strings.HasPrefix(j.Repo, strings.TrimPrefix(rn.Scope, "orgs/")+"/")
+			if j.Status == "queued" && rn.Job == 0 && inScope && hasAll(have, j.Labels) {
+				picked = j
+				break
 			}
-			for _, l := range j.Labels {
-				if !have[l] {
-					continue next
-				}
-			}
-			picked = j
-			break
 		}
 		if picked == nil {
 			g.mu.Unlock()
@@ -371,18 +363,7 @@ func (g *GitHub) deliver(j *GitHubJob, action string) {
 	hooks := append([]hook(nil), g.hooks...)
 	g.mu.Unlock()
 	for _, h := range hooks {
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
-			req, _ := http.NewRequest("POST", h.url, bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-GitHub-Event", "workflow_job")
-			req.Header.Set("X-GitHub-Delivery", randUUID())
-			req.Header.Set("X-Hub-Signature-256", "sha256="+forge.Sign(h.secret, body))
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
+		h.send(&g.wg, body, map[string]string{"X-GitHub-Event": "workflow_job", "X-GitHub-Delivery": randUUID(),
+			"X-Hub-Signature-256": "sha256=" + forge.Sign(h.secret, body)})
 	}
 }
