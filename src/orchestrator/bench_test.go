@@ -59,9 +59,16 @@ func BenchmarkReconcilePass(b *testing.B) {
 // recordingCPI answers like bin/cpi on the local driver and notes when
 // each create_vm arrived.
 type recordingCPI struct {
-	mu      sync.Mutex
-	created chan time.Time
-	n       int
+	mu         sync.Mutex
+	created    chan time.Time
+	n          int
+	failCreate bool // answer create_vm with VMCreationFailed
+}
+
+func (c *recordingCPI) creates() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
 }
 
 func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpiclient.Response, error) {
@@ -72,6 +79,10 @@ func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpi
 		c.n++
 		n := c.n
 		c.mu.Unlock()
+		if c.failCreate {
+			e := &cpiclient.Error{Type: "Bosh::Clouds::VMCreationFailed", Message: "no capacity", OkToRetry: true}
+			return &cpiclient.Response{Error: e}, e
+		}
 		return &cpiclient.Response{Result: json.RawMessage(fmt.Sprintf(`["vm-%d",{}]`, n))}, nil
 	case "list_vms":
 		return &cpiclient.Response{Result: json.RawMessage(`[]`)}, nil
@@ -81,7 +92,7 @@ func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpi
 	return &cpiclient.Response{Result: json.RawMessage(`null`)}, nil
 }
 
-func benchOrchestrator(b *testing.B, srv *forgetest.Gitea, poll, sweep time.Duration) (*Orchestrator, *recordingCPI, *httptest.Server, context.CancelFunc) {
+func benchOrchestrator(b testing.TB, srv *forgetest.Gitea, poll, sweep time.Duration, cpi *recordingCPI) (*Orchestrator, *recordingCPI, *httptest.Server, context.CancelFunc) {
 	dir := b.TempDir()
 	os.WriteFile(filepath.Join(dir, "secret"), []byte("s"), 0o600)
 	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
@@ -96,7 +107,9 @@ groups:
 	if err != nil {
 		b.Fatal(err)
 	}
-	cpi := &recordingCPI{created: make(chan time.Time, 100000)}
+	if cpi == nil {
+		cpi = &recordingCPI{created: make(chan time.Time, 100000)}
+	}
 	client := gitea.New(srv.URL, srv.APIToken)
 	o, err := New(cfg, Options{CPI: cpi, Forges: map[string]forge.Client{"gitea": client},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -116,7 +129,7 @@ groups:
 func BenchmarkWebhookToCreateVM(b *testing.B) {
 	srv := forgetest.NewGitea("tok")
 	defer srv.Close()
-	_, cpi, web, stop := benchOrchestrator(b, srv, time.Hour, time.Hour)
+	_, cpi, web, stop := benchOrchestrator(b, srv, time.Hour, time.Hour, nil)
 	defer stop()
 	srv.AddHook(web.URL+"/webhooks/gitea", []byte("s"))
 	time.Sleep(200 * time.Millisecond) // let the first (empty) pass finish
@@ -141,7 +154,7 @@ func BenchmarkSteadyStateForgeRequests(b *testing.B) {
 			id := srv.AddJob("acme/app", "j", []string{"windows"}, forge.StatusQueued) // nobody's
 			_ = id
 		}
-		_, _, _, stop := benchOrchestrator(b, srv, 500*time.Millisecond, time.Second)
+		_, _, _, stop := benchOrchestrator(b, srv, 500*time.Millisecond, time.Second, nil)
 		time.Sleep(6 * time.Second) // the measured window: 1/30 of 3 minutes
 		stop()
 		total := 0

@@ -38,6 +38,7 @@ type group struct {
 	lastSweep time.Time
 	spawnSem  chan struct{}
 	spawns    sync.WaitGroup
+	spawnErr  error // failures of background spawns, reported by the next pass
 }
 
 // GroupStatus is what /api/v1/groups shows (seed 001's status, and more).
@@ -83,6 +84,14 @@ func (g *group) Status() GroupStatus {
 	return s
 }
 
+// pollInterval is how old the group's queue listing may be.
+func (g *group) pollInterval() time.Duration {
+	if g.cfg.PollInterval.Duration != 0 {
+		return g.cfg.PollInterval.Duration
+	}
+	return g.forge.cfg.PollInterval.Duration
+}
+
 const (
 	minBackoff = 2 * time.Second
 	maxBackoff = 5 * time.Minute
@@ -91,13 +100,9 @@ const (
 func (g *group) loop(ctx context.Context) {
 	g.spawnSem = make(chan struct{}, g.cfg.SpawnConcurrency)
 	defer g.spawns.Wait()
-	poll := g.cfg.PollInterval.Duration
-	if poll == 0 {
-		poll = g.forge.pollMax
-	}
 	// Passes also pace the sweep; between forge polls they use the cached
 	// listing, so a long poll interval costs no forge requests.
-	poll = min(poll, g.o.cfg.SweepInterval.Duration)
+	poll := min(g.pollInterval(), g.o.cfg.SweepInterval.Duration)
 	for ctx.Err() == nil {
 		err := g.pass(ctx)
 		g.mu.Lock()
@@ -136,28 +141,25 @@ func (g *group) loop(ctx context.Context) {
 // decision is what one pass decided, before any side effect: pure, so it
 // can be tested and benchmarked without a forge or CPI.
 type decision struct {
-	busy      map[string]forge.Job // idle runner → the job it took
-	confirm   []store.Runner       // runner whose job left the listing
-	recover   []store.Runner       // spawn cut short: adopt or delete its VM
-	reap      map[string]string    // runner → reason
-	spawn     []int64              // trigger job per new runner (0: warm pool)
-	queued    int
-	active    int
-	unassign  int
-	byState   map[string]int
-	inflights int
+	busy     map[string]forge.Job // idle runner → the job it took
+	confirm  []store.Runner       // runner whose job left the listing
+	recover  []store.Runner       // spawn cut short: adopt or delete its VM
+	reap     map[string]string    // runner → reason
+	spawn    []int64              // trigger job per new runner (0: warm pool)
+	queued   int
+	active   int
+	unassign int
 }
 
 // plan decides one pass. jobs is the scope's listing; owned the queued
 // jobs this group claims; runners the group's rows that are not deleted.
 func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 	runners []store.Runner, inflight map[string]bool, drained bool) decision {
-	d := decision{busy: map[string]forge.Job{}, reap: map[string]string{}, byState: map[string]int{}, queued: len(owned)}
+	d := decision{busy: map[string]forge.Job{}, reap: map[string]string{}, queued: len(owned)}
 	jobs, running := l.jobs, l.running
 	covered := map[int64]bool{}
 	for _, r := range runners {
 		d.active++
-		d.byState[r.State]++
 		age := now.Sub(r.CreatedAt)
 		switch r.State {
 		case store.Spawning:
@@ -165,9 +167,7 @@ func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 				// Its create_vm was cut short (a restart): look the VM up.
 				// It still counts as supply until that is settled.
 				d.recover = append(d.recover, r)
-				break
 			}
-			d.inflights++
 		case store.Idle:
 			if j, ok := running[r.Name]; ok {
 				d.busy[r.Name] = j
@@ -205,7 +205,9 @@ func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 			}
 			continue
 		case store.Deleting:
-			d.reap[r.Name] = r.Reason
+			if !inflight[r.Name] { // a failed spawn deletes its own
+				d.reap[r.Name] = r.Reason
+			}
 			continue
 		}
 		d.unassign++
@@ -240,11 +242,7 @@ func (g *group) pass(ctx context.Context) error {
 	g.status.LastCheckTime = now
 	drained := g.drained
 	g.mu.Unlock()
-	maxAge := g.cfg.PollInterval.Duration
-	if maxAge == 0 {
-		maxAge = g.forge.pollMax
-	}
-	sj, err := g.forge.jobs(ctx, g.scope, maxAge, now)
+	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
 	if err != nil {
 		// The forge could not be read: decide nothing from it, delete
 		// nothing because of it.
@@ -307,6 +305,10 @@ func (g *group) pass(ctx context.Context) error {
 		}
 	}
 	g.refreshStatus(d.queued)
+	g.mu.Lock()
+	errs = append(errs, g.spawnErr)
+	g.spawnErr = nil
+	g.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -370,15 +372,9 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (string, error) {
 // died mid-call): a VM found running under its agent id is adopted — it
 // may already be running a job — anything else is deleted.
 func (g *group) recover(ctx context.Context, r store.Runner) error {
-	vms, err := g.listVMs(ctx)
+	mine, err := g.findVMs(ctx, r.AgentID)
 	if err != nil {
 		return fmt.Errorf("recovering %s: %w", r.Name, err)
-	}
-	var mine []listedVM
-	for _, vm := range vms {
-		if vm.AgentID == r.AgentID {
-			mine = append(mine, vm)
-		}
 	}
 	if len(mine) == 1 && mine[0].State == "running" {
 		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.o.now()
@@ -408,7 +404,9 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 		if err != nil {
 			return g.keepError(r, fmt.Errorf("looking up the VM of %s: %w", r.Name, err))
 		}
-		cids = append(cids, found...)
+		for _, vm := range found {
+			cids = append(cids, vm.CID)
+		}
 	}
 	for _, cid := range cids {
 		_, err := g.call(ctx, "delete_vm", cid)
@@ -436,10 +434,10 @@ func (g *group) keepError(r store.Runner, err error) error {
 	return err
 }
 
-// findVMs returns the CIDs of this group's VMs made for agentID. A CPI
+// findVMs returns this group's VMs made for agentID. A CPI
 // without list_vms (any non-Runway CPI) answers NotImplemented: nothing can
 // be found then, and that is logged.
-func (g *group) findVMs(ctx context.Context, agentID string) ([]string, error) {
+func (g *group) findVMs(ctx context.Context, agentID string) ([]listedVM, error) {
 	vms, err := g.listVMs(ctx)
 	if err != nil {
 		return nil, err
@@ -447,10 +445,10 @@ func (g *group) findVMs(ctx context.Context, agentID string) ([]string, error) {
 	if vms == nil {
 		g.o.log.Warn("the CPI cannot list VMs: a VM whose create_vm was interrupted cannot be found", "group", g.cfg.Name)
 	}
-	var out []string
+	var out []listedVM
 	for _, v := range vms {
 		if v.AgentID == agentID {
-			out = append(out, v.CID)
+			out = append(out, v)
 		}
 	}
 	return out, nil
@@ -511,11 +509,13 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 		delete(g.inflight, name)
 		g.mu.Unlock()
 		if err != nil && ctx.Err() == nil {
+			// The next pass reports it, so the group backs off instead of
+			// trying again at once.
 			o.log.Warn("spawn failed", "group", g.cfg.Name, "runner", name, "err", err)
 			g.mu.Lock()
-			g.status.LastError = err.Error()
-			g.backoff = min(max(g.backoff*2, minBackoff), maxBackoff)
+			g.spawnErr = errors.Join(g.spawnErr, err)
 			g.mu.Unlock()
+			return
 		}
 		g.wake()
 	}()
@@ -598,7 +598,8 @@ func (g *group) stemcell(ctx context.Context) (string, error) {
 	}
 	g.o.stemcellMu.Lock()
 	defer g.o.stemcellMu.Unlock()
-	key, err := stemcellKey(g.cfg.CPI.Config+"|"+g.o.cfg.CPI.Config, sc)
+	cpi := g.cfg.cpiConfig(g.o.cfg.CPI)
+	key, err := stemcellKey(cpi.Path+"|"+cpi.Config, sc)
 	if err != nil {
 		return "", err
 	}

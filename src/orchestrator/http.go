@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -116,7 +115,7 @@ func (o *Orchestrator) webhook(kind, eventHeader, deliveryHeader string) http.Ha
 		delivery := r.Header.Get(deliveryHeader)
 		if event != "workflow_job" {
 			// Pings and other events: acknowledged once signed, not acted on.
-			if !o.verifies(kind, body, r.Header) {
+			if o.signedBy(kind, body, r.Header) == "" {
 				o.metrics.webhooks.WithLabelValues(kind, "bad_signature").Inc()
 				o.log.Warn("webhook rejected: bad signature", "type", kind, "event", event, "delivery", delivery, "remote", r.RemoteAddr)
 				http.Error(w, "bad signature", http.StatusUnauthorized)
@@ -141,16 +140,6 @@ func (o *Orchestrator) webhook(kind, eventHeader, deliveryHeader string) http.Ha
 			w.WriteHeader(http.StatusAccepted)
 		}
 	}
-}
-
-// verifies reports whether any forge of kind signed body.
-func (o *Orchestrator) verifies(kind string, body []byte, h http.Header) bool {
-	for _, fv := range o.forges {
-		if fv.cfg.Type == kind && forge.Verify(fv.secret, body, h) {
-			return true
-		}
-	}
-	return false
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -219,9 +219,8 @@ type forgeView struct {
 	client forge.Client
 	secret []byte
 
-	mu      sync.Mutex
-	scopes  map[string]*scopeJobs
-	pollMax time.Duration
+	mu     sync.Mutex
+	scopes map[string]*scopeJobs
 }
 
 type scopeJobs struct {
@@ -242,7 +241,7 @@ type listing struct {
 }
 
 func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
-	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}, pollMax: fc.PollInterval.Duration}
+	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}}
 	sec, err := secret(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret")
 	if err != nil {
 		return nil, err
@@ -401,29 +400,37 @@ func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) listing {
 	return *sj.owned
 }
 
-// Webhook verifies and applies one delivery for a forge type; it returns
-// the forge that signed it. A delivery no configured secret verifies is
-// rejected.
-func (o *Orchestrator) Webhook(forgeType string, body []byte, h http.Header) (string, forge.WorkflowJobEvent, error) {
+// signedBy returns the forge of forgeType whose webhook secret signed
+// body ("" when none did).
+func (o *Orchestrator) signedBy(forgeType string, body []byte, h http.Header) string {
 	names := make([]string, 0, len(o.forges))
 	for n := range o.forges {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fv := o.forges[n]
-		if fv.cfg.Type != forgeType || !forge.Verify(fv.secret, body, h) {
-			continue
+		if fv := o.forges[n]; fv.cfg.Type == forgeType && forge.Verify(fv.secret, body, h) {
+			return n
 		}
-		ev, err := forge.ParseWorkflowJob(body)
-		if err != nil {
-			return n, ev, err
-		}
-		fv.apply(ev)
-		o.Kick(n, ev.Job.Repo)
-		return n, ev, nil
 	}
-	return "", forge.WorkflowJobEvent{}, ErrBadSignature
+	return ""
+}
+
+// Webhook verifies and applies one workflow_job delivery for a forge
+// type; it returns the forge that signed it. A delivery no configured
+// secret verifies is rejected.
+func (o *Orchestrator) Webhook(forgeType string, body []byte, h http.Header) (string, forge.WorkflowJobEvent, error) {
+	n := o.signedBy(forgeType, body, h)
+	if n == "" {
+		return "", forge.WorkflowJobEvent{}, ErrBadSignature
+	}
+	ev, err := forge.ParseWorkflowJob(body)
+	if err != nil {
+		return n, ev, err
+	}
+	o.forges[n].apply(ev)
+	o.Kick(n, ev.Job.Repo)
+	return n, ev, nil
 }
 
 // ErrBadSignature is a webhook delivery no secret verifies.

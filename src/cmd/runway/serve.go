@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -78,8 +79,15 @@ type daemon struct {
 	addr, token string
 }
 
-func daemonFlags(fs *flag.FlagSet) (*string, *string) {
-	return fs.String("config", "runway.yml", "orchestrator config (YAML)"), fs.String("addr", "", "daemon address (default: from the config)")
+// connect adds -config and -addr to a command's flags, parses args and
+// finds the daemon.
+func connect(fs *flag.FlagSet, args []string) (*daemon, error) {
+	cfg := fs.String("config", "runway.yml", "orchestrator config (YAML)")
+	addr := fs.String("addr", "", "daemon address (default: from the config)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return findDaemon(*cfg, *addr)
 }
 
 func findDaemon(cfgPath, addr string) (*daemon, error) {
@@ -126,12 +134,8 @@ func (d *daemon) do(method, path string, out any) error {
 
 func statusCmd(args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	cfg, addr := daemonFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	d, err := findDaemon(*cfg, *addr)
+	d, err := connect(fs, args)
 	if err != nil {
 		return err
 	}
@@ -157,13 +161,9 @@ func statusCmd(args []string) error {
 
 func runnersCmd(args []string) error {
 	fs := flag.NewFlagSet("runners", flag.ContinueOnError)
-	cfg, addr := daemonFlags(fs)
 	all := fs.Bool("all", false, "include deleted runners (history)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	d, err := findDaemon(*cfg, *addr)
+	d, err := connect(fs, args)
 	if err != nil {
 		return err
 	}
@@ -199,19 +199,15 @@ func drainCmd(args []string, drain bool) error {
 		name = "resume"
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	cfg, addr := daemonFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	d, err := connect(fs, args)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("%s: one group name required", name)
 	}
-	d, err := findDaemon(*cfg, *addr)
-	if err != nil {
-		return err
-	}
 	var g orchestrator.GroupStatus
-	if err := d.do("POST", "/api/v1/groups/"+fs.Arg(0)+"/"+name, &g); err != nil {
+	if err := d.do("POST", "/api/v1/groups/"+url.PathEscape(fs.Arg(0))+"/"+name, &g); err != nil {
 		return err
 	}
 	fmt.Printf("group %s: drained=%v active=%d busy=%d\n", g.Name, g.Drained, g.ActiveRunners, g.Busy)
