@@ -205,9 +205,12 @@ func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 			}
 			continue
 		case store.Deleting:
-			if !inflight[r.Name] { // a failed spawn deletes its own
-				d.reap[r.Name] = r.Reason
+			if inflight[r.Name] {
+				// A failing spawn deletes its own; until it has, it is
+				// the supply for its job (no second try before backoff).
+				break
 			}
+			d.reap[r.Name] = r.Reason
 			continue
 		}
 		d.unassign++
@@ -241,6 +244,10 @@ func (g *group) pass(ctx context.Context) error {
 	g.mu.Lock()
 	g.status.LastCheckTime = now
 	drained := g.drained
+	// A spawn failed since the last pass: report it (the loop backs off)
+	// and make no new runner in this pass.
+	spawnErr := g.spawnErr
+	g.spawnErr = nil
 	g.mu.Unlock()
 	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
 	if err != nil {
@@ -294,8 +301,10 @@ func (g *group) pass(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, trigger := range d.spawn {
-		g.startSpawn(ctx, trigger, jobs[trigger].Repo)
+	if spawnErr == nil {
+		for _, trigger := range d.spawn {
+			g.startSpawn(ctx, trigger, jobs[trigger].Repo)
+		}
 	}
 	if now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
 		if err := g.sweep(ctx); err != nil {
@@ -305,11 +314,7 @@ func (g *group) pass(ctx context.Context) error {
 		}
 	}
 	g.refreshStatus(d.queued)
-	g.mu.Lock()
-	errs = append(errs, g.spawnErr)
-	g.spawnErr = nil
-	g.mu.Unlock()
-	return errors.Join(errs...)
+	return errors.Join(append(errs, spawnErr)...)
 }
 
 // refreshStatus recounts the group's runners for status and metrics.

@@ -173,3 +173,16 @@ func TestPlanUnregisteredRunnerRetried(t *testing.T) {
 		t.Fatalf("a registered idle runner is supply: reap %v spawn %v", d.reap, d.spawn)
 	}
 }
+
+func TestPlanInflightSpawnIsSupplyUntilSettled(t *testing.T) {
+	owned, jobs := queued(1)
+	failing := []store.Runner{{Name: "g-f", State: store.Deleting, Reason: "create_vm failed", TriggerJob: 1, CreatedAt: t0}}
+	d := plan(testGroup(5, 0), t0, lst(jobs), owned, failing, map[string]bool{"g-f": true}, false)
+	if len(d.reap) != 0 || len(d.spawn) != 0 {
+		t.Fatalf("a spawn still deleting its own VM: reap %v spawn %v", d.reap, d.spawn)
+	}
+	d = plan(testGroup(5, 0), t0, lst(jobs), owned, failing, nil, false)
+	if d.reap["g-f"] != "create_vm failed" || len(d.spawn) != 1 || d.spawn[0] != 1 {
+		t.Fatalf("a deleting row nobody works on is resumed and its job gets a runner: reap %v spawn %v", d.reap, d.spawn)
+	}
+}
