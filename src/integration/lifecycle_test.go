@@ -193,6 +193,29 @@ var _ = Describe("error paths", func() {
 		}
 	})
 
+	It("an unreachable IaaS endpoint is a CloudError naming it, not a hang", func() {
+		if fx.UnreachableConfig == "" {
+			Skip("driver " + fx.Driver + " has no endpoint")
+		}
+		r := runWith(fx.UnreachableConfig, request("has_vm", 2, fx.UnknownVM))
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Type).To(Equal("Bosh::Clouds::CloudError"))
+		Expect(r.Error.Message).To(ContainSubstring(fx.UnreachableEndpoint))
+	})
+
+	It("the driver's credentials never reach the response or stderr", func() {
+		if fx.Secret == "" {
+			Skip("driver " + fx.Driver + " has no credentials")
+		}
+		for _, cfg := range []string{fx.ConfigPath, fx.UnreachableConfig} {
+			r := runWith(cfg, request("has_vm", 2, fx.UnknownVM))
+			Expect(*r.Log + r.Stderr).NotTo(ContainSubstring(fx.Secret))
+			if r.Error != nil {
+				Expect(r.Error.Message).NotTo(ContainSubstring(fx.Secret))
+			}
+		}
+	})
+
 	It("a bad config file is a CpiError naming the file", func() {
 		bad := filepath.Join(GinkgoT().TempDir(), "bad.json")
 		Expect(os.WriteFile(bad, []byte(`{"driver": "local", "state_dir": "relative"}`), 0o600)).To(Succeed())

@@ -38,6 +38,12 @@ type fixture struct {
 	DiskProps   map[string]any `json:"disk_cloud_properties"`
 	UnknownVM   string         `json:"unknown_vm_cid"`
 	UnknownDisk string         `json:"unknown_disk_cid"`
+	// UnreachableConfig is a config whose IaaS endpoint is
+	// UnreachableEndpoint, which nothing listens on.
+	UnreachableConfig   string `json:"unreachable_config"`
+	UnreachableEndpoint string `json:"unreachable_endpoint"`
+	// Secret is a credential in the config that must never be printed.
+	Secret string `json:"secret"`
 	// Local means the suite may look inside the state dir.
 	Local bool `json:"-"`
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/cpi"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/aws"
 	"github.com/runway-cpi/runway/src/driver/local"
 )
 
@@ -12,5 +13,8 @@ import (
 var drivers = map[string]cpi.Factory{
 	"local": func(section json.RawMessage, deps cpi.Deps) (driver.Driver, error) {
 		return local.New(section, deps.StateDir, deps.Locker, deps.Logger)
+	},
+	"aws": func(section json.RawMessage, deps cpi.Deps) (driver.Driver, error) {
+		return aws.New(section, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
 	},
 }

@@ -1,0 +1,202 @@
+// Package aws is the EC2 driver: instances, EBS volumes, snapshots and
+// AMIs through aws-sdk-go-v2. Every call goes through the SDK's retryer
+// and then the CPI's wait budget, so throttling is waited out and logged;
+// everything created carries the creator's tags and a per-call token tag
+// so a create that was sent twice, or died part-way, leaves nothing behind.
+package aws
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ebs"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+// Driver implements driver.Driver on EC2.
+type Driver struct {
+	cfg   Config
+	locks *lock.Locker
+	log   logging.Logger
+	retry retry.Policy
+
+	once    sync.Once
+	ec2     *ec2.Client
+	ebs     *ebs.Client
+	initErr error
+
+	// requests counts HTTP attempts (benchmarks, tests).
+	requests atomic.Int64
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New builds the driver from its config section. No network I/O happens
+// until a method needs AWS.
+func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy retry.Policy, redact func(...string)) (*Driver, error) {
+	c, err := parseConfig(section)
+	if err != nil {
+		return nil, err
+	}
+	if redact != nil {
+		redact(c.SecretAccessKey, c.SessionToken)
+	}
+	if log == nil {
+		log = logging.Discard()
+	}
+	if policy.Budget <= 0 {
+		policy = retry.Default()
+	}
+	policy.Classify = classify
+	if policy.Logf == nil {
+		policy.Logf = func(f string, a ...any) { log.Info("aws", f, a...) }
+	}
+	return &Driver{cfg: c, locks: locks, log: log, retry: policy}, nil
+}
+
+// Requests is the number of HTTP attempts made so far.
+func (d *Driver) Requests() int64 { return d.requests.Load() }
+
+// Tag keys the driver owns.
+const (
+	tagToken = "runway:token" // one per create call: finds duplicates
+	tagName  = "Name"
+	// tagSnapshot on an AMI names the snapshot its stemcell was uploaded to.
+	tagSnapshot = "runway:snapshot"
+)
+
+// StemcellFormats: raw images uploaded through the EBS direct API, and
+// light stemcells naming an existing AMI.
+func (d *Driver) StemcellFormats() []string { return []string{"aws-raw", "aws-light"} }
+
+// call runs one API call inside the retry budget.
+func call[T any](ctx context.Context, d *Driver, op string, fn func(ctx context.Context, c *ec2.Client) (T, error)) (T, error) {
+	var out T
+	c, _, err := d.clients(ctx)
+	if err != nil {
+		return out, err
+	}
+	err = d.retry.Do(ctx, "aws "+op, func(ctx context.Context) error {
+		var err error
+		out, err = fn(ctx, c)
+		return err
+	})
+	return out, err
+}
+
+// waitFor polls check until it reports done: first after 250 ms, then
+// 1.5× longer each time up to poll_max_ms, for at most wait_timeout.
+func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
+	defer cancel()
+	start := time.Now()
+	interval := firstPoll
+	for polls := 0; ; polls++ {
+		if polls > 0 {
+			if err := retry.SleepContext(ctx, interval); err != nil {
+				return fmt.Errorf("aws: timed out after %s waiting for %s: %w", time.Since(start).Round(time.Millisecond), what, err)
+			}
+			interval = min(interval*3/2, d.cfg.pollMax())
+		}
+		done, err := check(ctx)
+		if err != nil {
+			return err
+		}
+		if done {
+			if polls > 0 {
+				d.log.Debug("aws", "%s after %s (%d polls)", what, time.Since(start).Round(time.Millisecond), polls)
+			}
+			return nil
+		}
+	}
+}
+
+// cidKinds: the EC2 id prefix of each kind of CID.
+var cidKinds = map[string]struct{ prefix, name string }{
+	"vm": {"i-", "instance (i-…)"}, "disk": {"vol-", "volume (vol-…)"},
+	"snapshot": {"snap-", "snapshot (snap-…)"}, "stemcell": {"ami-", "image (ami-…)"},
+}
+
+// validCID refuses anything that is not an EC2 id of the right kind (the
+// prefix, then 8 to 32 lowercase hex digits; a stemcell may end " light"),
+// so a path-like or foreign CID never reaches AWS. No regexp: package
+// init time is bin/cpi start-up time.
+func validCID(kind, cid string) error {
+	k := cidKinds[kind]
+	id, ok := strings.CutPrefix(cid, k.prefix)
+	if kind == "stemcell" {
+		id = strings.TrimSuffix(id, " light")
+	}
+	ok = ok && len(id) >= 8 && len(id) <= 32
+	for _, c := range id {
+		ok = ok && (c >= '0' && c <= '9' || c >= 'a' && c <= 'f')
+	}
+	if !ok {
+		return driver.Invalid("%s cid %q is not an EC2 %s id", kind, cid, k.name)
+	}
+	return nil
+}
+
+// ec2Tags turns a map into EC2 tags, dropping keys AWS reserves and
+// truncating to EC2's limits (128-character keys, 256-character values).
+func ec2Tags(m map[string]string) []types.Tag {
+	out := make([]types.Tag, 0, len(m))
+	for k, v := range m {
+		if k == "" || len(k) >= 4 && k[:4] == "aws:" {
+			continue
+		}
+		out = append(out, types.Tag{Key: aws.String(truncate(k, 128)), Value: aws.String(truncate(v, 256))})
+	}
+	return out
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func tagMap(tags []types.Tag) map[string]string {
+	m := make(map[string]string, len(tags))
+	for _, t := range tags {
+		m[aws.ToString(t.Key)] = aws.ToString(t.Value)
+	}
+	return m
+}
+
+// tagFilters selects resources carrying every tag in match.
+func tagFilters(match map[string]string) []types.Filter {
+	var f []types.Filter
+	for k, v := range match {
+		f = append(f, types.Filter{Name: aws.String("tag:" + k), Values: []string{v}})
+	}
+	return f
+}
+
+func tagSpec(rt types.ResourceType, m map[string]string) types.TagSpecification {
+	return types.TagSpecification{ResourceType: rt, Tags: ec2Tags(m)}
+}
+
+func withTags(base map[string]string, extra map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(extra))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range extra {
+		out[k] = v
+	}
+	return out
+}

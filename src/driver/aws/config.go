@@ -1,0 +1,201 @@
+package aws
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/credentials/stscreds"
+	"github.com/aws/aws-sdk-go-v2/service/ebs"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+
+	"github.com/runway-cpi/runway/src/config"
+)
+
+// Config is the "aws" section of the CPI config.
+type Config struct {
+	Region string `json:"region"`
+	// Endpoint overrides the EC2 (and EBS direct) endpoint: GovCloud,
+	// EC2-compatible clouds, tests.
+	Endpoint string `json:"endpoint,omitempty"`
+	// CredentialsSource: "static" (the keys below) or "default" (env,
+	// shared config, instance role). Default: static when keys are given.
+	CredentialsSource string `json:"credentials_source,omitempty"`
+	AccessKeyID       string `json:"access_key_id,omitempty"`
+	SecretAccessKey   string `json:"secret_access_key,omitempty"`
+	SessionToken      string `json:"session_token,omitempty"`
+	// AssumeRoleARN: the driver works as this role (credentials above
+	// are used to assume it).
+	AssumeRoleARN        string `json:"assume_role_arn,omitempty"`
+	AssumeRoleExternalID string `json:"assume_role_external_id,omitempty"`
+
+	DefaultKeyName            string   `json:"default_key_name,omitempty"`
+	DefaultSecurityGroups     []string `json:"default_security_groups,omitempty"`
+	DefaultIAMInstanceProfile string   `json:"default_iam_instance_profile,omitempty"`
+	// DefaultAvailabilityZone places disks created without a VM.
+	DefaultAvailabilityZone string `json:"default_availability_zone,omitempty"`
+
+	// MaxAttempts per API call in the SDK's retryer (default 8); the
+	// CPI's retry budget waits further on throttles and 5xx.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// PollMaxMilli caps the interval between state checks (default 2000).
+	PollMaxMilli int `json:"poll_max_ms,omitempty"`
+	// WaitTimeoutSeconds bounds each wait for a state (default 900).
+	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+	// RequestTimeoutSeconds bounds each HTTP request (default 60).
+	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
+}
+
+const (
+	DefaultMaxAttempts    = 8
+	DefaultPollMax        = 2 * time.Second
+	DefaultWaitTimeout    = 15 * time.Minute
+	DefaultRequestTimeout = time.Minute
+	firstPoll             = 250 * time.Millisecond
+)
+
+func parseConfig(section json.RawMessage) (Config, error) {
+	var c Config
+	if err := config.DecodeStrict(section, &c); err != nil {
+		return c, fmt.Errorf("aws: %w", err)
+	}
+	if c.Region == "" {
+		return c, errors.New("aws: region is required")
+	}
+	if c.Endpoint != "" {
+		u, err := url.Parse(c.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return c, fmt.Errorf("aws: endpoint %q must be an http(s) URL", c.Endpoint)
+		}
+	}
+	switch c.CredentialsSource {
+	case "":
+		c.CredentialsSource = "default"
+		if c.AccessKeyID != "" || c.SecretAccessKey != "" {
+			c.CredentialsSource = "static"
+		}
+	case "static", "default":
+	default:
+		return c, fmt.Errorf("aws: credentials_source %q: want static or default", c.CredentialsSource)
+	}
+	if c.CredentialsSource == "static" && (c.AccessKeyID == "" || c.SecretAccessKey == "") {
+		return c, errors.New("aws: credentials_source static needs access_key_id and secret_access_key")
+	}
+	for name, v := range map[string]int{"max_attempts": c.MaxAttempts, "poll_max_ms": c.PollMaxMilli,
+		"wait_timeout_seconds": c.WaitTimeoutSeconds, "request_timeout_seconds": c.RequestTimeoutSeconds} {
+		if v < 0 {
+			return c, fmt.Errorf("aws: %s must not be negative", name)
+		}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	return c, nil
+}
+
+func (c Config) pollMax() time.Duration {
+	if c.PollMaxMilli > 0 {
+		return time.Duration(c.PollMaxMilli) * time.Millisecond
+	}
+	return DefaultPollMax
+}
+
+func (c Config) waitTimeout() time.Duration {
+	if c.WaitTimeoutSeconds > 0 {
+		return time.Duration(c.WaitTimeoutSeconds) * time.Second
+	}
+	return DefaultWaitTimeout
+}
+
+// clients builds the SDK clients once per process, on first use (info and
+// argument errors never pay for it).
+func (d *Driver) clients(ctx context.Context) (*ec2.Client, *ebs.Client, error) {
+	d.once.Do(func() { d.ec2, d.ebs, d.initErr = d.newClients(ctx) })
+	return d.ec2, d.ebs, d.initErr
+}
+
+func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, error) {
+	c := d.cfg
+	reqTimeout := DefaultRequestTimeout
+	if c.RequestTimeoutSeconds > 0 {
+		reqTimeout = time.Duration(c.RequestTimeoutSeconds) * time.Second
+	}
+	base, maxBackoff := d.retry.Base, d.retry.MaxSleep
+	if base <= 0 {
+		base = 250 * time.Millisecond
+	}
+	if maxBackoff <= 0 {
+		maxBackoff = 20 * time.Second
+	}
+	opts := []func(*awsconfig.LoadOptions) error{
+		awsconfig.WithRegion(c.Region),
+		// A buildable client so AWS_CA_BUNDLE / shared-config CA bundles apply.
+		awsconfig.WithHTTPClient(awshttp.NewBuildableClient().WithTimeout(reqTimeout)),
+		awsconfig.WithRetryer(func() aws.Retryer {
+			return awsretry.NewStandard(func(o *awsretry.StandardOptions) {
+				o.MaxAttempts = c.MaxAttempts
+				o.MaxBackoff = maxBackoff
+				// A one-shot process gains nothing from the client-side
+				// retry quota; the wait budget bounds retries instead.
+				o.RateLimiter = ratelimit.None
+				// A refused connection or unknown host is a wrong endpoint,
+				// not a hiccup: fail at once, naming it.
+				o.Retryables = append([]awsretry.IsErrorRetryable{awsretry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+					if misconfigured(err) {
+						return aws.FalseTernary
+					}
+					return aws.UnknownTernary
+				})}, o.Retryables...)
+				o.Backoff = awsretry.BackoffDelayerFunc(func(attempt int, _ error) (time.Duration, error) {
+					ceil := base << min(attempt-1, 16)
+					wait := time.Duration(rand.Float64() * float64(min(ceil, maxBackoff)))
+					d.log.Info("aws", "SDK retryer: attempt %d failed, waiting %s", attempt, wait.Round(time.Millisecond))
+					return wait, nil
+				})
+			})
+		}),
+	}
+	if c.CredentialsSource == "static" {
+		opts = append(opts, awsconfig.WithCredentialsProvider(
+			credentials.NewStaticCredentialsProvider(c.AccessKeyID, c.SecretAccessKey, c.SessionToken)))
+	}
+	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("aws: loading credentials: %w", err)
+	}
+	if c.AssumeRoleARN != "" {
+		stsClient := sts.NewFromConfig(cfg, func(o *sts.Options) { o.APIOptions = append(o.APIOptions, d.attempts) })
+		cfg.Credentials = aws.NewCredentialsCache(stscreds.NewAssumeRoleProvider(stsClient, c.AssumeRoleARN,
+			func(o *stscreds.AssumeRoleOptions) {
+				o.RoleSessionName = "runway-cpi"
+				if c.AssumeRoleExternalID != "" {
+					o.ExternalID = aws.String(c.AssumeRoleExternalID)
+				}
+			}))
+	}
+	e := ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+		if c.Endpoint != "" {
+			o.BaseEndpoint = aws.String(strings.TrimRight(c.Endpoint, "/"))
+		}
+		o.APIOptions = append(o.APIOptions, d.attempts)
+	})
+	b := ebs.NewFromConfig(cfg, func(o *ebs.Options) {
+		if c.Endpoint != "" {
+			o.BaseEndpoint = aws.String(strings.TrimRight(c.Endpoint, "/"))
+		}
+		o.APIOptions = append(o.APIOptions, d.attempts)
+	})
+	return e, b, nil
+}

@@ -1,0 +1,537 @@
+package aws
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/google/uuid"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// CreateDisk makes a gp3 (by default) volume in the VM's availability
+// zone, tagged with the creator, and waits until it is available.
+func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
+	var p volumeProps
+	if err := decodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+		return "", err
+	}
+	if spec.SizeMiB <= 0 {
+		return "", driver.Invalid("disk size %d MiB must be positive", spec.SizeMiB)
+	}
+	az, err := d.diskZone(ctx, spec.VMCID, p.AvailabilityZone)
+	if err != nil {
+		return "", err
+	}
+	token := uuid.NewString()
+	tags := withTags(spec.Tags, map[string]string{tagToken: token})
+	in := &ec2.CreateVolumeInput{
+		AvailabilityZone: aws.String(az), Size: aws.Int32(mibToGiB(spec.SizeMiB)),
+		VolumeType: types.VolumeType(firstNonEmpty(p.Type, "gp3")), ClientToken: aws.String(token),
+		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeVolume, tags)},
+		Encrypted:         p.Encrypted,
+	}
+	if p.Iops > 0 {
+		in.Iops = aws.Int32(p.Iops)
+	}
+	if p.Throughput > 0 {
+		in.Throughput = aws.Int32(p.Throughput)
+	}
+	if p.KMSKeyARN != "" {
+		in.KmsKeyId = aws.String(p.KMSKeyARN)
+		in.Encrypted = aws.Bool(true)
+	}
+	actx, sent := withAttempts(ctx)
+	out, err := call(actx, d, "CreateVolume", func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, error) {
+		return c.CreateVolume(ctx, in)
+	})
+	if err != nil {
+		if sent.Load() > 1 {
+			d.sweepVolumes(ctx, token, "")
+		}
+		return "", d.cloudErr("CreateVolume", err)
+	}
+	id := aws.ToString(out.VolumeId)
+	if sent.Load() > 1 {
+		d.sweepVolumes(ctx, token, id)
+	}
+	if err := d.waitVolume(ctx, id, func(v types.Volume) (bool, error) {
+		switch v.State {
+		case types.VolumeStateAvailable:
+			return true, nil
+		case types.VolumeStateError:
+			return false, fmt.Errorf("volume %s went to state error", id)
+		}
+		return false, nil
+	}); err != nil {
+		d.sweepVolumes(context.WithoutCancel(ctx), token, "")
+		return "", err
+	}
+	d.log.Info("aws", "created %s (%d GiB %s in %s)", id, *in.Size, in.VolumeType, az)
+	return id, nil
+}
+
+// diskZone: the VM's zone, else the cloud property, else the configured
+// default, else the region's first available zone.
+func (d *Driver) diskZone(ctx context.Context, vmCID, prop string) (string, error) {
+	if vmCID != "" {
+		i, err := d.instance(ctx, vmCID)
+		if err != nil {
+			return "", err
+		}
+		if i.Placement != nil && aws.ToString(i.Placement.AvailabilityZone) != "" {
+			return aws.ToString(i.Placement.AvailabilityZone), nil
+		}
+	}
+	if z := firstNonEmpty(prop, d.cfg.DefaultAvailabilityZone); z != "" {
+		return z, nil
+	}
+	out, err := call(ctx, d, "DescribeAvailabilityZones", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeAvailabilityZonesOutput, error) {
+		return c.DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{
+			Filters: []types.Filter{{Name: aws.String("state"), Values: []string{"available"}}}})
+	})
+	if err != nil {
+		return "", d.cloudErr("DescribeAvailabilityZones", err)
+	}
+	if len(out.AvailabilityZones) == 0 {
+		return "", fmt.Errorf("aws: region %s has no available zone", d.cfg.Region)
+	}
+	return aws.ToString(out.AvailabilityZones[0].ZoneName), nil
+}
+
+// sweepVolumes deletes every volume carrying token except keep.
+func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
+	out, err := call(ctx, d, "DescribeVolumes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
+		return c.DescribeVolumes(ctx, &ec2.DescribeVolumesInput{Filters: tagFilters(map[string]string{tagToken: token})})
+	})
+	if err != nil {
+		d.log.Warn("aws", "listing volumes of token %s for cleanup: %v", token, err)
+		return
+	}
+	for _, v := range out.Volumes {
+		if id := aws.ToString(v.VolumeId); id != keep {
+			d.log.Info("aws", "deleting %s left by this create", id)
+			if err := d.deleteVolume(ctx, id); err != nil && !errors.Is(err, driver.ErrDiskNotFound) {
+				d.log.Warn("aws", "deleting %s: %v", id, err)
+			}
+		}
+	}
+}
+
+// volume describes one volume; unknown or deleted is ErrDiskNotFound.
+func (d *Driver) volume(ctx context.Context, id string) (types.Volume, error) {
+	if err := validCID("disk", id); err != nil {
+		return types.Volume{}, err
+	}
+	out, err := call(ctx, d, "DescribeVolumes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
+		return c.DescribeVolumes(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
+	})
+	if err != nil {
+		if strings.HasPrefix(errCode(err), "InvalidVolume.") {
+			return types.Volume{}, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
+		}
+		return types.Volume{}, d.cloudErr("DescribeVolumes "+id, err)
+	}
+	for _, v := range out.Volumes {
+		if v.State == types.VolumeStateDeleting || v.State == types.VolumeStateDeleted {
+			return v, fmt.Errorf("volume %s is %s: %w", id, v.State, driver.ErrDiskNotFound)
+		}
+		return v, nil
+	}
+	return types.Volume{}, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
+}
+
+func (d *Driver) waitVolume(ctx context.Context, id string, done func(types.Volume) (bool, error)) error {
+	return d.waitFor(ctx, "volume "+id, func(ctx context.Context) (bool, error) {
+		v, err := d.volume(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		return done(v)
+	})
+}
+
+func attachmentTo(v types.Volume, instance string) *types.VolumeAttachment {
+	for i, a := range v.Attachments {
+		if aws.ToString(a.InstanceId) == instance && a.State != types.VolumeAttachmentStateDetached {
+			return &v.Attachments[i]
+		}
+	}
+	return nil
+}
+
+// DeleteDisk deletes the volume, waiting out the moments after a detach
+// when EC2 still reports it in use, and waits until it is gone.
+func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
+	if _, err := d.volume(ctx, cid); err != nil {
+		return err
+	}
+	return d.deleteVolume(ctx, cid)
+}
+
+func (d *Driver) deleteVolume(ctx context.Context, id string) error {
+	err := d.waitFor(ctx, "volume "+id+" to be deletable", func(ctx context.Context) (bool, error) {
+		_, err := call(ctx, d, "DeleteVolume", func(ctx context.Context, c *ec2.Client) (*ec2.DeleteVolumeOutput, error) {
+			return c.DeleteVolume(ctx, &ec2.DeleteVolumeInput{VolumeId: aws.String(id)})
+		})
+		switch code := errCode(err); {
+		case err == nil, strings.HasPrefix(code, "InvalidVolume."):
+			return true, nil
+		case code == "VolumeInUse":
+			d.log.Info("aws", "volume %s still in use; waiting", id)
+			return false, nil
+		default:
+			return false, d.cloudErr("DeleteVolume "+id, err)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return d.waitFor(ctx, "volume "+id+" deleted", func(ctx context.Context) (bool, error) {
+		_, err := d.volume(ctx, id)
+		if errors.Is(err, driver.ErrDiskNotFound) {
+			return true, nil
+		}
+		return false, err
+	})
+}
+
+// HasDisk: deleting and deleted volumes count as gone.
+func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
+	_, err := d.volume(ctx, cid)
+	if errors.Is(err, driver.ErrDiskNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// deviceNames are the names EC2 recommends for EBS data volumes.
+var deviceNames = func() []string {
+	var out []string
+	for c := 'f'; c <= 'z'; c++ {
+		out = append(out, "/dev/sd"+string(c))
+	}
+	return out
+}()
+
+func vmLock(cid string) string { return "aws-vm-" + cid }
+
+// AttachDisk attaches under the VM's lock, so concurrent attaches to one
+// VM never pick the same device, and answers the device name as the hint.
+func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, error) {
+	if err := validCID("vm", vmCID); err != nil {
+		return nil, err
+	}
+	if err := validCID("disk", diskCID); err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	inst, err := d.instance(ctx, vmCID)
+	if err != nil {
+		return nil, err
+	}
+	v, err := d.volume(ctx, diskCID)
+	if err != nil {
+		return nil, err
+	}
+	if a := attachmentTo(v, vmCID); a != nil {
+		return aws.ToString(a.Device), d.waitAttached(ctx, vmCID, diskCID)
+	}
+	for _, a := range v.Attachments {
+		if a.State != types.VolumeAttachmentStateDetached {
+			return nil, fmt.Errorf("volume %s is attached to %s, not %s", diskCID, aws.ToString(a.InstanceId), vmCID)
+		}
+	}
+	if az := aws.ToString(v.AvailabilityZone); inst.Placement != nil && az != aws.ToString(inst.Placement.AvailabilityZone) {
+		return nil, fmt.Errorf("volume %s is in %s but instance %s is in %s", diskCID, az, vmCID, aws.ToString(inst.Placement.AvailabilityZone))
+	}
+	used := map[string]bool{}
+	for _, m := range inst.BlockDeviceMappings {
+		used[strings.Replace(aws.ToString(m.DeviceName), "/dev/xvd", "/dev/sd", 1)] = true
+	}
+	device := ""
+	for _, n := range deviceNames {
+		if !used[n] {
+			device = n
+			break
+		}
+	}
+	if device == "" {
+		return nil, fmt.Errorf("instance %s has no free device name for %s", vmCID, diskCID)
+	}
+	_, err = call(ctx, d, "AttachVolume", func(ctx context.Context, c *ec2.Client) (*ec2.AttachVolumeOutput, error) {
+		return c.AttachVolume(ctx, &ec2.AttachVolumeInput{Device: aws.String(device), InstanceId: aws.String(vmCID), VolumeId: aws.String(diskCID)})
+	})
+	if err != nil {
+		// A retried attach may have happened the first time.
+		if v, verr := d.volume(ctx, diskCID); verr != nil || attachmentTo(v, vmCID) == nil {
+			return nil, d.cloudErr("AttachVolume "+diskCID+" to "+vmCID, err)
+		}
+	}
+	if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
+		return nil, err
+	}
+	d.log.Info("aws", "attached %s to %s as %s", diskCID, vmCID, device)
+	return device, nil
+}
+
+func (d *Driver) waitAttached(ctx context.Context, vmCID, diskCID string) error {
+	return d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) {
+		a := attachmentTo(v, vmCID)
+		if a == nil {
+			return false, fmt.Errorf("volume %s is no longer attaching to %s", diskCID, vmCID)
+		}
+		return a.State == types.VolumeAttachmentStateAttached, nil
+	})
+}
+
+// DetachDisk always names the instance (EC2 needs it to be exact; moto
+// fails without it) and waits until the volume is free.
+func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
+	if err := validCID("vm", vmCID); err != nil {
+		return err
+	}
+	if err := validCID("disk", diskCID); err != nil {
+		return err
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := d.instance(ctx, vmCID); err != nil {
+		return err
+	}
+	v, err := d.volume(ctx, diskCID)
+	if err != nil {
+		return err
+	}
+	a := attachmentTo(v, vmCID)
+	if a == nil {
+		return fmt.Errorf("volume %s is not attached to %s: %w", diskCID, vmCID, driver.ErrDiskNotAttached)
+	}
+	if a.State != types.VolumeAttachmentStateDetaching {
+		_, err = call(ctx, d, "DetachVolume", func(ctx context.Context, c *ec2.Client) (*ec2.DetachVolumeOutput, error) {
+			return c.DetachVolume(ctx, &ec2.DetachVolumeInput{VolumeId: aws.String(diskCID), InstanceId: aws.String(vmCID), Device: a.Device})
+		})
+		if err != nil {
+			if v, verr := d.volume(ctx, diskCID); verr != nil || attachmentTo(v, vmCID) != nil && attachmentTo(v, vmCID).State != types.VolumeAttachmentStateDetaching {
+				return d.cloudErr("DetachVolume "+diskCID+" from "+vmCID, err)
+			}
+		}
+	}
+	if err := d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) { return attachmentTo(v, vmCID) == nil, nil }); err != nil {
+		return err
+	}
+	d.log.Info("aws", "detached %s from %s", diskCID, vmCID)
+	return nil
+}
+
+// GetDisks lists the persistent disks: attached volumes that are neither
+// the root device nor deleted with the instance (ephemeral).
+func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
+	inst, err := d.instance(ctx, vmCID)
+	if err != nil {
+		return nil, err
+	}
+	out := []string{}
+	for _, m := range inst.BlockDeviceMappings {
+		if m.Ebs == nil || aws.ToString(m.DeviceName) == aws.ToString(inst.RootDeviceName) || aws.ToBool(m.Ebs.DeleteOnTermination) {
+			continue
+		}
+		out = append(out, aws.ToString(m.Ebs.VolumeId))
+	}
+	return out, nil
+}
+
+// ResizeDisk grows a volume in place (ModifyVolume); EBS cannot shrink.
+func (d *Driver) ResizeDisk(ctx context.Context, cid string, sizeMiB int) error {
+	_, err := d.modifyVolume(ctx, cid, sizeMiB, nil)
+	return err
+}
+
+// UpdateDisk changes size, type, IOPS and throughput in place, as EBS
+// Elastic Volumes allow; encryption, key and zone cannot change.
+func (d *Driver) UpdateDisk(ctx context.Context, cid string, sizeMiB int, props driver.Props) (string, error) {
+	var p volumeProps
+	if err := decodeProps("cloud_properties", props, &p); err != nil {
+		return "", err
+	}
+	return d.modifyVolume(ctx, cid, sizeMiB, &p)
+}
+
+func (d *Driver) modifyVolume(ctx context.Context, cid string, sizeMiB int, p *volumeProps) (string, error) {
+	v, err := d.volume(ctx, cid)
+	if err != nil {
+		return "", err
+	}
+	cur := aws.ToInt32(v.Size)
+	in := &ec2.ModifyVolumeInput{VolumeId: aws.String(cid)}
+	changed := false
+	if sizeMiB > 0 {
+		want := mibToGiB(sizeMiB)
+		if want < cur {
+			return "", fmt.Errorf("volume %s is %d GiB; EBS cannot shrink it to %d GiB: %w", cid, cur, want, driver.ErrNotSupported)
+		}
+		if want > cur {
+			in.Size, changed = aws.Int32(want), true
+		}
+	}
+	if p != nil {
+		if p.Encrypted != nil && *p.Encrypted != aws.ToBool(v.Encrypted) || p.KMSKeyARN != "" && p.KMSKeyARN != aws.ToString(v.KmsKeyId) {
+			return "", fmt.Errorf("volume %s: encryption cannot change in place: %w", cid, driver.ErrNotSupported)
+		}
+		if p.AvailabilityZone != "" && p.AvailabilityZone != aws.ToString(v.AvailabilityZone) {
+			return "", fmt.Errorf("volume %s: availability zone cannot change in place: %w", cid, driver.ErrNotSupported)
+		}
+		if p.Type != "" && types.VolumeType(p.Type) != v.VolumeType {
+			in.VolumeType, changed = types.VolumeType(p.Type), true
+		}
+		if p.Iops > 0 && p.Iops != aws.ToInt32(v.Iops) {
+			in.Iops, changed = aws.Int32(p.Iops), true
+		}
+		if p.Throughput > 0 && p.Throughput != aws.ToInt32(v.Throughput) {
+			in.Throughput, changed = aws.Int32(p.Throughput), true
+		}
+	}
+	if !changed {
+		return cid, nil
+	}
+	if _, err := call(ctx, d, "ModifyVolume", func(ctx context.Context, c *ec2.Client) (*ec2.ModifyVolumeOutput, error) {
+		return c.ModifyVolume(ctx, in)
+	}); err != nil {
+		// A retried modify may have happened the first time.
+		if v, verr := d.volume(ctx, cid); verr != nil || in.Size == nil || aws.ToInt32(v.Size) != *in.Size {
+			return "", d.cloudErr("ModifyVolume "+cid, err)
+		}
+	}
+	if in.Size != nil {
+		if err := d.waitVolume(ctx, cid, func(v types.Volume) (bool, error) { return aws.ToInt32(v.Size) >= *in.Size, nil }); err != nil {
+			return "", err
+		}
+	}
+	d.log.Info("aws", "modified %s", cid)
+	return cid, nil
+}
+
+func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error {
+	if err := validCID("disk", cid); err != nil {
+		return err
+	}
+	if len(md) == 0 {
+		_, err := d.volume(ctx, cid)
+		return err
+	}
+	_, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
+		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{cid}, Tags: ec2Tags(md)})
+	})
+	if strings.HasPrefix(errCode(err), "InvalidVolume.") {
+		return fmt.Errorf("volume %s: %w", cid, driver.ErrDiskNotFound)
+	}
+	if err != nil {
+		return d.cloudErr("CreateTags "+cid, err)
+	}
+	return nil
+}
+
+// SnapshotDisk snapshots a volume; the snapshot carries the volume's
+// creator tags plus the metadata, and the call waits until it completes.
+func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
+	v, err := d.volume(ctx, cid)
+	if err != nil {
+		return "", err
+	}
+	tags := tagMap(v.Tags)
+	delete(tags, tagName)
+	token := uuid.NewString()
+	tags = withTags(tags, md)
+	tags[tagToken] = token
+	desc := "runway snapshot of " + cid
+	if dep, job := md["deployment"], md["job"]; dep != "" {
+		desc = fmt.Sprintf("%s/%s/%s", dep, job, md["index"])
+	}
+	actx, sent := withAttempts(ctx)
+	out, err := call(actx, d, "CreateSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, error) {
+		return c.CreateSnapshot(ctx, &ec2.CreateSnapshotInput{VolumeId: aws.String(cid), Description: aws.String(desc),
+			TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeSnapshot, tags)}})
+	})
+	if err != nil {
+		if sent.Load() > 1 {
+			d.sweepSnapshots(ctx, token, "")
+		}
+		if strings.HasPrefix(errCode(err), "InvalidVolume.") {
+			return "", fmt.Errorf("volume %s: %w", cid, driver.ErrDiskNotFound)
+		}
+		return "", d.cloudErr("CreateSnapshot "+cid, err)
+	}
+	id := aws.ToString(out.SnapshotId)
+	if sent.Load() > 1 {
+		d.sweepSnapshots(ctx, token, id)
+	}
+	if err := d.waitSnapshot(ctx, id); err != nil {
+		d.sweepSnapshots(context.WithoutCancel(ctx), token, "")
+		return "", err
+	}
+	return id, nil
+}
+
+func (d *Driver) waitSnapshot(ctx context.Context, id string) error {
+	return d.waitFor(ctx, "snapshot "+id+" completed", func(ctx context.Context) (bool, error) {
+		out, err := call(ctx, d, "DescribeSnapshots", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSnapshotsOutput, error) {
+			return c.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{SnapshotIds: []string{id}})
+		})
+		if err != nil {
+			return false, d.cloudErr("DescribeSnapshots "+id, err)
+		}
+		for _, s := range out.Snapshots {
+			switch s.State {
+			case types.SnapshotStateCompleted:
+				return true, nil
+			case types.SnapshotStateError:
+				return false, fmt.Errorf("snapshot %s failed: %s", id, aws.ToString(s.StateMessage))
+			}
+		}
+		return false, nil
+	})
+}
+
+func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
+	out, err := call(ctx, d, "DescribeSnapshots", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSnapshotsOutput, error) {
+		return c.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{OwnerIds: []string{"self"}, Filters: tagFilters(map[string]string{tagToken: token})})
+	})
+	if err != nil {
+		d.log.Warn("aws", "listing snapshots of token %s for cleanup: %v", token, err)
+		return
+	}
+	for _, s := range out.Snapshots {
+		if id := aws.ToString(s.SnapshotId); id != keep {
+			d.log.Info("aws", "deleting %s left by this create", id)
+			if err := d.DeleteSnapshot(ctx, id); err != nil {
+				d.log.Warn("aws", "deleting %s: %v", id, err)
+			}
+		}
+	}
+}
+
+// DeleteSnapshot: a snapshot that is already gone is not an error.
+func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
+	if err := validCID("snapshot", cid); err != nil {
+		return err
+	}
+	_, err := call(ctx, d, "DeleteSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.DeleteSnapshotOutput, error) {
+		return c.DeleteSnapshot(ctx, &ec2.DeleteSnapshotInput{SnapshotId: aws.String(cid)})
+	})
+	if err != nil && !strings.HasPrefix(errCode(err), "InvalidSnapshot.") {
+		return d.cloudErr("DeleteSnapshot "+cid, err)
+	}
+	return nil
+}

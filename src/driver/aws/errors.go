@@ -1,0 +1,134 @@
+package aws
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"syscall"
+
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+// throttleCodes are the error codes AWS uses for rate limiting.
+var throttleCodes = map[string]bool{
+	"RequestLimitExceeded": true, "Throttling": true, "ThrottlingException": true,
+	"ThrottledException": true, "RequestThrottledException": true, "TooManyRequestsException": true,
+	"RequestThrottled": true, "SlowDown": true, "EC2ThrottledException": true,
+	"PriorRequestNotComplete": true, "BandwidthLimitExceeded": true, "RequestLimitExceededException": true,
+}
+
+// transientCodes are server-side faults worth another try.
+var transientCodes = map[string]bool{
+	"InternalError": true, "InternalFailure": true, "ServiceUnavailable": true,
+	"Unavailable": true, "InternalServerException": true, "ServiceUnavailableException": true,
+}
+
+// errCode is the API error code of err, "" if it has none.
+func errCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+func httpStatus(err error) int {
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
+// classify is the retry verdict for an SDK error that survived the SDK's
+// own retryer: throttles and server faults are waited out within the
+// budget; an endpoint that refuses connections or does not resolve is a
+// configuration error and fails at once.
+func classify(err error) retry.Verdict {
+	code := errCode(err)
+	switch {
+	case throttleCodes[code]:
+		return retry.Verdict{Class: retry.Throttle}
+	case transientCodes[code], httpStatus(err) >= 500:
+		return retry.Verdict{Class: retry.Transient}
+	case httpStatus(err) == 429:
+		return retry.Verdict{Class: retry.Throttle}
+	case code != "" || httpStatus(err) != 0:
+		return retry.Verdict{Class: retry.Permanent}
+	}
+	if misconfigured(err) {
+		return retry.Verdict{Class: retry.Permanent}
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "connection reset") {
+		return retry.Verdict{Class: retry.Transient}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
+		return retry.Verdict{Class: retry.Transient}
+	}
+	return retry.Verdict{Class: retry.Permanent}
+}
+
+// misconfigured: the endpoint refuses connections or does not resolve.
+func misconfigured(err error) bool {
+	var dnsErr *net.DNSError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound
+}
+
+// isThrottle reports whether err is (or wraps) a rate-limit answer.
+func isThrottle(err error) bool { return classify(err).Class == retry.Throttle }
+
+// cloudErr names the operation, the endpoint and says plainly when AWS
+// throttled us, so no throttle ever reads as an unknown error.
+func (d *Driver) cloudErr(op string, err error) error {
+	if isThrottle(err) {
+		return fmt.Errorf("aws %s: throttled by AWS (%s) and still throttled after the wait budget: %w", op, errCode(err), err)
+	}
+	return fmt.Errorf("aws %s (%s): %w", op, d.endpointName(), err)
+}
+
+func (d *Driver) endpointName() string {
+	if d.cfg.Endpoint != "" {
+		return d.cfg.Endpoint
+	}
+	return "region " + d.cfg.Region
+}
+
+type attemptsKey struct{}
+
+// withAttempts returns a context that counts HTTP attempts made under it,
+// across the SDK's retryer and ours: a create that was sent more than once
+// may have happened more than once.
+func withAttempts(ctx context.Context) (context.Context, *atomic.Int32) {
+	n := new(atomic.Int32)
+	return context.WithValue(ctx, attemptsKey{}, n), n
+}
+
+// attempts is an SDK stack option: it counts attempts and logs each failed
+// one (the SDK retries silently otherwise).
+func (d *Driver) attempts(s *middleware.Stack) error {
+	return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("RunwayAttempts",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			if n, ok := ctx.Value(attemptsKey{}).(*atomic.Int32); ok {
+				n.Add(1)
+			}
+			d.requests.Add(1)
+			out, md, err := next.HandleFinalize(ctx, in)
+			if err != nil && ctx.Err() == nil {
+				v := classify(err)
+				if v.Class != retry.Permanent {
+					d.log.Info("aws", "%s: %s answer: %v", middleware.GetOperationName(ctx), v.Class, err)
+				}
+			}
+			return out, md, err
+		}), middleware.After)
+}

@@ -1,0 +1,358 @@
+package aws
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ebs"
+	ebstypes "github.com/aws/aws-sdk-go-v2/service/ebs/types"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/google/uuid"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// ebsBlock is the EBS direct API's block size.
+const ebsBlock = 512 * 1024
+
+// uploadWorkers is how many blocks are in flight at once.
+const uploadWorkers = 8
+
+// CreateStemcell: a light stemcell (cloud_properties.ami[region]) is
+// checked and used as is; a heavy one's raw disk image is written into a
+// new snapshot through the EBS direct API and registered as an AMI. No
+// volume is attached to the CPI's own host, so bin/cpi need not run on EC2;
+// ImportImage is not used.
+func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
+	var p stemcellProps
+	if err := decodeProps("stemcell cloud_properties", spec.CloudProps, &p); err != nil {
+		return "", err
+	}
+	if len(p.AMI) > 0 {
+		ami := p.AMI[d.cfg.Region]
+		if ami == "" {
+			return "", driver.Invalid("light stemcell has no AMI for region %s", d.cfg.Region)
+		}
+		if err := validCID("stemcell", ami); err != nil {
+			return "", err
+		}
+		if _, err := d.image(ctx, ami); err != nil {
+			return "", err
+		}
+		return ami + " light", nil
+	}
+	var diskMiB int
+	if v, ok := spec.CloudProps["disk"].(float64); ok {
+		diskMiB = int(v)
+	}
+	token := uuid.NewString()
+	tags := withTags(spec.Tags, map[string]string{tagToken: token})
+	snap, err := d.uploadImage(ctx, spec.ImagePath, diskMiB, tags)
+	if err != nil {
+		return "", err
+	}
+	ami, err := d.registerImage(ctx, snap, p, tags)
+	if err != nil {
+		d.log.Info("aws", "deleting snapshot %s of the failed stemcell", snap)
+		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
+			d.log.Warn("aws", "deleting %s: %v", snap, derr)
+		}
+		return "", err
+	}
+	return ami, nil
+}
+
+// image describes one AMI; unknown or deregistered is ErrStemcellNotFound.
+func (d *Driver) image(ctx context.Context, ami string) (types.Image, error) {
+	out, err := call(ctx, d, "DescribeImages", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeImagesOutput, error) {
+		return c.DescribeImages(ctx, &ec2.DescribeImagesInput{ImageIds: []string{ami}})
+	})
+	if err != nil {
+		if strings.HasPrefix(errCode(err), "InvalidAMIID.") {
+			return types.Image{}, fmt.Errorf("image %s: %w", ami, driver.ErrStemcellNotFound)
+		}
+		return types.Image{}, d.cloudErr("DescribeImages "+ami, err)
+	}
+	for _, img := range out.Images {
+		if img.State == types.ImageStateAvailable || img.State == types.ImageStatePending {
+			return img, nil
+		}
+	}
+	return types.Image{}, fmt.Errorf("image %s: %w", ami, driver.ErrStemcellNotFound)
+}
+
+// openRaw finds the raw disk in a stemcell image file: a (gzipped) tar
+// holding root.img, as BOSH heavy stemcells ship it, or a plain raw disk.
+// size is -1 when it cannot be known before reading.
+func openRaw(path string) (io.Reader, int64, func(), error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, nil, driver.Invalid("stemcell image: %v", err)
+	}
+	closeF := func() { f.Close() }
+	st, err := f.Stat()
+	if err != nil {
+		closeF()
+		return nil, 0, nil, err
+	}
+	br := bufio.NewReaderSize(f, 64*1024)
+	var r io.Reader = br
+	size := st.Size()
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			closeF()
+			return nil, 0, nil, driver.Invalid("stemcell image: %v", err)
+		}
+		r, size = bufio.NewReaderSize(gz, 64*1024), -1
+	}
+	peek := r.(*bufio.Reader)
+	if hdr, _ := peek.Peek(512); len(hdr) == 512 && string(hdr[257:262]) == "ustar" {
+		tr := tar.NewReader(peek)
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				closeF()
+				return nil, 0, nil, driver.Invalid("stemcell image: no root.img in the tar (%v)", err)
+			}
+			if h.Typeflag == tar.TypeReg && (h.Name == "root.img" || strings.HasSuffix(h.Name, "/root.img")) {
+				return tr, h.Size, closeF, nil
+			}
+		}
+	}
+	return r, size, closeF, nil
+}
+
+// uploadImage writes the raw disk into a new snapshot, skipping zero
+// blocks, and returns the snapshot id once EBS reports it completed.
+func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags map[string]string) (string, error) {
+	r, size, closeF, err := openRaw(path)
+	if err != nil {
+		return "", err
+	}
+	defer closeF()
+	gib := int64(mibToGiB(diskMiB))
+	if size >= 0 {
+		gib = max(gib, (size+1<<30-1)>>30)
+	} else if diskMiB <= 0 {
+		return "", driver.Invalid("stemcell image size is unknown (compressed raw disk): set stemcell cloud_properties.disk (MiB)")
+	}
+	_, eb, err := d.clients(ctx)
+	if err != nil {
+		return "", err
+	}
+	var etags []ebstypes.Tag
+	for _, t := range ec2Tags(tags) {
+		etags = append(etags, ebstypes.Tag{Key: t.Key, Value: t.Value})
+	}
+	var start *ebs.StartSnapshotOutput
+	if err := d.retry.Do(ctx, "aws StartSnapshot", func(ctx context.Context) error {
+		start, err = eb.StartSnapshot(ctx, &ebs.StartSnapshotInput{VolumeSize: aws.Int64(gib), Tags: etags,
+			ClientToken: aws.String(tags[tagToken]), Description: aws.String("runway stemcell")})
+		return err
+	}); err != nil {
+		return "", d.cloudErr("StartSnapshot", err)
+	}
+	snap := aws.ToString(start.SnapshotId)
+	fail := func(err error) (string, error) {
+		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
+			d.log.Warn("aws", "deleting partial snapshot %s: %v", snap, derr)
+		}
+		return "", err
+	}
+	blocks, err := d.putBlocks(ctx, eb, snap, r, gib<<30)
+	if err != nil {
+		return fail(err)
+	}
+	if err := d.retry.Do(ctx, "aws CompleteSnapshot", func(ctx context.Context) error {
+		_, err := eb.CompleteSnapshot(ctx, &ebs.CompleteSnapshotInput{SnapshotId: aws.String(snap), ChangedBlocksCount: aws.Int32(int32(blocks))})
+		return err
+	}); err != nil {
+		return fail(d.cloudErr("CompleteSnapshot "+snap, err))
+	}
+	if err := d.waitSnapshot(ctx, snap); err != nil {
+		return fail(err)
+	}
+	d.log.Info("aws", "uploaded stemcell into %s (%d GiB, %d blocks written)", snap, gib, blocks)
+	return snap, nil
+}
+
+// putBlocks streams r into the snapshot in 512 KiB blocks, in parallel.
+func (d *Driver) putBlocks(ctx context.Context, eb *ebs.Client, snap string, r io.Reader, limit int64) (int, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	type block struct {
+		idx  int32
+		data []byte
+	}
+	work := make(chan block)
+	var wg sync.WaitGroup
+	for range uploadWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range work {
+				sum := sha256.Sum256(b.data)
+				err := d.retry.Do(ctx, "aws PutSnapshotBlock", func(ctx context.Context) error {
+					_, err := eb.PutSnapshotBlock(ctx, &ebs.PutSnapshotBlockInput{SnapshotId: aws.String(snap),
+						BlockIndex: aws.Int32(b.idx), BlockData: bytes.NewReader(b.data), DataLength: aws.Int32(ebsBlock),
+						Checksum: aws.String(base64.StdEncoding.EncodeToString(sum[:])), ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256})
+					return err
+				})
+				if err != nil {
+					cancel(d.cloudErr(fmt.Sprintf("PutSnapshotBlock %s #%d", snap, b.idx), err))
+				}
+			}
+		}()
+	}
+	written := 0
+	var readErr error
+	var off int64
+	for idx := int32(0); ; idx++ {
+		buf := make([]byte, ebsBlock)
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if off+int64(n) > limit {
+				readErr = driver.Invalid("stemcell image is larger than its %d GiB disk", limit>>30)
+				break
+			}
+			if !allZero(buf[:n]) {
+				select {
+				case work <- block{idx, buf}:
+					written++
+				case <-ctx.Done():
+				}
+			}
+			off += int64(n)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			readErr = driver.Invalid("reading stemcell image: %v", err)
+			break
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(work)
+	wg.Wait()
+	if readErr != nil {
+		return 0, readErr
+	}
+	if err := context.Cause(ctx); err != nil {
+		return 0, err
+	}
+	return written, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// registerImage makes an HVM AMI booting from the snapshot. The AMI name is
+// unique per call: a retried RegisterImage that already happened answers
+// "duplicate name", and the existing image is used.
+func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps, tags map[string]string) (string, error) {
+	name := "runway-" + tags[tagToken]
+	if p.Name != "" {
+		name = fmt.Sprintf("%s-%s-%s", p.Name, p.Version, tags[tagToken][:8])
+	}
+	root := firstNonEmpty(p.RootDeviceName, "/dev/xvda")
+	in := &ec2.RegisterImageInput{
+		Name: aws.String(truncate(name, 128)), Architecture: types.ArchitectureValues(firstNonEmpty(p.Architecture, "x86_64")),
+		RootDeviceName: aws.String(root), VirtualizationType: aws.String(firstNonEmpty(p.VirtualizationType, "hvm")),
+		EnaSupport: aws.Bool(true), SriovNetSupport: aws.String("simple"),
+		BlockDeviceMappings: []types.BlockDeviceMapping{{DeviceName: aws.String(root),
+			Ebs: &types.EbsBlockDevice{SnapshotId: aws.String(snap), DeleteOnTermination: aws.Bool(true), VolumeType: types.VolumeTypeGp3}}},
+		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeImage, withTags(tags, map[string]string{tagSnapshot: snap}))},
+	}
+	if p.BootMode != "" {
+		in.BootMode = types.BootModeValues(p.BootMode)
+	}
+	out, err := call(ctx, d, "RegisterImage", func(ctx context.Context, c *ec2.Client) (*ec2.RegisterImageOutput, error) {
+		return c.RegisterImage(ctx, in)
+	})
+	if errCode(err) == "InvalidAMIName.Duplicate" {
+		found, ferr := call(ctx, d, "DescribeImages", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeImagesOutput, error) {
+			return c.DescribeImages(ctx, &ec2.DescribeImagesInput{Owners: []string{"self"},
+				Filters: []types.Filter{{Name: aws.String("name"), Values: []string{*in.Name}}}})
+		})
+		if ferr == nil && len(found.Images) == 1 {
+			return aws.ToString(found.Images[0].ImageId), nil
+		}
+	}
+	if err != nil {
+		return "", d.cloudErr("RegisterImage", err)
+	}
+	ami := aws.ToString(out.ImageId)
+	// Tag again explicitly: some EC2-compatible APIs (moto among them)
+	// ignore RegisterImage's TagSpecifications, and the snapshot tag is
+	// how delete_stemcell finds what it uploaded.
+	itags := withTags(tags, map[string]string{tagSnapshot: snap})
+	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
+		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{ami}, Tags: ec2Tags(itags)})
+	}); err != nil {
+		d.log.Warn("aws", "tagging %s: %v", ami, err)
+	}
+	d.log.Info("aws", "registered %s (%s) from %s", ami, *in.Name, snap)
+	return ami, nil
+}
+
+// DeleteStemcell deregisters the AMI and deletes its snapshots. Light
+// stemcells are not ours: nothing is deleted. Already gone: no error.
+func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
+	if err := validCID("stemcell", cid); err != nil {
+		return err
+	}
+	if strings.HasSuffix(cid, " light") {
+		d.log.Info("aws", "light stemcell %s: the AMI is not ours to delete", cid)
+		return nil
+	}
+	img, err := d.image(ctx, cid)
+	if errors.Is(err, driver.ErrStemcellNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := call(ctx, d, "DeregisterImage", func(ctx context.Context, c *ec2.Client) (*ec2.DeregisterImageOutput, error) {
+		return c.DeregisterImage(ctx, &ec2.DeregisterImageInput{ImageId: aws.String(cid)})
+	}); err != nil && !strings.HasPrefix(errCode(err), "InvalidAMIID.") {
+		return d.cloudErr("DeregisterImage "+cid, err)
+	}
+	snaps := map[string]bool{}
+	if s := tagMap(img.Tags)[tagSnapshot]; s != "" {
+		snaps[s] = true
+	}
+	for _, m := range img.BlockDeviceMappings {
+		if m.Ebs != nil && aws.ToString(m.Ebs.SnapshotId) != "" {
+			snaps[aws.ToString(m.Ebs.SnapshotId)] = true
+		}
+	}
+	for s := range snaps {
+		if err := d.DeleteSnapshot(ctx, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}

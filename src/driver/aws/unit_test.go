@@ -1,0 +1,217 @@
+package aws
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"net/http"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+func TestConfigErrors(t *testing.T) {
+	for cfg, want := range map[string]string{
+		`{}`: "region is required",
+		`{"region":"us-east-1","endpoint":"ftp://x"}`:                          "must be an http(s) URL",
+		`{"region":"us-east-1","credentials_source":"magic"}`:                  "want static or default",
+		`{"region":"us-east-1","credentials_source":"static"}`:                 "needs access_key_id and secret_access_key",
+		`{"region":"us-east-1","max_attempts":-1}`:                             "max_attempts must not be negative",
+		`{"region":"us-east-1","regoin":"x"}`:                                  "regoin",
+		`{"region":"us-east-1","access_key_id":"a","secret_access_key":["x"]}`: "secret_access_key",
+	} {
+		_, err := New([]byte(cfg), nil, nil, retry.Policy{}, nil)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %s: error %v; want it to mention %q", cfg, err, want)
+		}
+	}
+	d, err := New([]byte(`{"region":"eu-west-1","access_key_id":"AK","secret_access_key":"SK"}`), nil, nil, retry.Policy{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.cfg.CredentialsSource != "static" || d.cfg.MaxAttempts != DefaultMaxAttempts {
+		t.Fatalf("defaults not applied: %+v", d.cfg)
+	}
+}
+
+func TestSecretsAreRedacted(t *testing.T) {
+	var got []string
+	_, err := New([]byte(`{"region":"eu-west-1","access_key_id":"AK","secret_access_key":"s3cr3t","session_token":"t0k3n"}`),
+		nil, nil, retry.Policy{}, func(v ...string) { got = append(got, v...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "s3cr3t,t0k3n" {
+		t.Fatalf("redacted %v; want the secret key and session token", got)
+	}
+}
+
+func apiErr(status int, code string) error {
+	return &smithy.OperationError{ServiceID: "EC2", OperationName: "X", Err: &awshttp.ResponseError{
+		ResponseError: &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: status}},
+			Err: &smithy.GenericAPIError{Code: code, Message: "m"}}}}
+}
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want retry.Class
+	}{
+		{apiErr(503, "RequestLimitExceeded"), retry.Throttle},
+		{apiErr(400, "Throttling"), retry.Throttle},
+		{apiErr(429, "ThrottlingException"), retry.Throttle},
+		{apiErr(429, ""), retry.Throttle},
+		{apiErr(500, "InternalError"), retry.Transient},
+		{apiErr(503, "Unavailable"), retry.Transient},
+		{apiErr(502, ""), retry.Transient},
+		{apiErr(400, "InvalidParameterValue"), retry.Permanent},
+		{apiErr(400, "InvalidInstanceID.NotFound"), retry.Permanent},
+		{fmt.Errorf("send: %w", &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}), retry.Transient},
+		{fmt.Errorf("send: %w", io.ErrUnexpectedEOF), retry.Transient},
+		{fmt.Errorf("dial: %w", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}), retry.Permanent},
+		{fmt.Errorf("dial: %w", &net.DNSError{Err: "no such host", Name: "ec2.example", IsNotFound: true}), retry.Permanent},
+		{errors.New("something else"), retry.Permanent},
+	} {
+		if got := classify(c.err).Class; got != c.want {
+			t.Errorf("classify(%v) = %s; want %s", c.err, got, c.want)
+		}
+	}
+}
+
+func TestCIDValidation(t *testing.T) {
+	ok := map[string][]string{"vm": {"i-0123456789abcdef0", "i-12345678"}, "disk": {"vol-0123456789abcdef0"},
+		"snapshot": {"snap-0123456789abcdef0"}, "stemcell": {"ami-0123456789abcdef0", "ami-0123456789abcdef0 light"}}
+	bad := map[string][]string{"vm": {"vol-0123456789abcdef0", "i-XYZ12345", "i-12345678 ", "i-12345678/.."},
+		"disk": {"i-0123456789abcdef0", "vol-../../x"}, "snapshot": {"vol-0123456789abcdef0"},
+		"stemcell": {"ami-12345678 heavy", "ami-12345678\nx"}}
+	for kind, cids := range ok {
+		for _, c := range cids {
+			if err := validCID(kind, c); err != nil {
+				t.Errorf("validCID(%s, %q) = %v", kind, c, err)
+			}
+		}
+		for _, c := range append(bad[kind], "", "..", "../x", "a/b", "/etc/passwd") {
+			if err := validCID(kind, c); !errors.Is(err, driver.ErrInvalidInput) {
+				t.Errorf("validCID(%s, %q) = %v; want ErrInvalidInput", kind, c, err)
+			}
+		}
+	}
+}
+
+func TestCalculateVMCloudProperties(t *testing.T) {
+	d := &Driver{}
+	for _, c := range []struct {
+		r    driver.Resources
+		want string
+	}{
+		{driver.Resources{CPU: 1, RAM: 512}, "t3.micro"},
+		{driver.Resources{CPU: 2, RAM: 4096}, "t3.medium"},
+		{driver.Resources{CPU: 4, RAM: 8192}, "c6i.xlarge"},
+		{driver.Resources{CPU: 2, RAM: 12000}, "r6i.large"},
+		{driver.Resources{CPU: 96, RAM: 400000}, "m6i.32xlarge"},
+	} {
+		p, err := d.CalculateVMCloudProperties(context.Background(), c.r)
+		if err != nil || p["instance_type"] != c.want {
+			t.Errorf("%+v → %v, %v; want %s", c.r, p, err, c.want)
+		}
+	}
+	p, _ := d.CalculateVMCloudProperties(context.Background(), driver.Resources{CPU: 1, RAM: 1, EphemeralDiskSize: 10240})
+	if e, _ := p["ephemeral_disk"].(map[string]any); e["size"] != 10240 {
+		t.Errorf("ephemeral disk not carried: %v", p)
+	}
+	if _, err := d.CalculateVMCloudProperties(context.Background(), driver.Resources{CPU: 1000}); !errors.Is(err, driver.ErrInvalidInput) {
+		t.Errorf("impossible size: %v; want ErrInvalidInput", err)
+	}
+	// The table is cheapest-first: no later type may be smaller in both
+	// dimensions than an earlier one (it would never be chosen).
+	for i, a := range instanceTypes {
+		for _, b := range instanceTypes[i+1:] {
+			if b.CPU <= a.CPU && b.RAMMiB <= a.RAMMiB {
+				t.Errorf("%s comes after %s but is no bigger", b.Name, a.Name)
+			}
+		}
+	}
+}
+
+func TestEC2Tags(t *testing.T) {
+	long := strings.Repeat("v", 300)
+	got := tagMap(ec2Tags(map[string]string{"aws:reserved": "x", "": "y", "k": long, strings.Repeat("k", 200): "v"}))
+	if _, ok := got["aws:reserved"]; ok || len(got) != 2 {
+		t.Fatalf("tags %v: reserved or empty keys kept", got)
+	}
+	if len(got["k"]) != 256 || len(got[strings.Repeat("k", 128)]) != 1 {
+		t.Fatalf("tags not truncated to EC2's limits: %v", got)
+	}
+}
+
+// rawImage returns a disk image with data in blocks 0 and 2 of 3.
+func rawImage() []byte {
+	img := make([]byte, 2*ebsBlock+1000)
+	copy(img, "bootsector")
+	copy(img[2*ebsBlock:], "third block")
+	return img
+}
+
+func writeStemcellImage(t *testing.T, raw []byte, gz, tarred bool) string {
+	t.Helper()
+	var buf bytes.Buffer
+	var w io.Writer = &buf
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(&buf)
+		w = zw
+	}
+	if tarred {
+		tw := tar.NewWriter(w)
+		tw.WriteHeader(&tar.Header{Name: "./stemcell.MF", Mode: 0o644, Size: 3, Typeflag: tar.TypeReg})
+		tw.Write([]byte("---"))
+		tw.WriteHeader(&tar.Header{Name: "./root.img", Mode: 0o644, Size: int64(len(raw)), Typeflag: tar.TypeReg})
+		tw.Write(raw)
+		tw.Close()
+	} else {
+		w.Write(raw)
+	}
+	if zw != nil {
+		zw.Close()
+	}
+	p := filepath.Join(t.TempDir(), "image")
+	if err := os.WriteFile(p, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestOpenRaw(t *testing.T) {
+	raw := rawImage()
+	for _, c := range []struct {
+		gz, tarred bool
+		size       int64
+	}{{true, true, int64(len(raw))}, {false, true, int64(len(raw))}, {false, false, int64(len(raw))}, {true, false, -1}} {
+		r, size, closeF, err := openRaw(writeStemcellImage(t, raw, c.gz, c.tarred))
+		if err != nil {
+			t.Fatalf("gz=%v tar=%v: %v", c.gz, c.tarred, err)
+		}
+		got, _ := io.ReadAll(r)
+		closeF()
+		if !bytes.Equal(got, raw) || size != c.size {
+			t.Errorf("gz=%v tar=%v: read %d bytes, size %d; want %d bytes, size %d", c.gz, c.tarred, len(got), size, len(raw), c.size)
+		}
+	}
+	if _, _, _, err := openRaw(filepath.Join(t.TempDir(), "missing")); !errors.Is(err, driver.ErrInvalidInput) {
+		t.Errorf("missing image: %v; want ErrInvalidInput", err)
+	}
+}

@@ -1,0 +1,510 @@
+package aws
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/google/uuid"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+// retryableLaunch are RunInstances failures a later attempt can get past.
+var retryableLaunch = map[string]bool{
+	"InsufficientInstanceCapacity": true, "InsufficientHostCapacity": true, "InsufficientCapacity": true,
+	"InsufficientFreeAddressesInSubnet": true, "InsufficientReservedInstanceCapacity": true,
+	"Unsupported": false, "InternalError": true, "ServiceUnavailable": true,
+}
+
+// CreateVM launches one instance and waits until it runs. On any failure
+// every instance carrying this call's token is terminated.
+func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
+	var p vmProps
+	if err := decodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+		return driver.VM{}, err
+	}
+	if err := p.validate(); err != nil {
+		return driver.VM{}, err
+	}
+	if err := validCID("stemcell", spec.StemcellCID); err != nil {
+		return driver.VM{}, err
+	}
+	ami := strings.Fields(spec.StemcellCID)[0]
+	token := uuid.NewString()
+	tags := withTags(p.Tags, spec.Tags)
+	tags[tagToken] = token
+	if spec.Name != "" {
+		tags[tagName] = spec.Name
+	}
+	in := &ec2.RunInstancesInput{
+		ImageId: aws.String(ami), InstanceType: types.InstanceType(p.InstanceType),
+		MinCount: aws.Int32(1), MaxCount: aws.Int32(1), ClientToken: aws.String(token),
+		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeInstance, tags), tagSpec(types.ResourceTypeVolume, tags)},
+	}
+	if az := p.AvailabilityZone; az != "" {
+		in.Placement = &types.Placement{AvailabilityZone: aws.String(az)}
+	}
+	if k := firstNonEmpty(p.KeyName, d.cfg.DefaultKeyName); k != "" {
+		in.KeyName = aws.String(k)
+	}
+	if prof := firstNonEmpty(p.IAMInstanceProfile, d.cfg.DefaultIAMInstanceProfile); prof != "" {
+		if strings.HasPrefix(prof, "arn:") {
+			in.IamInstanceProfile = &types.IamInstanceProfileSpecification{Arn: aws.String(prof)}
+		} else {
+			in.IamInstanceProfile = &types.IamInstanceProfileSpecification{Name: aws.String(prof)}
+		}
+	}
+	primary, vip, err := d.placeNetworks(spec.Networks, &p, in)
+	if err != nil {
+		return driver.VM{}, err
+	}
+	groups := p.SecurityGroups
+	if len(groups) == 0 {
+		groups = d.cfg.DefaultSecurityGroups
+	}
+	for _, g := range groups {
+		if strings.HasPrefix(g, "sg-") {
+			in.SecurityGroupIds = append(in.SecurityGroupIds, g)
+		} else {
+			in.SecurityGroups = append(in.SecurityGroups, g)
+		}
+	}
+	if err := d.blockDevices(ctx, ami, p, in); err != nil {
+		return driver.VM{}, err
+	}
+	userData := p.UserData
+	if userData == "" {
+		if s, ok := spec.Env["user_data"].(string); ok {
+			userData = s
+		} else {
+			userData = string(spec.AgentSettings)
+		}
+	}
+	if userData != "" {
+		if len(userData) > 16384 {
+			return driver.VM{}, driver.Invalid("user data is %d bytes; EC2 allows 16384", len(userData))
+		}
+		in.UserData = aws.String(base64.StdEncoding.EncodeToString([]byte(userData)))
+	}
+
+	actx, sent := withAttempts(ctx)
+	out, err := call(actx, d, "RunInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, error) {
+		return c.RunInstances(ctx, in)
+	})
+	if err != nil || len(out.Instances) == 0 {
+		if sent.Load() > 1 {
+			d.sweepInstances(ctx, token, "")
+		}
+		if err == nil {
+			err = errors.New("RunInstances returned no instance")
+		}
+		return driver.VM{}, d.creationError("RunInstances", err)
+	}
+	id := aws.ToString(out.Instances[0].InstanceId)
+	d.log.Info("aws", "launched %s (%s, %s) for agent %s", id, p.InstanceType, ami, spec.AgentID)
+	if sent.Load() > 1 {
+		// Sent more than once: EC2 honours the ClientToken, emulators
+		// may not. Either way at most one instance survives.
+		d.sweepInstances(ctx, token, id)
+	}
+	inst, err := d.waitInstance(ctx, id, "running", true)
+	if err == nil && vip != "" {
+		err = d.associateVIP(ctx, id, spec.Networks[vip].IP)
+	}
+	if err != nil {
+		d.sweepInstances(context.WithoutCancel(ctx), token, "")
+		return driver.VM{}, d.creationError("waiting for "+id, err)
+	}
+	nets := make(driver.Networks, len(spec.Networks))
+	for name, n := range spec.Networks {
+		nets[name] = n
+	}
+	if primary != "" {
+		n := nets[primary]
+		n.IP = aws.ToString(inst.PrivateIpAddress)
+		nets[primary] = n
+	}
+	return driver.VM{CID: id, Networks: nets}, nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// placeNetworks maps the BOSH networks hash onto one interface: at most
+// one manual or dynamic network (subnet from its cloud properties, the
+// fixed IP for manual), plus an optional vip (an Elastic IP).
+func (d *Driver) placeNetworks(nets driver.Networks, p *vmProps, in *ec2.RunInstancesInput) (primary, vip string, err error) {
+	names := make([]string, 0, len(nets))
+	for name := range nets {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	subnet := p.SubnetID
+	for _, name := range names {
+		n := nets[name]
+		switch n.Type {
+		case "vip":
+			if vip != "" {
+				return "", "", driver.Invalid("%s: only one vip network per VM", describeNet(name, n))
+			}
+			if n.IP == "" {
+				return "", "", driver.Invalid("%s has no ip", describeNet(name, n))
+			}
+			vip = name
+			continue
+		case "", "manual", "dynamic":
+		default:
+			return "", "", driver.Invalid("%s: unknown network type", describeNet(name, n))
+		}
+		if primary != "" {
+			return "", "", driver.Invalid("networks %q and %q: one manual or dynamic network per VM", primary, name)
+		}
+		primary = name
+		var np netProps
+		if err := decodeProps("networks."+name+".cloud_properties", n.CloudProperties, &np); err != nil {
+			return "", "", err
+		}
+		if np.Subnet != "" {
+			subnet = np.Subnet
+		}
+		p.SecurityGroups = append(p.SecurityGroups, np.SecurityGroups...)
+		if n.Type == "manual" || n.Type == "" {
+			if n.IP == "" {
+				return "", "", driver.Invalid("%s has no ip", describeNet(name, n))
+			}
+			if subnet == "" {
+				return "", "", driver.Invalid("%s needs cloud_properties.subnet for its fixed ip", describeNet(name, n))
+			}
+			in.PrivateIpAddress = aws.String(n.IP)
+		}
+	}
+	if subnet != "" {
+		in.SubnetId = aws.String(subnet)
+	}
+	return primary, vip, nil
+}
+
+// blockDevices sizes the root disk (which needs the AMI's root device
+// name) and adds an EBS ephemeral disk at /dev/sdb, where the agent looks.
+func (d *Driver) blockDevices(ctx context.Context, ami string, p vmProps, in *ec2.RunInstancesInput) error {
+	if r := p.RootDisk; r != nil && (r.SizeMiB > 0 || r.Type != "") {
+		img, err := d.image(ctx, ami)
+		if err != nil {
+			return err
+		}
+		ebsDev := &types.EbsBlockDevice{DeleteOnTermination: aws.Bool(true)}
+		if r.SizeMiB > 0 {
+			ebsDev.VolumeSize = aws.Int32(mibToGiB(r.SizeMiB))
+		}
+		setVolumeType(ebsDev, r)
+		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
+			DeviceName: img.RootDeviceName, Ebs: ebsDev})
+	}
+	if e := p.EphemeralDisk; e != nil && e.SizeMiB > 0 {
+		ebsDev := &types.EbsBlockDevice{DeleteOnTermination: aws.Bool(true), VolumeSize: aws.Int32(mibToGiB(e.SizeMiB))}
+		setVolumeType(ebsDev, e)
+		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
+			DeviceName: aws.String("/dev/sdb"), Ebs: ebsDev})
+	}
+	return nil
+}
+
+func setVolumeType(dev *types.EbsBlockDevice, p *diskProps) {
+	dev.VolumeType = types.VolumeType(firstNonEmpty(p.Type, "gp3"))
+	if p.Iops > 0 {
+		dev.Iops = aws.Int32(p.Iops)
+	}
+	if p.Throughput > 0 {
+		dev.Throughput = aws.Int32(p.Throughput)
+	}
+}
+
+func (d *Driver) creationError(op string, err error) error {
+	if errors.Is(err, driver.ErrInvalidInput) || errors.Is(err, driver.ErrStemcellNotFound) {
+		return &driver.CreationError{Err: err}
+	}
+	code := errCode(err)
+	retryable := retryableLaunch[code] || isThrottle(err) || errors.Is(err, retry.ErrBudgetExhausted) ||
+		errors.Is(err, context.DeadlineExceeded) || classify(err).Class != retry.Permanent || errors.Is(err, errLaunchFailed)
+	return &driver.CreationError{Err: d.cloudErr(op, err), Retryable: retryable}
+}
+
+var errLaunchFailed = errors.New("instance stopped before it ran")
+
+// sweepInstances terminates every instance carrying token except keep.
+func (d *Driver) sweepInstances(ctx context.Context, token, keep string) {
+	ids, err := d.instanceIDs(ctx, map[string]string{tagToken: token})
+	if err != nil {
+		d.log.Warn("aws", "listing instances of token %s for cleanup: %v", token, err)
+		return
+	}
+	var kill []string
+	for _, id := range ids {
+		if id != keep {
+			kill = append(kill, id)
+		}
+	}
+	if len(kill) == 0 {
+		return
+	}
+	d.log.Info("aws", "terminating %v left by this create", kill)
+	if _, err := call(ctx, d, "TerminateInstances", func(ctx context.Context, c *ec2.Client) (*ec2.TerminateInstancesOutput, error) {
+		return c.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: kill})
+	}); err != nil {
+		d.log.Warn("aws", "terminating %v: %v", kill, err)
+	}
+}
+
+var liveStates = []string{"pending", "running", "stopping", "stopped"}
+
+func (d *Driver) instanceIDs(ctx context.Context, match map[string]string) ([]string, error) {
+	insts, err := d.instances(ctx, match)
+	var ids []string
+	for _, i := range insts {
+		ids = append(ids, aws.ToString(i.InstanceId))
+	}
+	return ids, err
+}
+
+// instances lists live instances carrying every tag in match.
+func (d *Driver) instances(ctx context.Context, match map[string]string) ([]types.Instance, error) {
+	filters := append(tagFilters(match), types.Filter{Name: aws.String("instance-state-name"), Values: liveStates})
+	var out []types.Instance
+	var next *string
+	for {
+		page, err := call(ctx, d, "DescribeInstances", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstancesOutput, error) {
+			return c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: filters, NextToken: next})
+		})
+		if err != nil {
+			return out, d.cloudErr("DescribeInstances", err)
+		}
+		for _, r := range page.Reservations {
+			out = append(out, r.Instances...)
+		}
+		if next = page.NextToken; aws.ToString(next) == "" {
+			return out, nil
+		}
+	}
+}
+
+// instance describes one instance; gone (unknown or terminated) is
+// ErrVMNotFound.
+func (d *Driver) instance(ctx context.Context, id string) (types.Instance, error) {
+	if err := validCID("vm", id); err != nil {
+		return types.Instance{}, err
+	}
+	out, err := call(ctx, d, "DescribeInstances", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstancesOutput, error) {
+		return c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	})
+	if err != nil {
+		if strings.HasPrefix(errCode(err), "InvalidInstanceID.") {
+			return types.Instance{}, fmt.Errorf("instance %s: %w", id, driver.ErrVMNotFound)
+		}
+		return types.Instance{}, d.cloudErr("DescribeInstances "+id, err)
+	}
+	for _, r := range out.Reservations {
+		for _, i := range r.Instances {
+			if gone(i) {
+				return i, fmt.Errorf("instance %s is %s: %w", id, i.State.Name, driver.ErrVMNotFound)
+			}
+			return i, nil
+		}
+	}
+	return types.Instance{}, fmt.Errorf("instance %s: %w", id, driver.ErrVMNotFound)
+}
+
+func gone(i types.Instance) bool {
+	return i.State != nil && (i.State.Name == types.InstanceStateNameTerminated || i.State.Name == types.InstanceStateNameShuttingDown)
+}
+
+// waitInstance polls until the instance reaches state. fresh: it was just
+// launched, so "not found yet" is EC2's eventual consistency, not absence.
+func (d *Driver) waitInstance(ctx context.Context, id string, state types.InstanceStateName, fresh bool) (types.Instance, error) {
+	var inst types.Instance
+	err := d.waitFor(ctx, id+" "+string(state), func(ctx context.Context) (bool, error) {
+		i, err := d.instance(ctx, id)
+		switch {
+		case errors.Is(err, driver.ErrVMNotFound) && fresh && i.State == nil:
+			return false, nil
+		case err != nil && state == types.InstanceStateNameTerminated && errors.Is(err, driver.ErrVMNotFound):
+			return true, nil
+		case err != nil:
+			if errors.Is(err, driver.ErrVMNotFound) && state == types.InstanceStateNameRunning {
+				return false, fmt.Errorf("%w: %s: %s", errLaunchFailed, id, stateReason(i))
+			}
+			return false, err
+		}
+		inst = i
+		if state == types.InstanceStateNameRunning && i.State.Name == types.InstanceStateNameStopped && fresh {
+			return false, fmt.Errorf("%w: %s: %s", errLaunchFailed, id, stateReason(i))
+		}
+		return i.State.Name == state, nil
+	})
+	return inst, err
+}
+
+func stateReason(i types.Instance) string {
+	if i.StateReason != nil {
+		return aws.ToString(i.StateReason.Code) + ": " + aws.ToString(i.StateReason.Message)
+	}
+	if i.State != nil {
+		return string(i.State.Name)
+	}
+	return "unknown state"
+}
+
+func (d *Driver) associateVIP(ctx context.Context, id, ip string) error {
+	addrs, err := call(ctx, d, "DescribeAddresses", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeAddressesOutput, error) {
+		return c.DescribeAddresses(ctx, &ec2.DescribeAddressesInput{PublicIps: []string{ip}})
+	})
+	if err != nil {
+		return fmt.Errorf("elastic ip %s: %w", ip, d.cloudErr("DescribeAddresses", err))
+	}
+	if len(addrs.Addresses) == 0 {
+		return driver.Invalid("elastic ip %s is not allocated to this account", ip)
+	}
+	_, err = call(ctx, d, "AssociateAddress", func(ctx context.Context, c *ec2.Client) (*ec2.AssociateAddressOutput, error) {
+		return c.AssociateAddress(ctx, &ec2.AssociateAddressInput{InstanceId: aws.String(id),
+			AllocationId: addrs.Addresses[0].AllocationId, AllowReassociation: aws.Bool(true)})
+	})
+	if err != nil {
+		return d.cloudErr("AssociateAddress "+ip, err)
+	}
+	return nil
+}
+
+// DeleteVM terminates the instance and waits until EC2 reports it gone.
+// Persistent disks (attached with DeleteOnTermination false) survive.
+func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
+	i, err := d.instance(ctx, cid)
+	if err != nil && !(i.State != nil && i.State.Name == types.InstanceStateNameShuttingDown) {
+		return err
+	}
+	if _, err := call(ctx, d, "TerminateInstances", func(ctx context.Context, c *ec2.Client) (*ec2.TerminateInstancesOutput, error) {
+		return c.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{cid}})
+	}); err != nil {
+		if strings.HasPrefix(errCode(err), "InvalidInstanceID.") {
+			return fmt.Errorf("instance %s: %w", cid, driver.ErrVMNotFound)
+		}
+		return d.cloudErr("TerminateInstances "+cid, err)
+	}
+	_, err = d.waitInstance(ctx, cid, types.InstanceStateNameTerminated, false)
+	return err
+}
+
+// HasVM: terminated and shutting-down instances count as gone.
+func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
+	_, err := d.instance(ctx, cid)
+	if errors.Is(err, driver.ErrVMNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (d *Driver) RebootVM(ctx context.Context, cid string) error {
+	if _, err := d.instance(ctx, cid); err != nil {
+		return err
+	}
+	if _, err := call(ctx, d, "RebootInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RebootInstancesOutput, error) {
+		return c.RebootInstances(ctx, &ec2.RebootInstancesInput{InstanceIds: []string{cid}})
+	}); err != nil {
+		return d.cloudErr("RebootInstances "+cid, err)
+	}
+	_, err := d.waitInstance(ctx, cid, types.InstanceStateNameRunning, false)
+	return err
+}
+
+func (d *Driver) StopVM(ctx context.Context, cid string) error {
+	if _, err := d.instance(ctx, cid); err != nil {
+		return err
+	}
+	if _, err := call(ctx, d, "StopInstances", func(ctx context.Context, c *ec2.Client) (*ec2.StopInstancesOutput, error) {
+		return c.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{cid}})
+	}); err != nil {
+		return d.cloudErr("StopInstances "+cid, err)
+	}
+	_, err := d.waitInstance(ctx, cid, types.InstanceStateNameStopped, false)
+	return err
+}
+
+func (d *Driver) StartVM(ctx context.Context, cid string) error {
+	if _, err := d.instance(ctx, cid); err != nil {
+		return err
+	}
+	if _, err := call(ctx, d, "StartInstances", func(ctx context.Context, c *ec2.Client) (*ec2.StartInstancesOutput, error) {
+		return c.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{cid}})
+	}); err != nil {
+		return d.cloudErr("StartInstances "+cid, err)
+	}
+	_, err := d.waitInstance(ctx, cid, types.InstanceStateNameRunning, false)
+	return err
+}
+
+// SetVMMetadata tags the instance; Name comes from the metadata the way
+// the Director's other CPIs name VMs (name, else job/index).
+func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) error {
+	if err := validCID("vm", cid); err != nil {
+		return err
+	}
+	tags := withTags(md, nil)
+	if n := md["name"]; n != "" {
+		tags[tagName] = n
+	} else if md["job"] != "" && md["index"] != "" {
+		tags[tagName] = md["job"] + "/" + md["index"]
+	}
+	if len(tags) == 0 {
+		return nil
+	}
+	if _, err := d.instance(ctx, cid); err != nil {
+		return err
+	}
+	_, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
+		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{cid}, Tags: ec2Tags(tags)})
+	})
+	if err != nil {
+		if strings.HasPrefix(errCode(err), "InvalidInstanceID.") {
+			return fmt.Errorf("instance %s: %w", cid, driver.ErrVMNotFound)
+		}
+		return d.cloudErr("CreateTags "+cid, err)
+	}
+	return nil
+}
+
+// ListVMs finds live instances by tag (reapers, garm, the orchestrator).
+func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver.VMInfo, error) {
+	insts, err := d.instances(ctx, match)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]driver.VMInfo, 0, len(insts))
+	for _, i := range insts {
+		tags := tagMap(i.Tags)
+		state := "unknown"
+		switch i.State.Name {
+		case types.InstanceStateNamePending, types.InstanceStateNameRunning:
+			state = "running"
+		case types.InstanceStateNameStopping, types.InstanceStateNameStopped:
+			state = "stopped"
+		}
+		info := driver.VMInfo{CID: aws.ToString(i.InstanceId), AgentID: tags["agent_id"], Tags: tags, Metadata: tags, State: state}
+		if ip := aws.ToString(i.PrivateIpAddress); ip != "" {
+			info.Networks = driver.Networks{"default": {Type: "dynamic", IP: ip}}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
