@@ -22,11 +22,15 @@ func main() {
 	cpiPath := flag.String("cpi", "bin/cpi", "bin/cpi to measure")
 	n := flag.Int("n", 200, "calls per measurement")
 	procs := flag.Int("procs", 32, "concurrent processes for the throughput run")
-	suite := flag.String("suite", "local", "local (driver timings) or hooks (hook overhead)")
+	suite := flag.String("suite", "local", "local (driver timings), hooks (hook overhead) or aws (calls against -endpoint)")
+	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
 	flag.Parse()
 	runSuite := run
-	if *suite == "hooks" {
+	switch *suite {
+	case "hooks":
 		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
+	case "aws":
+		runSuite = func(cpi string, n, _ int) error { return runIaaS(cpi, *suite, *endpoint, n) }
 	}
 	if err := runSuite(*cpiPath, *n, *procs); err != nil {
 		fmt.Fprintln(os.Stderr, "cpibench:", err)

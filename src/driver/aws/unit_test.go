@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -213,5 +215,58 @@ func TestOpenRaw(t *testing.T) {
 	}
 	if _, _, _, err := openRaw(filepath.Join(t.TempDir(), "missing")); !errors.Is(err, driver.ErrInvalidInput) {
 		t.Errorf("missing image: %v; want ErrInvalidInput", err)
+	}
+}
+
+// TestIAMPolicyMatchesTheCode: docs/aws-iam-policy.json allows exactly
+// the EC2 and EBS operations the driver calls (minimal, and sufficient).
+func TestIAMPolicyMatchesTheCode(t *testing.T) {
+	var policy struct {
+		Statement []struct {
+			Action any
+		}
+	}
+	b, err := os.ReadFile("../../../docs/aws-iam-policy.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &policy); err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{}
+	for _, s := range policy.Statement {
+		switch a := s.Action.(type) {
+		case string:
+			allowed[a] = true
+		case []any:
+			for _, x := range a {
+				allowed[x.(string)] = true
+			}
+		}
+	}
+	used := map[string]bool{}
+	files, _ := filepath.Glob("*.go")
+	call := regexp.MustCompile(`\b(c|eb)\.([A-Z][A-Za-z]+)\(ctx`)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, _ := os.ReadFile(f)
+		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
+			used[map[string]string{"c": "ec2:", "eb": "ebs:"}[m[1]]+m[2]] = true
+		}
+	}
+	if len(used) < 20 {
+		t.Fatalf("found only %d operations in the code: %v", len(used), used)
+	}
+	for op := range used {
+		if !allowed[op] {
+			t.Errorf("the driver calls %s but the IAM policy does not allow it", op)
+		}
+	}
+	for a := range allowed {
+		if !used[a] && a != "iam:PassRole" {
+			t.Errorf("the IAM policy allows %s, which the driver never calls", a)
+		}
 	}
 }
