@@ -40,6 +40,9 @@ type Config struct {
 	// are used to assume it).
 	AssumeRoleARN        string `json:"assume_role_arn,omitempty"`
 	AssumeRoleExternalID string `json:"assume_role_external_id,omitempty"`
+	// STSEndpoint overrides where the role is assumed (AWS's regional STS
+	// endpoint by default; endpoint above is EC2's, not STS's).
+	STSEndpoint string `json:"sts_endpoint,omitempty"`
 
 	DefaultKeyName            string   `json:"default_key_name,omitempty"`
 	DefaultSecurityGroups     []string `json:"default_security_groups,omitempty"`
@@ -74,10 +77,13 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	if c.Region == "" {
 		return c, errors.New("aws: region is required")
 	}
-	if c.Endpoint != "" {
-		u, err := url.Parse(c.Endpoint)
+	for key, ep := range map[string]string{"endpoint": c.Endpoint, "sts_endpoint": c.STSEndpoint} {
+		if ep == "" {
+			continue
+		}
+		u, err := url.Parse(ep)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return c, fmt.Errorf("aws: endpoint %q must be an http(s) URL", c.Endpoint)
+			return c, fmt.Errorf("aws: %s %q must be an http(s) URL", key, ep)
 		}
 	}
 	switch c.CredentialsSource {
@@ -176,7 +182,12 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 		return nil, nil, fmt.Errorf("aws: loading credentials: %w", err)
 	}
 	if c.AssumeRoleARN != "" {
-		stsClient := sts.NewFromConfig(cfg, func(o *sts.Options) { o.APIOptions = append(o.APIOptions, d.attempts) })
+		stsClient := sts.NewFromConfig(cfg, func(o *sts.Options) {
+			if c.STSEndpoint != "" {
+				o.BaseEndpoint = aws.String(strings.TrimRight(c.STSEndpoint, "/"))
+			}
+			o.APIOptions = append(o.APIOptions, d.attempts)
+		})
 		cfg.Credentials = aws.NewCredentialsCache(stscreds.NewAssumeRoleProvider(stsClient, c.AssumeRoleARN,
 			func(o *stscreds.AssumeRoleOptions) {
 				o.RoleSessionName = "runway-cpi"

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -574,4 +575,83 @@ func TestAudit(t *testing.T) {
 		t.Skip("RUNWAY_AWS_AUDIT_DIRECTOR is not set (scripts/it-aws sets it)")
 	}
 	assertNoLeftovers(t, motoEndpoint(t), map[string]string{"director": director})
+}
+
+// TestAssumeRole: with assume_role_arn the driver asks STS for the role's
+// credentials once per process and signs EC2 calls with them.
+func TestAssumeRole(t *testing.T) {
+	ep := motoEndpoint(t)
+	p, _ := faultproxy.New(ep, faultproxy.AWS)
+	var mu sync.Mutex
+	actions := map[string]int{}
+	keys := map[string]bool{}
+	p.SetRule(func(r faultproxy.Request) faultproxy.Fault {
+		q, _ := url.ParseQuery(string(r.Body))
+		mu.Lock()
+		actions[q.Get("Action")]++
+		if a := r.Header.Get("Authorization"); strings.Contains(a, "Credential=") {
+			keys[strings.SplitN(strings.SplitN(a, "Credential=", 2)[1], "/", 2)[0]] = true
+		}
+		mu.Unlock()
+		return faultproxy.Pass
+	})
+	url, stop := p.Start()
+	defer stop()
+	d, _ := newTestDriver(t, url, "", map[string]any{"assume_role_arn": "arn:aws:iam::123456789012:role/runway-cpi",
+		"assume_role_external_id": "ext-1", "sts_endpoint": url})
+	ctx := context.Background()
+	for range 3 {
+		if _, err := d.HasVM(ctx, "i-0123456789abcdef0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if actions["AssumeRole"] != 1 || actions["DescribeInstances"] != 3 {
+		t.Fatalf("requests by action %v; want one AssumeRole and three DescribeInstances", actions)
+	}
+	if len(keys) != 2 || !keys["testing"] {
+		t.Fatalf("signing keys %v; want the base key for STS and the role's for EC2", keys)
+	}
+}
+
+// TestDefaultCredentialChain: without keys in the config the SDK's chain
+// is used — here the environment, then a shared credentials file.
+func TestDefaultCredentialChain(t *testing.T) {
+	ep := motoEndpoint(t)
+	p, _ := faultproxy.New(ep, faultproxy.AWS)
+	var mu sync.Mutex
+	var key string
+	p.SetRule(func(r faultproxy.Request) faultproxy.Fault {
+		if a := r.Header.Get("Authorization"); strings.Contains(a, "Credential=") {
+			mu.Lock()
+			key = strings.SplitN(strings.SplitN(a, "Credential=", 2)[1], "/", 2)[0]
+			mu.Unlock()
+		}
+		return faultproxy.Pass
+	})
+	url, stop := p.Start()
+	defer stop()
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "credentials")
+	os.WriteFile(creds, []byte("[default]\naws_access_key_id = FILEKEY\naws_secret_access_key = filesecret\n"), 0o600)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", creds)
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(dir, "config"))
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	for _, c := range []struct{ envKey, want string }{{"ENVKEY", "ENVKEY"}, {"", "FILEKEY"}} {
+		t.Setenv("AWS_ACCESS_KEY_ID", c.envKey)
+		t.Setenv("AWS_SECRET_ACCESS_KEY", map[bool]string{true: "envsecret", false: ""}[c.envKey != ""])
+		b, _ := json.Marshal(map[string]any{"region": region, "endpoint": url})
+		d, err := New(b, nil, nil, retry.Policy{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.HasVM(context.Background(), "i-0123456789abcdef0"); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		got := key
+		mu.Unlock()
+		if got != c.want {
+			t.Errorf("signed with %q; want %q", got, c.want)
+		}
+	}
 }
