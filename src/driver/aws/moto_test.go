@@ -589,8 +589,8 @@ func TestAssumeRole(t *testing.T) {
 		q, _ := url.ParseQuery(string(r.Body))
 		mu.Lock()
 		actions[q.Get("Action")]++
-		if a := r.Header.Get("Authorization"); strings.Contains(a, "Credential=") {
-			keys[strings.SplitN(strings.SplitN(a, "Credential=", 2)[1], "/", 2)[0]] = true
+		if k := signingKey(r.Request); k != "" {
+			keys[k] = true
 		}
 		mu.Unlock()
 		return faultproxy.Pass
@@ -621,9 +621,9 @@ func TestDefaultCredentialChain(t *testing.T) {
 	var mu sync.Mutex
 	var key string
 	p.SetRule(func(r faultproxy.Request) faultproxy.Fault {
-		if a := r.Header.Get("Authorization"); strings.Contains(a, "Credential=") {
+		if k := signingKey(r.Request); k != "" {
 			mu.Lock()
-			key = strings.SplitN(strings.SplitN(a, "Credential=", 2)[1], "/", 2)[0]
+			key = k
 			mu.Unlock()
 		}
 		return faultproxy.Pass
@@ -654,4 +654,14 @@ func TestDefaultCredentialChain(t *testing.T) {
 			t.Errorf("signed with %q; want %q", got, c.want)
 		}
 	}
+}
+
+// signingKey is the access key id a SigV4 request was signed with.
+func signingKey(r *http.Request) string {
+	_, cred, ok := strings.Cut(r.Header.Get("Authorization"), "Credential=")
+	if !ok {
+		return ""
+	}
+	key, _, _ := strings.Cut(cred, "/")
+	return key
 }

@@ -21,7 +21,7 @@ import (
 var retryableLaunch = map[string]bool{
 	"InsufficientInstanceCapacity": true, "InsufficientHostCapacity": true, "InsufficientCapacity": true,
 	"InsufficientFreeAddressesInSubnet": true, "InsufficientReservedInstanceCapacity": true,
-	"Unsupported": false, "InternalError": true, "ServiceUnavailable": true,
+	"InternalError": true, "ServiceUnavailable": true,
 }
 
 // CreateVM launches one instance and waits until it runs. On any failure
@@ -416,41 +416,35 @@ func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 }
 
 func (d *Driver) RebootVM(ctx context.Context, cid string) error {
-	if _, err := d.instance(ctx, cid); err != nil {
+	return d.powerAction(ctx, cid, "RebootInstances", types.InstanceStateNameRunning, func(ctx context.Context, c *ec2.Client) error {
+		_, err := c.RebootInstances(ctx, &ec2.RebootInstancesInput{InstanceIds: []string{cid}})
 		return err
-	}
-	if _, err := call(ctx, d, "RebootInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RebootInstancesOutput, error) {
-		return c.RebootInstances(ctx, &ec2.RebootInstancesInput{InstanceIds: []string{cid}})
-	}); err != nil {
-		return d.cloudErr("RebootInstances "+cid, err)
-	}
-	_, err := d.waitInstance(ctx, cid, types.InstanceStateNameRunning, false)
-	return err
+	})
 }
 
 func (d *Driver) StopVM(ctx context.Context, cid string) error {
-	if _, err := d.instance(ctx, cid); err != nil {
+	return d.powerAction(ctx, cid, "StopInstances", types.InstanceStateNameStopped, func(ctx context.Context, c *ec2.Client) error {
+		_, err := c.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{cid}})
 		return err
-	}
-	if _, err := call(ctx, d, "StopInstances", func(ctx context.Context, c *ec2.Client) (*ec2.StopInstancesOutput, error) {
-		return c.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{cid}})
-	}); err != nil {
-		return d.cloudErr("StopInstances "+cid, err)
-	}
-	_, err := d.waitInstance(ctx, cid, types.InstanceStateNameStopped, false)
-	return err
+	})
 }
 
 func (d *Driver) StartVM(ctx context.Context, cid string) error {
+	return d.powerAction(ctx, cid, "StartInstances", types.InstanceStateNameRunning, func(ctx context.Context, c *ec2.Client) error {
+		_, err := c.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{cid}})
+		return err
+	})
+}
+
+// powerAction checks the instance exists, runs op and waits for state.
+func (d *Driver) powerAction(ctx context.Context, cid, op string, state types.InstanceStateName, fn func(context.Context, *ec2.Client) error) error {
 	if _, err := d.instance(ctx, cid); err != nil {
 		return err
 	}
-	if _, err := call(ctx, d, "StartInstances", func(ctx context.Context, c *ec2.Client) (*ec2.StartInstancesOutput, error) {
-		return c.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{cid}})
-	}); err != nil {
-		return d.cloudErr("StartInstances "+cid, err)
+	if _, err := call(ctx, d, op, func(ctx context.Context, c *ec2.Client) (struct{}, error) { return struct{}{}, fn(ctx, c) }); err != nil {
+		return d.cloudErr(op+" "+cid, err)
 	}
-	_, err := d.waitInstance(ctx, cid, types.InstanceStateNameRunning, false)
+	_, err := d.waitInstance(ctx, cid, state, false)
 	return err
 }
 
