@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -290,6 +291,17 @@ func (e *env) groupStatus(name string) orchestrator.GroupStatus {
 	}
 	e.t.Fatalf("no group %s in /api/v1/groups", name)
 	return orchestrator.GroupStatus{}
+}
+
+// metrics is the daemon's /metrics text ("" when it cannot be read).
+func (e *env) metrics() string {
+	resp, err := http.Get("http://" + e.addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // eventually polls cond (a condition wait, not a sleep standing in for
