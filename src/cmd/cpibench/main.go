@@ -30,7 +30,7 @@ func main() {
 	case "hooks":
 		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
 	case "aws":
-		runSuite = func(cpi string, n, _ int) error { return runIaaS(cpi, *suite, *endpoint, n) }
+		runSuite = func(cpi string, n, _ int) error { return runAWS(cpi, *endpoint, n) }
 	}
 	if err := runSuite(*cpiPath, *n, *procs); err != nil {
 		fmt.Fprintln(os.Stderr, "cpibench:", err)

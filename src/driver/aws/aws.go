@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -36,9 +35,6 @@ type Driver struct {
 	ec2     *ec2.Client
 	ebs     *ebs.Client
 	initErr error
-
-	// requests counts HTTP attempts (benchmarks, tests).
-	requests atomic.Int64
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -65,9 +61,6 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 	}
 	return &Driver{cfg: c, locks: locks, log: log, retry: policy}, nil
 }
-
-// Requests is the number of HTTP attempts made so far.
-func (d *Driver) Requests() int64 { return d.requests.Load() }
 
 // Tag keys the driver owns.
 const (

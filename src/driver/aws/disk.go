@@ -324,7 +324,9 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 			return c.DetachVolume(ctx, &ec2.DetachVolumeInput{VolumeId: aws.String(diskCID), InstanceId: aws.String(vmCID), Device: a.Device})
 		})
 		if err != nil {
-			if v, verr := d.volume(ctx, diskCID); verr != nil || attachmentTo(v, vmCID) != nil && attachmentTo(v, vmCID).State != types.VolumeAttachmentStateDetaching {
+			// A retried detach may have happened the first time.
+			v, verr := d.volume(ctx, diskCID)
+			if a := attachmentTo(v, vmCID); verr != nil || a != nil && a.State != types.VolumeAttachmentStateDetaching {
 				return d.cloudErr("DetachVolume "+diskCID+" from "+vmCID, err)
 			}
 		}

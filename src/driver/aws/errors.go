@@ -121,7 +121,6 @@ func (d *Driver) attempts(s *middleware.Stack) error {
 			if n, ok := ctx.Value(attemptsKey{}).(*atomic.Int32); ok {
 				n.Add(1)
 			}
-			d.requests.Add(1)
 			out, md, err := next.HandleFinalize(ctx, in)
 			if err != nil && ctx.Err() == nil {
 				v := classify(err)

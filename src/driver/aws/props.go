@@ -94,6 +94,8 @@ type stemcellProps struct {
 	Name               string            `json:"name"`
 	Version            string            `json:"version"`
 	BootMode           string            `json:"boot_mode"`
+	// DiskMiB sizes the snapshot (at least the raw image's size).
+	DiskMiB int `json:"disk"`
 }
 
 func (p vmProps) validate() error {

@@ -54,13 +54,9 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		}
 		return ami + " light", nil
 	}
-	var diskMiB int
-	if v, ok := spec.CloudProps["disk"].(float64); ok {
-		diskMiB = int(v)
-	}
 	token := uuid.NewString()
 	tags := withTags(spec.Tags, map[string]string{tagToken: token})
-	snap, err := d.uploadImage(ctx, spec.ImagePath, diskMiB, tags)
+	snap, err := d.uploadImage(ctx, spec.ImagePath, p.DiskMiB, tags)
 	if err != nil {
 		return "", err
 	}

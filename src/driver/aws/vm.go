@@ -238,8 +238,10 @@ func (d *Driver) creationError(op string, err error) error {
 		return &driver.CreationError{Err: err}
 	}
 	code := errCode(err)
-	retryable := retryableLaunch[code] || isThrottle(err) || errors.Is(err, retry.ErrBudgetExhausted) ||
-		errors.Is(err, context.DeadlineExceeded) || classify(err).Class != retry.Permanent || errors.Is(err, errLaunchFailed)
+	// Capacity, throttles, 5xx, resets, timeouts and instances that died
+	// on the way up can all succeed on another try.
+	retryable := retryableLaunch[code] || classify(err).Class != retry.Permanent || errors.Is(err, retry.ErrBudgetExhausted) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errLaunchFailed)
 	return &driver.CreationError{Err: d.cloudErr(op, err), Retryable: retryable}
 }
 

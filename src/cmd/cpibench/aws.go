@@ -13,12 +13,12 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 )
 
-// runIaaS measures the Director's disk and VM calls against a real IaaS
-// API: whole-process wall time and HTTP requests per call, counted by a
+// runAWS measures the Director's disk and VM calls against an EC2 API:
+// whole-process wall time and HTTP requests per call, counted by a
 // pass-through proxy in front of the endpoint.
-func runIaaS(cpiPath, driverName, endpoint string, n int) error {
+func runAWS(cpiPath, endpoint string, n int) error {
 	if endpoint == "" {
-		return fmt.Errorf("-suite %s needs -endpoint", driverName)
+		return fmt.Errorf("-suite aws needs -endpoint")
 	}
 	p, err := faultproxy.New(endpoint, faultproxy.AWS)
 	if err != nil {
@@ -31,7 +31,7 @@ func runIaaS(cpiPath, driverName, endpoint string, n int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfg := map[string]any{"driver": driverName, "state_dir": filepath.Join(dir, "state"),
+	cfg := map[string]any{"driver": "aws", "state_dir": filepath.Join(dir, "state"),
 		"aws": map[string]any{"region": "us-east-1", "endpoint": url, "access_key_id": "bench", "secret_access_key": "bench-secret"}}
 	b, _ := json.Marshal(cfg)
 	cfgPath := filepath.Join(dir, "cpi.json")
@@ -64,7 +64,7 @@ func runIaaS(cpiPath, driverName, endpoint string, n int) error {
 		samples[method] = append(samples[method], sample{r.Duration, p.Requests() - before})
 		return r.Result, nil
 	}
-	fmt.Printf("bin/cpi: %s, driver %s via %s, %d rounds\n\n", cpiPath, driverName, endpoint, n)
+	fmt.Printf("bin/cpi: %s, driver aws via %s, %d rounds\n\n", cpiPath, endpoint, n)
 	res, err := callOK("create_stemcell", img, map[string]any{"disk": 1024})
 	if err != nil {
 		return err
