@@ -1,0 +1,307 @@
+package openstack
+
+// These tests run against a real OpenStack control plane (scripts/
+// openstack-dev), named by the standard OS_* variables of its openrc plus
+// RUNWAY_OS_NET_ID (fixtures.env); scripts/test starts one. The admin
+// credentials (RUNWAY_OS_ADMIN_PASSWORD, same user domain) audit leftovers.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+	"github.com/google/uuid"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/drivertest"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+type cloud struct {
+	authURL, user, password, project, region, netID string
+}
+
+func devCloud(t *testing.T) cloud {
+	t.Helper()
+	c := cloud{authURL: os.Getenv("OS_AUTH_URL"), user: os.Getenv("OS_USERNAME"), password: os.Getenv("OS_PASSWORD"),
+		project: os.Getenv("OS_PROJECT_NAME"), region: os.Getenv("OS_REGION_NAME"), netID: os.Getenv("RUNWAY_OS_NET_ID")}
+	if c.authURL == "" || c.netID == "" {
+		t.Skip("no OpenStack: source $OS_DEV_DIR/openrc and fixtures.env (scripts/openstack-dev start; scripts/test does this)")
+	}
+	return c
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// newTestDriver builds a driver on the dev cloud (authURL overrides, for
+// the proxy) with its state dir (shared when given, like processes do).
+func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[string]any) (*Driver, *syncBuf) {
+	t.Helper()
+	if stateDir == "" {
+		stateDir = t.TempDir()
+	}
+	if authURL == "" {
+		authURL = c.authURL
+	}
+	logs := &syncBuf{}
+	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
+	lk, err := lock.New(filepath.Join(stateDir, "locks"), time.Minute, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project,
+		"region": c.region, "poll_max_ms": 500, "wait_timeout_seconds": 60}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	b, _ := json.Marshal(cfg)
+	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
+	d, err := New(b, stateDir, lk, log, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("driver log:\n%s", logs.String())
+		}
+	})
+	return d, logs
+}
+
+func rawImage(t *testing.T) (string, driver.Props) {
+	p := filepath.Join(t.TempDir(), "root.img")
+	if err := os.WriteFile(p, bytes.Repeat([]byte{0}, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, driver.Props{"name": "bosh-openstack-kvm-ubuntu-jammy-go_agent", "version": "1.0", "disk_format": "raw"}
+}
+
+func fixture(c cloud, authURL string) drivertest.Fixture {
+	return drivertest.Fixture{
+		New: func(t *testing.T) driver.Driver {
+			d, _ := newTestDriver(t, c, authURL, "", nil)
+			return d
+		},
+		StemcellImage: rawImage,
+		VMProps:       driver.Props{"instance_type": "runway.tiny"},
+		Networks: driver.Networks{"default": {Type: "dynamic", Default: []string{"dns", "gateway"},
+			CloudProperties: map[string]any{"net_id": c.netID}}},
+		DiskProps: driver.Props{},
+		UnknownVM: uuid.NewString(), UnknownDisk: uuid.NewString(),
+	}
+}
+
+func TestConformance(t *testing.T) {
+	c := devCloud(t)
+	t.Cleanup(func() { assertNoLeftovers(t, c, "drivertest") })
+	drivertest.Run(t, fixture(c, ""))
+}
+
+// createStemcell uploads the raw fixture image and deletes it at cleanup.
+func createStemcell(t *testing.T, d *Driver) string {
+	t.Helper()
+	img, props := rawImage(t)
+	sc, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{ImagePath: img, CloudProps: props,
+		Tags: map[string]string{"created_by": "os-test"}})
+	if err != nil {
+		t.Fatalf("create_stemcell: %v", err)
+	}
+	t.Cleanup(func() { _ = d.DeleteStemcell(context.Background(), sc) })
+	return sc
+}
+
+func TestNetworksNoneAndManual(t *testing.T) {
+	c := devCloud(t)
+	ctx := context.Background()
+	d, _ := newTestDriver(t, c, "", "", nil)
+	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
+	sc := createStemcell(t, d)
+	tags := map[string]string{"created_by": "os-test", "director": "os-test-director"}
+
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-none", StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"},
+		Tags: tags, AgentSettings: []byte(`{"agent_id":"agent-none"}`)})
+	if err != nil {
+		t.Fatalf("create_vm with no networks: %v", err)
+	}
+	if len(vm.Networks) != 0 {
+		t.Errorf("networks none answered %v", vm.Networks)
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+
+	nets := driver.Networks{"private": {Type: "manual", IP: "10.20.0.77", Netmask: "255.255.255.0", Gateway: "10.20.0.1",
+		Default: []string{"gateway"}, CloudProperties: map[string]any{"net_id": c.netID}}}
+	vm, err = d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-manual", StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"},
+		Networks: nets, Tags: tags})
+	if err != nil {
+		t.Fatalf("create_vm on a manual network: %v", err)
+	}
+	if got := vm.Networks["private"].IP; got != "10.20.0.77" {
+		t.Errorf("manual network answered ip %q", got)
+	}
+	a := newAdmin(t, c)
+	ps := a.ports(t, "device_id="+vm.CID)
+	if len(ps) != 1 || ps[0].FixedIP() != "10.20.0.77" {
+		t.Fatalf("server %s ports = %+v; want one port holding 10.20.0.77", vm.CID, ps)
+	}
+	if !containsAll(ps[0].Tags, "created_by=os-test", "agent_id=agent-manual") {
+		t.Errorf("port tags %v lack the creator tags", ps[0].Tags)
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+	if left := a.ports(t, "fixed_ips=ip_address%3D10.20.0.77"); len(left) != 0 {
+		t.Fatalf("delete_vm left the port %+v", left)
+	}
+}
+
+func containsAll(have []string, want ...string) bool {
+	for _, w := range want {
+		found := false
+		for _, h := range have {
+			found = found || h == w
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// TestErrorPaths: bad credentials, unknown flavor, image and network all
+// fail with the cloud's reason and leave nothing behind.
+func TestErrorPaths(t *testing.T) {
+	c := devCloud(t)
+	ctx := context.Background()
+	bad, _ := newTestDriver(t, c, "", "", map[string]any{"password": "wrong-password"})
+	_, err := bad.HasVM(ctx, uuid.NewString())
+	if err == nil || !strings.Contains(err.Error(), c.authURL) || !strings.Contains(err.Error(), "401") {
+		t.Errorf("bad credentials: %v; want an error naming %s and 401", err, c.authURL)
+	}
+	if err != nil && strings.Contains(err.Error(), "wrong-password") {
+		t.Errorf("the password leaked into the error: %v", err)
+	}
+
+	d, _ := newTestDriver(t, c, "", "", nil)
+	t.Cleanup(func() { assertNoLeftovers(t, c, "os-errors") })
+	sc := createStemcell(t, d)
+	tags := map[string]string{"created_by": "os-errors"}
+	dyn := driver.Networks{"default": {Type: "dynamic", CloudProperties: map[string]any{"net_id": c.netID}}}
+	for name, tc := range map[string]struct {
+		spec driver.VMSpec
+		want string
+	}{
+		"unknown flavor": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.Props{"instance_type": "no-such-flavor"}, Networks: dyn, Tags: tags},
+			`flavor "no-such-flavor" not found`},
+		"unknown image": {driver.VMSpec{StemcellCID: uuid.NewString(), CloudProps: driver.Props{"instance_type": "runway.tiny"}, Networks: dyn, Tags: tags},
+			"mage"},
+		"unknown network": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"}, Tags: tags,
+			Networks: driver.Networks{"default": {Type: "dynamic", CloudProperties: map[string]any{"net_id": uuid.NewString()}}}},
+			"etwork"},
+		"unknown network, manual": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"}, Tags: tags,
+			Networks: driver.Networks{"default": {Type: "manual", IP: "10.20.0.78", CloudProperties: map[string]any{"net_id": uuid.NewString()}}}},
+			"etwork"},
+	} {
+		_, err := d.CreateVM(ctx, tc.spec)
+		var ce *driver.CreationError
+		switch {
+		case err == nil:
+			t.Errorf("%s: create_vm succeeded", name)
+		case errors.As(err, &ce) || errors.Is(err, driver.ErrInvalidInput):
+			t.Errorf("%s: %v; want a plain cloud error (CloudError on the wire)", name, err)
+		case !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), c.authURL):
+			t.Errorf("%s: %q; want it to say %q and name %s", name, err, tc.want, c.authURL)
+		}
+	}
+}
+
+// TestTokenCache: the first driver logs in and writes a 0600 cache; a
+// later one (another process, in life) works from it without credentials
+// Keystone would accept.
+func TestTokenCache(t *testing.T) {
+	c := devCloud(t)
+	ctx := context.Background()
+	state := t.TempDir()
+	d1, logs1 := newTestDriver(t, c, "", state, nil)
+	if _, err := d1.HasVM(ctx, uuid.NewString()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs1.String(), "logged in to Keystone") {
+		t.Fatalf("first driver did not log in:\n%s", logs1)
+	}
+	st, err := os.Stat(d1.cachePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("token cache mode %v; want 0600", st.Mode().Perm())
+	}
+	raw, _ := os.ReadFile(d1.cachePath())
+	if strings.Contains(string(raw), c.password) {
+		t.Error("the token cache holds the password")
+	}
+	d2, logs2 := newTestDriver(t, c, "", state, map[string]any{"password": "not-the-password"})
+	if _, err := d2.HasVM(ctx, uuid.NewString()); err != nil {
+		t.Fatalf("second driver with the cached token: %v", err)
+	}
+	if strings.Contains(logs2.String(), "logged in to Keystone") {
+		t.Error("second driver logged in although the cache held a fresh token")
+	}
+}
+
+func TestLightStemcell(t *testing.T) {
+	c := devCloud(t)
+	ctx := context.Background()
+	d, _ := newTestDriver(t, c, "", "", nil)
+	img := os.Getenv("RUNWAY_OS_IMAGE_ID")
+	if img == "" {
+		t.Skip("RUNWAY_OS_IMAGE_ID not set")
+	}
+	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"image_id": img}})
+	if err != nil || sc != img+" light" {
+		t.Fatalf("light stemcell = %q, %v", sc, err)
+	}
+	if err := d.DeleteStemcell(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newAdmin(t, c).get(t, "image", "v2/images/"+img); err != nil {
+		t.Fatalf("deleting a light stemcell touched the image: %v", err)
+	}
+	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"image_id": uuid.NewString()}}); !errors.Is(err, driver.ErrStemcellNotFound) {
+		t.Fatalf("light stemcell of a missing image: %v", err)
+	}
+}
+
+func TestCalculateVMCloudProperties(t *testing.T) {
+	c := devCloud(t)
+	d, _ := newTestDriver(t, c, "", "", nil)
+	ctx := context.Background()
+	got, err := d.CalculateVMCloudProperties(ctx, driver.Resources{CPU: 2, RAM: 256, EphemeralDiskSize: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// runway.small (2 vCPU, 512 MiB, 2 GiB disk) is the smallest fit, but
+	// its disk cannot hold 1 GiB + 3 GiB: boot from a 4 GiB volume.
+	if got["instance_type"] != "runway.small" || got["boot_from_volume"] != true {
+		t.Errorf("calculate = %v", got)
+	}
+	if _, err := d.CalculateVMCloudProperties(ctx, driver.Resources{CPU: 64, RAM: 1 << 20}); err == nil {
+		t.Error("a size no flavor has was answered")
+	}
+}

@@ -1,0 +1,196 @@
+package openstack
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/runway-cpi/runway/src/config"
+)
+
+// Config is the "openstack" section of the CPI config.
+type Config struct {
+	// AuthURL is Keystone's v3 endpoint (…/v3; a bare host:port gets /v3).
+	AuthURL string `json:"auth_url"`
+	Region  string `json:"region,omitempty"`
+	// Interface selects catalog endpoints: public (default), internal, admin.
+	Interface string `json:"interface,omitempty"`
+
+	// Password auth: a user (by name in a domain, or by id) and a project.
+	Username       string `json:"username,omitempty"`
+	UserID         string `json:"user_id,omitempty"`
+	Password       string `json:"password,omitempty"`
+	UserDomainName string `json:"user_domain_name,omitempty"`
+	UserDomainID   string `json:"user_domain_id,omitempty"`
+	// Application credentials (project-scoped by Keystone; no project keys).
+	ApplicationCredentialID     string `json:"application_credential_id,omitempty"`
+	ApplicationCredentialName   string `json:"application_credential_name,omitempty"`
+	ApplicationCredentialSecret string `json:"application_credential_secret,omitempty"`
+
+	ProjectName       string `json:"project_name,omitempty"`
+	ProjectID         string `json:"project_id,omitempty"`
+	ProjectDomainName string `json:"project_domain_name,omitempty"`
+	ProjectDomainID   string `json:"project_domain_id,omitempty"`
+	// DomainName is the default for user and project domain names.
+	DomainName string `json:"domain_name,omitempty"`
+
+	// CACert is a PEM bundle (content) trusted in addition to the system's;
+	// CAFile is the same, read from a file.
+	CACert   string `json:"ca_cert,omitempty"`
+	CAFile   string `json:"ca_file,omitempty"`
+	Insecure bool   `json:"insecure,omitempty"`
+
+	DefaultKeyName        string   `json:"default_key_name,omitempty"`
+	DefaultSecurityGroups []string `json:"default_security_groups,omitempty"`
+	DefaultVolumeType     string   `json:"default_volume_type,omitempty"`
+	// BootFromVolume boots every VM from a new volume (per-VM cloud
+	// properties override it).
+	BootFromVolume bool `json:"boot_from_volume,omitempty"`
+	ConfigDrive    bool `json:"config_drive,omitempty"`
+	// HumanReadableVMNames names servers after their job/index metadata.
+	HumanReadableVMNames bool `json:"human_readable_vm_names,omitempty"`
+
+	// PollMaxMilli caps the interval between state checks (default 2000).
+	PollMaxMilli int `json:"poll_max_ms,omitempty"`
+	// WaitTimeoutSeconds bounds each wait for a state (default 900).
+	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+	// RequestTimeoutSeconds bounds each HTTP request (default 60).
+	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
+	// TokenCache keeps the Keystone token in the state dir for the next
+	// bin/cpi process (default true).
+	TokenCache *bool `json:"token_cache,omitempty"`
+}
+
+const (
+	DefaultPollMax        = 2 * time.Second
+	DefaultWaitTimeout    = 15 * time.Minute
+	DefaultRequestTimeout = time.Minute
+	firstPoll             = 250 * time.Millisecond
+)
+
+func parseConfig(section json.RawMessage) (Config, error) {
+	var c Config
+	if err := config.DecodeStrict(section, &c); err != nil {
+		return c, fmt.Errorf("openstack: %w", err)
+	}
+	if c.AuthURL == "" {
+		return c, errors.New("openstack: auth_url is required")
+	}
+	u, err := url.Parse(c.AuthURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return c, fmt.Errorf("openstack: auth_url %q must be an http(s) URL", c.AuthURL)
+	}
+	c.AuthURL = strings.TrimRight(c.AuthURL, "/")
+	if !strings.HasSuffix(c.AuthURL, "/v3") {
+		if strings.HasSuffix(c.AuthURL, "/v2.0") {
+			return c, fmt.Errorf("openstack: auth_url %q is Keystone v2.0; Runway speaks v3", c.AuthURL)
+		}
+		c.AuthURL += "/v3"
+	}
+	switch c.Interface {
+	case "":
+		c.Interface = "public"
+	case "public", "internal", "admin":
+	default:
+		return c, fmt.Errorf("openstack: interface %q: want public, internal or admin", c.Interface)
+	}
+	appCred := c.ApplicationCredentialID != "" || c.ApplicationCredentialName != ""
+	switch {
+	case appCred:
+		if c.ApplicationCredentialSecret == "" {
+			return c, errors.New("openstack: application_credential_secret is required with an application credential")
+		}
+		if c.ApplicationCredentialID == "" && c.Username == "" && c.UserID == "" {
+			return c, errors.New("openstack: application_credential_name needs username (with a domain) or user_id")
+		}
+		if c.ProjectName != "" || c.ProjectID != "" {
+			return c, errors.New("openstack: an application credential is already scoped to its project; drop project_name/project_id")
+		}
+	default:
+		if c.Username == "" && c.UserID == "" {
+			return c, errors.New("openstack: username or user_id is required (or an application credential)")
+		}
+		if c.Password == "" {
+			return c, errors.New("openstack: password is required")
+		}
+		if c.ProjectName == "" && c.ProjectID == "" {
+			return c, errors.New("openstack: project_name or project_id is required")
+		}
+	}
+	if c.Username != "" && c.UserDomainName == "" && c.UserDomainID == "" {
+		c.UserDomainName = c.DomainName
+		if c.UserDomainName == "" {
+			c.UserDomainName = "Default"
+		}
+	}
+	if c.ProjectName != "" && c.ProjectDomainName == "" && c.ProjectDomainID == "" {
+		c.ProjectDomainName = c.DomainName
+		if c.ProjectDomainName == "" {
+			c.ProjectDomainName = "Default"
+		}
+	}
+	if c.CACert != "" && c.CAFile != "" {
+		return c, errors.New("openstack: set ca_cert or ca_file, not both")
+	}
+	for name, v := range map[string]int{"poll_max_ms": c.PollMaxMilli,
+		"wait_timeout_seconds": c.WaitTimeoutSeconds, "request_timeout_seconds": c.RequestTimeoutSeconds} {
+		if v < 0 {
+			return c, fmt.Errorf("openstack: %s must not be negative", name)
+		}
+	}
+	return c, nil
+}
+
+func (c Config) pollMax() time.Duration {
+	if c.PollMaxMilli > 0 {
+		return time.Duration(c.PollMaxMilli) * time.Millisecond
+	}
+	return DefaultPollMax
+}
+
+func (c Config) waitTimeout() time.Duration {
+	if c.WaitTimeoutSeconds > 0 {
+		return time.Duration(c.WaitTimeoutSeconds) * time.Second
+	}
+	return DefaultWaitTimeout
+}
+
+func (c Config) tokenCache() bool { return c.TokenCache == nil || *c.TokenCache }
+
+// httpClient trusts the configured CA bundle on top of the system pool.
+func (c Config) httpClient() (http.Client, error) {
+	timeout := DefaultRequestTimeout
+	if c.RequestTimeoutSeconds > 0 {
+		timeout = time.Duration(c.RequestTimeoutSeconds) * time.Second
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	pem := []byte(c.CACert)
+	if c.CAFile != "" {
+		b, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return http.Client{}, fmt.Errorf("openstack: ca_file: %w", err)
+		}
+		pem = b
+	}
+	if len(pem) > 0 || c.Insecure {
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: c.Insecure} //nolint:gosec // opt-in, documented
+		if len(pem) > 0 {
+			pool, err := x509.SystemCertPool()
+			if err != nil {
+				pool = x509.NewCertPool()
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return http.Client{}, errors.New("openstack: ca_cert/ca_file holds no PEM certificate")
+			}
+			tr.TLSClientConfig.RootCAs = pool
+		}
+	}
+	return http.Client{Transport: tr, Timeout: timeout}, nil
+}

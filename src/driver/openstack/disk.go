@@ -1,0 +1,568 @@
+package openstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/snapshots"
+	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/volumeattach"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// CreateDisk makes a Cinder volume (type and zone from cloud properties,
+// else the VM's zone) and waits until it is available.
+func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
+	var p volumeProps
+	if err := decodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+		return "", err
+	}
+	if spec.SizeMiB <= 0 {
+		return "", driver.Invalid("disk size %d MiB must be positive", spec.SizeMiB)
+	}
+	az := p.AvailabilityZone
+	if az == "" && spec.VMCID != "" {
+		id, err := validCID("vm", spec.VMCID)
+		if err != nil {
+			return "", err
+		}
+		s, err := d.server(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		az = s.AvailabilityZone
+	}
+	md := metadata(spec.Tags)
+	token := uuid.NewString()
+	md[mdToken] = token
+	opts := volumes.CreateOpts{Size: mibToGiB(spec.SizeMiB), Name: "disk-" + token, AvailabilityZone: az,
+		VolumeType: firstNonEmpty(p.Type, d.cfg.DefaultVolumeType), Metadata: md}
+	var v *volumes.Volume
+	sent, err := d.do(ctx, "volume", "create volume", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		v, err = volumes.Create(ctx, sc, opts, nil).Extract()
+		return err
+	})
+	if err != nil {
+		if sent > 1 {
+			d.sweepVolumes(ctx, token, "")
+		}
+		return "", d.cloudErr("create volume", err)
+	}
+	if sent > 1 {
+		d.sweepVolumes(ctx, token, v.ID)
+	}
+	if err := d.waitVolume(ctx, v.ID, "available", nil); err != nil {
+		d.sweepVolumes(context.WithoutCancel(ctx), token, "")
+		return "", err
+	}
+	d.log.Info("openstack", "created volume %s (%d GiB, zone %q)", v.ID, opts.Size, az)
+	return v.ID, nil
+}
+
+// sweepVolumes deletes volumes carrying token, except keep.
+func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
+	var list []volumes.Volume
+	_, err := d.do(ctx, "volume", "list volumes of token "+token, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		pages, err := volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err = volumes.ExtractVolumes(pages)
+		return err
+	})
+	if err != nil {
+		d.log.Warn("openstack", "listing volumes of token %s for cleanup: %v", token, err)
+		return
+	}
+	for _, v := range list {
+		if v.ID == keep || v.Metadata[mdToken] != token {
+			continue
+		}
+		d.log.Info("openstack", "deleting volume %s left by this create", v.ID)
+		if err := d.deleteVolume(ctx, v.ID); err != nil && !errors.Is(err, driver.ErrDiskNotFound) {
+			d.log.Warn("openstack", "deleting volume %s: %v", v.ID, err)
+		}
+	}
+}
+
+// volume reads one volume; gone (404, deleting) is ErrDiskNotFound.
+func (d *Driver) volume(ctx context.Context, id string) (*volumes.Volume, error) {
+	var v *volumes.Volume
+	_, err := d.do(ctx, "volume", "get volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		v, err = volumes.Get(ctx, sc, id).Extract()
+		return err
+	})
+	if isNotFound(err) {
+		return nil, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
+	}
+	if err != nil {
+		return nil, d.cloudErr("get volume "+id, err)
+	}
+	if v.Status == "deleting" {
+		return v, fmt.Errorf("volume %s is being deleted: %w", id, driver.ErrDiskNotFound)
+	}
+	return v, nil
+}
+
+// waitVolume polls until the volume has status want (and done, if given,
+// agrees); error states end the wait.
+func (d *Driver) waitVolume(ctx context.Context, id, want string, done func(*volumes.Volume) bool) error {
+	return d.waitFor(ctx, "volume "+id+" "+want, func(ctx context.Context) (bool, error) {
+		v, err := d.volume(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		if strings.HasPrefix(v.Status, "error") {
+			return false, fmt.Errorf("openstack: volume %s went to %s", id, v.Status)
+		}
+		return v.Status == want && (done == nil || done(v)), nil
+	})
+}
+
+// DeleteDisk deletes a volume once it is free, and waits until it is gone.
+func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
+	id, err := validCID("disk", cid)
+	if err != nil {
+		return err
+	}
+	return d.deleteVolume(ctx, id)
+}
+
+func (d *Driver) deleteVolume(ctx context.Context, id string) error {
+	v, err := d.volume(ctx, id)
+	if err != nil {
+		return err
+	}
+	if v.Status == "detaching" || v.Status == "creating" || v.Status == "extending" || v.Status == "retyping" {
+		// Wait out a transition (e.g. Nova detaching it from a deleted server).
+		if err := d.waitFor(ctx, "volume "+id+" to settle", func(ctx context.Context) (bool, error) {
+			v, err := d.volume(ctx, id)
+			if err != nil {
+				return false, err
+			}
+			return v.Status != "detaching" && v.Status != "creating" && v.Status != "extending" && v.Status != "retyping", nil
+		}); err != nil {
+			return err
+		}
+	}
+	_, err = d.do(ctx, "volume", "delete volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		return volumes.Delete(ctx, sc, id, volumes.DeleteOpts{}).ExtractErr()
+	})
+	if isNotFound(err) {
+		return fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
+	}
+	if err != nil {
+		return d.cloudErr("delete volume "+id, err)
+	}
+	return d.waitFor(ctx, "volume "+id+" gone", func(ctx context.Context) (bool, error) {
+		_, err := d.volume(ctx, id)
+		if errors.Is(err, driver.ErrDiskNotFound) {
+			return true, nil
+		}
+		return false, err
+	})
+}
+
+// HasDisk: a volume being deleted counts as gone.
+func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
+	id, err := validCID("disk", cid)
+	if err != nil {
+		return false, err
+	}
+	_, err = d.volume(ctx, id)
+	if errors.Is(err, driver.ErrDiskNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// AttachDisk attaches through Nova under the VM's lock, waits until the
+// volume is in-use on that server, and returns Nova's device as the hint.
+func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, error) {
+	vm, err := validCID("vm", vmCID)
+	if err != nil {
+		return nil, err
+	}
+	disk, err := validCID("disk", diskCID)
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(vm))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var a *volumeattach.VolumeAttachment
+	_, err = d.do(ctx, "compute", "attach "+disk+" to "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		a, err = volumeattach.Create(ctx, sc, vm, volumeattach.CreateOpts{VolumeID: disk}).Extract()
+		return err
+	})
+	device := ""
+	if err == nil {
+		device = a.Device
+	} else {
+		// Already attached here (a resent request, or a second call)?
+		v, verr := d.volume(ctx, disk)
+		if verr != nil {
+			return nil, verr
+		}
+		at := attachmentTo(v, vm)
+		if at == nil {
+			if isNotFound(err) {
+				if _, serr := d.server(ctx, vm); serr != nil {
+					return nil, serr
+				}
+			}
+			return nil, d.cloudErr("attach volume "+disk+" to server "+vm, err)
+		}
+		device = at.Device
+	}
+	if err := d.waitVolume(ctx, disk, "in-use", func(v *volumes.Volume) bool {
+		at := attachmentTo(v, vm)
+		if at != nil && at.Device != "" {
+			device = at.Device
+		}
+		return at != nil
+	}); err != nil {
+		return nil, err
+	}
+	d.log.Info("openstack", "attached %s to %s as %s", disk, vm, device)
+	if device == "" {
+		return map[string]any{"id": disk}, nil
+	}
+	return device, nil
+}
+
+func attachmentTo(v *volumes.Volume, server string) *volumes.Attachment {
+	for i := range v.Attachments {
+		if v.Attachments[i].ServerID == server {
+			return &v.Attachments[i]
+		}
+	}
+	return nil
+}
+
+// DetachDisk detaches through Nova under the VM's lock and waits until
+// the volume is available.
+func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
+	vm, err := validCID("vm", vmCID)
+	if err != nil {
+		return err
+	}
+	disk, err := validCID("disk", diskCID)
+	if err != nil {
+		return err
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(vm))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, err = d.do(ctx, "compute", "detach "+disk+" from "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		return volumeattach.Delete(ctx, sc, vm, disk).ExtractErr()
+	})
+	if isNotFound(err) {
+		// No such server, no such volume, or not attached: say which.
+		if _, serr := d.server(ctx, vm); serr != nil {
+			return serr
+		}
+		v, verr := d.volume(ctx, disk)
+		if verr != nil {
+			return verr
+		}
+		if attachmentTo(v, vm) == nil {
+			return fmt.Errorf("volume %s is not attached to server %s: %w", disk, vm, driver.ErrDiskNotAttached)
+		}
+	}
+	if err != nil && !isNotFound(err) {
+		// A resent detach may have worked the first time.
+		v, verr := d.volume(ctx, disk)
+		if verr != nil || attachmentTo(v, vm) != nil && v.Status != "detaching" {
+			return d.cloudErr("detach volume "+disk+" from server "+vm, err)
+		}
+	}
+	if err := d.waitFor(ctx, "volume "+disk+" detached from "+vm, func(ctx context.Context) (bool, error) {
+		v, err := d.volume(ctx, disk)
+		if err != nil {
+			return false, err
+		}
+		return attachmentTo(v, vm) == nil && v.Status != "detaching", nil
+	}); err != nil {
+		return err
+	}
+	d.log.Info("openstack", "detached %s from %s", disk, vm)
+	return nil
+}
+
+// GetDisks lists the volumes attached to a server, without its root disk.
+func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
+	vm, err := validCID("vm", vmCID)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	_, err = d.do(ctx, "compute", "list attachments of "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		pages, err := volumeattach.List(sc, vm).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err := volumeattach.ExtractVolumeAttachments(pages)
+		out = out[:0]
+		for _, a := range list {
+			if !rootDevice(a.Device) {
+				out = append(out, a.VolumeID)
+			}
+		}
+		return err
+	})
+	if isNotFound(err) {
+		return nil, fmt.Errorf("server %s: %w", vm, driver.ErrVMNotFound)
+	}
+	if err != nil {
+		return nil, d.cloudErr("list attachments of "+vm, err)
+	}
+	return out, nil
+}
+
+// rootDevice: the boot volume of a boot-from-volume server.
+func rootDevice(dev string) bool {
+	return dev == "/dev/vda" || dev == "/dev/sda" || dev == "/dev/xvda" || dev == "/dev/hda"
+}
+
+// ResizeDisk grows a volume (Cinder cannot shrink) and waits for it.
+func (d *Driver) ResizeDisk(ctx context.Context, cid string, sizeMiB int) error {
+	id, err := validCID("disk", cid)
+	if err != nil {
+		return err
+	}
+	if sizeMiB <= 0 {
+		return driver.Invalid("new disk size %d MiB must be positive", sizeMiB)
+	}
+	v, err := d.volume(ctx, id)
+	if err != nil {
+		return err
+	}
+	return d.grow(ctx, v, mibToGiB(sizeMiB))
+}
+
+func (d *Driver) grow(ctx context.Context, v *volumes.Volume, gib int) error {
+	switch {
+	case gib < v.Size:
+		return fmt.Errorf("%w: volume %s is %d GiB; Cinder cannot shrink it to %d GiB", driver.ErrNotSupported, v.ID, v.Size, gib)
+	case gib == v.Size:
+		return nil
+	}
+	_, err := d.do(ctx, "volume", "extend volume "+v.ID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		return volumes.ExtendSize(ctx, sc, v.ID, volumes.ExtendSizeOpts{NewSize: gib}).ExtractErr()
+	})
+	if err != nil {
+		if status(err) == 400 {
+			return fmt.Errorf("%w: %w", driver.ErrNotSupported, d.cloudErr("extend volume "+v.ID, err))
+		}
+		return d.cloudErr("extend volume "+v.ID, err)
+	}
+	want := v.Status
+	if want != "in-use" {
+		want = "available"
+	}
+	return d.waitVolume(ctx, v.ID, want, func(v *volumes.Volume) bool { return v.Size >= gib })
+}
+
+// UpdateDisk grows and retypes a volume in place; a zone change, or a
+// retype Cinder refuses, is NotSupported (the Director then copies).
+func (d *Driver) UpdateDisk(ctx context.Context, cid string, sizeMiB int, props driver.Props) (string, error) {
+	id, err := validCID("disk", cid)
+	if err != nil {
+		return "", err
+	}
+	var p volumeProps
+	if err := decodeProps("cloud_properties", props, &p); err != nil {
+		return "", err
+	}
+	v, err := d.volume(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if p.AvailabilityZone != "" && p.AvailabilityZone != v.AvailabilityZone {
+		return "", fmt.Errorf("%w: volume %s is in zone %s; Cinder cannot move it to %s", driver.ErrNotSupported, id, v.AvailabilityZone, p.AvailabilityZone)
+	}
+	if sizeMiB > 0 {
+		if err := d.grow(ctx, v, mibToGiB(sizeMiB)); err != nil {
+			return "", err
+		}
+	}
+	if p.Type != "" && p.Type != v.VolumeType {
+		_, err := d.do(ctx, "volume", "retype volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+			return volumes.ChangeType(ctx, sc, id, volumes.ChangeTypeOpts{NewType: p.Type, MigrationPolicy: volumes.MigrationPolicyOnDemand}).ExtractErr()
+		})
+		if err != nil {
+			if s := status(err); s == 400 || s == 404 {
+				return "", fmt.Errorf("%w: %w", driver.ErrNotSupported, d.cloudErr("retype volume "+id+" to "+p.Type, err))
+			}
+			return "", d.cloudErr("retype volume "+id+" to "+p.Type, err)
+		}
+		want := "available"
+		if len(v.Attachments) > 0 {
+			want = "in-use"
+		}
+		if err := d.waitVolume(ctx, id, want, func(v *volumes.Volume) bool { return v.VolumeType == p.Type }); err != nil {
+			return "", err
+		}
+	}
+	return id, nil
+}
+
+// SetDiskMetadata merges md into the volume's metadata.
+func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error {
+	id, err := validCID("disk", cid)
+	if err != nil {
+		return err
+	}
+	clean := metadata(md)
+	delete(clean, mdToken)
+	_, err = d.do(ctx, "volume", "update metadata of volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		_, err := sc.Post(ctx, sc.ServiceURL("volumes", id, "metadata"), map[string]any{"metadata": clean}, nil,
+			&gophercloud.RequestOpts{OkCodes: []int{200}})
+		return err
+	})
+	if isNotFound(err) {
+		return fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
+	}
+	if err != nil {
+		return d.cloudErr("update metadata of volume "+id, err)
+	}
+	return nil
+}
+
+// SnapshotDisk snapshots a volume (attached or not) with the volume's
+// creator metadata plus md, and waits until the snapshot is available.
+func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
+	id, err := validCID("disk", cid)
+	if err != nil {
+		return "", err
+	}
+	v, err := d.volume(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	meta := map[string]string{}
+	for k, val := range v.Metadata {
+		if k != mdToken {
+			meta[k] = val
+		}
+	}
+	for k, val := range metadata(md) {
+		meta[k] = val
+	}
+	token := uuid.NewString()
+	meta[mdToken] = token
+	opts := snapshots.CreateOpts{VolumeID: id, Force: true, Name: "snapshot-" + token, Metadata: meta}
+	var s *snapshots.Snapshot
+	sent, err := d.do(ctx, "volume", "snapshot volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		s, err = snapshots.Create(ctx, sc, opts).Extract()
+		return err
+	})
+	if err != nil {
+		if sent > 1 {
+			d.sweepSnapshots(ctx, token, "")
+		}
+		return "", d.cloudErr("snapshot volume "+id, err)
+	}
+	if sent > 1 {
+		d.sweepSnapshots(ctx, token, s.ID)
+	}
+	err = d.waitFor(ctx, "snapshot "+s.ID+" available", func(ctx context.Context) (bool, error) {
+		cur, err := d.snapshot(ctx, s.ID)
+		if err != nil {
+			return false, err
+		}
+		if strings.HasPrefix(cur.Status, "error") {
+			return false, fmt.Errorf("openstack: snapshot %s of volume %s went to %s", s.ID, id, cur.Status)
+		}
+		return cur.Status == "available", nil
+	})
+	if err != nil {
+		d.sweepSnapshots(context.WithoutCancel(ctx), token, "")
+		return "", err
+	}
+	return s.ID, nil
+}
+
+func (d *Driver) snapshot(ctx context.Context, id string) (*snapshots.Snapshot, error) {
+	var s *snapshots.Snapshot
+	_, err := d.do(ctx, "volume", "get snapshot "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		s, err = snapshots.Get(ctx, sc, id).Extract()
+		return err
+	})
+	if isNotFound(err) {
+		return nil, fmt.Errorf("snapshot %s: %w", id, errSnapshotGone)
+	}
+	if err != nil {
+		return nil, d.cloudErr("get snapshot "+id, err)
+	}
+	return s, nil
+}
+
+var errSnapshotGone = errors.New("snapshot not found")
+
+func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
+	var list []snapshots.Snapshot
+	_, err := d.do(ctx, "volume", "list snapshots of token "+token, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		pages, err := snapshots.List(sc, snapshots.ListOpts{}).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err = snapshots.ExtractSnapshots(pages)
+		return err
+	})
+	if err != nil {
+		d.log.Warn("openstack", "listing snapshots for cleanup: %v", err)
+		return
+	}
+	for _, s := range list {
+		if s.ID != keep && s.Metadata[mdToken] == token {
+			if err := d.deleteSnapshot(ctx, s.ID); err != nil {
+				d.log.Warn("openstack", "deleting snapshot %s: %v", s.ID, err)
+			}
+		}
+	}
+}
+
+// DeleteSnapshot deletes a snapshot and waits until it is gone; one that
+// is already gone is not an error.
+func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
+	id, err := validCID("snapshot", cid)
+	if err != nil {
+		return err
+	}
+	return d.deleteSnapshot(ctx, id)
+}
+
+func (d *Driver) deleteSnapshot(ctx context.Context, id string) error {
+	_, err := d.do(ctx, "volume", "delete snapshot "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		return snapshots.Delete(ctx, sc, id).ExtractErr()
+	})
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return d.cloudErr("delete snapshot "+id, err)
+	}
+	return d.waitFor(ctx, "snapshot "+id+" gone", func(ctx context.Context) (bool, error) {
+		_, err := d.snapshot(ctx, id)
+		if errors.Is(err, errSnapshotGone) {
+			return true, nil
+		}
+		return false, err
+	})
+}

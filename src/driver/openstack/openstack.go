@@ -1,0 +1,198 @@
+// Package openstack is the OpenStack driver: Nova servers, Cinder volumes
+// and snapshots, Neutron ports and Glance images through gophercloud v2.
+// One Keystone token per process (shared with later processes through a
+// 0600 cache file in the state dir); every call runs inside the CPI's wait
+// budget, so 413/429 answers, 5xx and resets are waited out and logged;
+// everything created carries the creator's tags, and a create that fails
+// part-way removes what it made.
+package openstack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+// Driver implements driver.Driver on OpenStack.
+type Driver struct {
+	cfg      Config
+	stateDir string
+	locks    *lock.Locker
+	log      logging.Logger
+	retry    retry.Policy
+	redact   func(...string)
+
+	once    sync.Once
+	sess    *session
+	initErr error
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New builds the driver from its config section. No network I/O happens
+// until a method needs OpenStack.
+func New(section json.RawMessage, stateDir string, locks *lock.Locker, log logging.Logger, policy retry.Policy, redact func(...string)) (*Driver, error) {
+	c, err := parseConfig(section)
+	if err != nil {
+		return nil, err
+	}
+	if redact == nil {
+		redact = func(...string) {}
+	}
+	redact(c.Password, c.ApplicationCredentialSecret)
+	if log == nil {
+		log = logging.Discard()
+	}
+	if policy.Budget <= 0 {
+		policy = retry.Default()
+	}
+	policy.Classify = classify
+	if policy.Logf == nil {
+		policy.Logf = func(f string, a ...any) { log.Info("openstack", f, a...) }
+	}
+	return &Driver{cfg: c, stateDir: stateDir, locks: locks, log: log, retry: policy, redact: redact}, nil
+}
+
+// StemcellFormats: images Glance stores (qcow2, raw) and light stemcells
+// naming an existing image.
+func (d *Driver) StemcellFormats() []string {
+	return []string{"openstack-qcow2", "openstack-raw", "openstack-light"}
+}
+
+// client returns the service client of one kind.
+func (d *Driver) client(ctx context.Context, kind string) (*gophercloud.ServiceClient, error) {
+	s, err := d.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.service(kind)
+}
+
+// do runs one API call of a service inside the retry budget; attempts
+// counts the HTTP attempts (a create sent twice may have happened twice).
+func (d *Driver) do(ctx context.Context, kind, op string, fn func(ctx context.Context, c *gophercloud.ServiceClient) error) (attempts int, err error) {
+	c, err := d.client(ctx, kind)
+	if err != nil {
+		return 0, err
+	}
+	err = d.retry.Do(ctx, "openstack "+op, func(ctx context.Context) error {
+		attempts++
+		return fn(ctx, c)
+	})
+	return attempts, err
+}
+
+// waitFor polls check until it reports done: first after 250 ms, then
+// 1.5× longer each time up to poll_max_ms, for at most wait_timeout.
+func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
+	defer cancel()
+	start := time.Now()
+	interval := firstPoll
+	for polls := 1; ; polls++ {
+		if err := retry.SleepContext(ctx, interval); err != nil {
+			return fmt.Errorf("openstack: timed out after %s waiting for %s: %w", time.Since(start).Round(time.Millisecond), what, err)
+		}
+		interval = min(interval*3/2, d.cfg.pollMax())
+		done, err := check(ctx)
+		if err != nil {
+			return err
+		}
+		if done {
+			d.log.Debug("openstack", "%s after %s (%d polls)", what, time.Since(start).Round(time.Millisecond), polls)
+			return nil
+		}
+	}
+}
+
+// validCID refuses anything but an OpenStack UUID (a stemcell may end
+// " light"), so a path-like or foreign CID never reaches the cloud.
+func validCID(kind, cid string) (string, error) {
+	id := cid
+	if kind == "stemcell" {
+		id = strings.TrimSuffix(cid, " light")
+	}
+	if len(id) != 36 || uuid.Validate(id) != nil {
+		return "", driver.Invalid("%s cid %q is not an OpenStack UUID", kind, cid)
+	}
+	return id, nil
+}
+
+// Metadata and tag keys the driver owns.
+const (
+	mdToken = "runway_token" // one per create call: finds duplicates
+	// Neutron tags are plain strings, "key=value" here.
+	tagSep = "="
+)
+
+// truncate to OpenStack's metadata limits (255 characters per key and
+// value); cuts at a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8Start(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
+
+// metadata clips a map to Nova/Cinder limits.
+func metadata(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		if k == "" {
+			continue
+		}
+		out[truncate(k, 255)] = truncate(v, 255)
+	}
+	return out
+}
+
+// serverTags turns creator tags into Nova/Neutron tags ("key=value",
+// at most 60 characters, no comma or slash), which list filters match.
+func serverTags(m map[string]string) []string {
+	var out []string
+	for k, v := range m {
+		if k == "" {
+			continue
+		}
+		t := truncate(sanitizeTag(k+tagSep+v), 60)
+		out = append(out, t)
+	}
+	return out
+}
+
+func sanitizeTag(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c == ',' || c == '/' {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+func withTags(base, extra map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(extra))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range extra {
+		out[k] = v
+	}
+	return out
+}

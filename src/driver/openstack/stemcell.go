@@ -1,0 +1,194 @@
+package openstack
+
+import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/imagedata"
+	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// CreateStemcell uploads the stemcell's image into Glance and waits until
+// it is active, or, for a light stemcell (cloud_properties.image_id),
+// checks the image exists and answers "<id> light".
+func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
+	var p stemcellProps
+	if err := decodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+		return "", err
+	}
+	if p.ImageID != "" {
+		id, err := validCID("stemcell", p.ImageID)
+		if err != nil {
+			return "", err
+		}
+		img, err := d.image(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		if img.Status != images.ImageStatusActive {
+			return "", fmt.Errorf("openstack: light stemcell image %s is %s, not active", id, img.Status)
+		}
+		return id + " light", nil
+	}
+	if spec.ImagePath == "" {
+		return "", driver.Invalid("image_path is required (or cloud_properties.image_id for a light stemcell)")
+	}
+	if _, err := os.Stat(spec.ImagePath); err != nil {
+		return "", driver.Invalid("image_path: %v", err)
+	}
+	// The id is ours, so a resent create finds its image instead of making two.
+	id := uuid.NewString()
+	name := "stemcell-" + id
+	if p.Name != "" {
+		name = fmt.Sprintf("%s/%v", p.Name, p.Version)
+	}
+	props := map[string]string{}
+	for k, v := range map[string]string{"os_distro": p.OSDistro, "architecture": p.Architecture, "hypervisor_type": p.HypervisorType} {
+		if v != "" {
+			props[k] = v
+		}
+	}
+	for k, v := range metadata(spec.Tags) {
+		if _, reserved := props[k]; !reserved {
+			props["runway_"+k] = v
+		}
+	}
+	opts := images.CreateOpts{ID: id, Name: name, DiskFormat: firstNonEmpty(p.DiskFormat, "qcow2"),
+		ContainerFormat: firstNonEmpty(p.ContainerFormat, "bare"), Tags: serverTags(spec.Tags), Properties: props}
+	_, err := d.do(ctx, "image", "create image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		_, err := images.Create(ctx, sc, opts).Extract()
+		if status(err) == 409 {
+			return nil // made by an earlier attempt of this call
+		}
+		return err
+	})
+	if err != nil {
+		return "", d.cloudErr("create image", err)
+	}
+	if err := d.upload(ctx, id, spec.ImagePath); err != nil {
+		d.deleteImage(context.WithoutCancel(ctx), id)
+		return "", err
+	}
+	d.log.Info("openstack", "uploaded stemcell image %s (%s)", id, name)
+	return id, nil
+}
+
+// upload streams the image (the root image inside a tar.gz stemcell
+// image, or the file itself) into Glance and waits until it is active.
+func (d *Driver) upload(ctx context.Context, id, path string) error {
+	_, err := d.do(ctx, "image", "upload image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		r, closeFn, err := openImage(path)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		return imagedata.Upload(ctx, sc, id, r).ExtractErr()
+	})
+	if err != nil {
+		if errors.Is(err, errBadImage) {
+			return driver.Invalid("%v", err)
+		}
+		return d.cloudErr("upload image "+id, err)
+	}
+	return d.waitFor(ctx, "image "+id+" active", func(ctx context.Context) (bool, error) {
+		img, err := d.image(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		switch img.Status {
+		case images.ImageStatusActive:
+			return true, nil
+		case images.ImageStatusKilled, images.ImageStatusDeleted:
+			return false, fmt.Errorf("openstack: image %s went to %s after upload", id, img.Status)
+		}
+		return false, nil
+	})
+}
+
+var errBadImage = errors.New("stemcell image")
+
+// openImage returns the bytes to upload: the first file of a gzipped tar
+// (BOSH's "image" holds root.img), a gzipped file unpacked, else the file.
+func openImage(path string) (io.Reader, func(), error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", errBadImage, err)
+	}
+	br := bufio.NewReader(f)
+	magic, _ := br.Peek(2)
+	if len(magic) < 2 || magic[0] != 0x1f || magic[1] != 0x8b {
+		return br, func() { f.Close() }, nil
+	}
+	gz, err := gzip.NewReader(br)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("%w %s: %v", errBadImage, path, err)
+	}
+	inner := bufio.NewReader(gz)
+	head, _ := inner.Peek(262)
+	if len(head) == 262 && string(head[257:262]) == "ustar" {
+		tr := tar.NewReader(inner)
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				f.Close()
+				return nil, nil, fmt.Errorf("%w %s: no image file in the archive: %v", errBadImage, path, err)
+			}
+			if h.Typeflag == tar.TypeReg {
+				return tr, func() { f.Close() }, nil
+			}
+		}
+	}
+	return inner, func() { f.Close() }, nil
+}
+
+func (d *Driver) image(ctx context.Context, id string) (*images.Image, error) {
+	var img *images.Image
+	_, err := d.do(ctx, "image", "get image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		img, err = images.Get(ctx, sc, id).Extract()
+		return err
+	})
+	if isNotFound(err) {
+		return nil, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound)
+	}
+	if err != nil {
+		return nil, d.cloudErr("get image "+id, err)
+	}
+	return img, nil
+}
+
+// DeleteStemcell deletes an uploaded image; light stemcells and images
+// already gone are not an error.
+func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
+	id, err := validCID("stemcell", cid)
+	if err != nil {
+		return err
+	}
+	if id != cid { // light: the image is not ours
+		return nil
+	}
+	_, err = d.do(ctx, "image", "delete image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		return images.Delete(ctx, sc, id).ExtractErr()
+	})
+	if err != nil && !isNotFound(err) {
+		return d.cloudErr("delete image "+id, err)
+	}
+	return nil
+}
+
+func (d *Driver) deleteImage(ctx context.Context, id string) {
+	if err := d.DeleteStemcell(ctx, id); err != nil {
+		d.log.Warn("openstack", "deleting image %s after a failed upload: %v", id, err)
+	}
+}
