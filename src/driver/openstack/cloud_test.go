@@ -10,10 +10,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +27,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/drivertest"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 )
 
 type cloud struct {
@@ -303,5 +307,127 @@ func TestCalculateVMCloudProperties(t *testing.T) {
 	}
 	if _, err := d.CalculateVMCloudProperties(ctx, driver.Resources{CPU: 64, RAM: 1 << 20}); err == nil {
 		t.Error("a size no flavor has was answered")
+	}
+}
+
+// throughProxy puts a fault proxy in front of the dev cloud (Keystone and,
+// by catalog rewriting, every service) and returns its auth URL.
+func throughProxy(t *testing.T, c cloud, rule faultproxy.Rule) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(c.authURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(u.Scheme+"://"+u.Host, faultproxy.OpenStack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetRule(rule)
+	base, stop := p.Start()
+	t.Cleanup(stop)
+	return base + u.Path, p
+}
+
+var allFaults = []faultproxy.Fault{faultproxy.Throttle, faultproxy.ServerError, faultproxy.ResetBefore, faultproxy.ResetAfter}
+
+// TestConformanceThroughFaults runs the whole conformance suite with a
+// fifth of all requests (Keystone's included) throttled with 413/429 and
+// Retry-After, failed with 503, or reset before or after the cloud acted:
+// no call may fail and nothing may be left behind.
+func TestConformanceThroughFaults(t *testing.T) {
+	c := devCloud(t)
+	t.Cleanup(func() { assertNoLeftovers(t, c, "drivertest") })
+	seed := uint64(11)
+	if v, err := strconv.ParseUint(os.Getenv("FAULT_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("fault seed %d (FAULT_SEED replays it)", seed)
+	authURL, p := throughProxy(t, c, faultproxy.Random(0.2, seed, allFaults...))
+	t.Cleanup(func() {
+		t.Logf("%d requests: %d throttled, %d 5xx, %d reset before, %d reset after", p.Requests(),
+			p.Faults(faultproxy.Throttle), p.Faults(faultproxy.ServerError), p.Faults(faultproxy.ResetBefore), p.Faults(faultproxy.ResetAfter))
+		for _, f := range allFaults {
+			if p.Faults(f) == 0 {
+				t.Errorf("no %s fault was injected: the test proves nothing about it", f)
+			}
+		}
+	})
+	drivertest.Run(t, fixture(c, authURL))
+}
+
+// TestThrottleHonoursRetryAfter: throttled answers are waited out for at
+// least their Retry-After, and each wait is in the log.
+func TestThrottleHonoursRetryAfter(t *testing.T) {
+	c := devCloud(t)
+	// Throttle the first three server reads, then pass.
+	var n atomic.Int32
+	authURL, p := throughProxy(t, c, func(r faultproxy.Request) faultproxy.Fault {
+		if r.Method == "GET" && strings.Contains(r.URL.Path, "/servers/") && n.Add(1) <= 3 {
+			return faultproxy.Throttle
+		}
+		return faultproxy.Pass
+	})
+	d, logs := newTestDriver(t, c, authURL, "", nil)
+	start := time.Now()
+	if ok, err := d.HasVM(context.Background(), uuid.NewString()); err != nil || ok {
+		t.Fatalf("has_vm through throttles = %v, %v", ok, err)
+	}
+	if waited := time.Since(start); waited < 3*time.Second {
+		t.Errorf("three throttles with Retry-After: 1 were waited out in %s", waited)
+	}
+	if got := strings.Count(logs.String(), "throttled"); got < 3 || p.Faults(faultproxy.Throttle) != 3 {
+		t.Errorf("%d throttles, %d logged waits:\n%s", p.Faults(faultproxy.Throttle), got, logs)
+	}
+}
+
+// TestThrottleOutlastingTheBudget says so, never "unknown error".
+func TestThrottleOutlastingTheBudget(t *testing.T) {
+	c := devCloud(t)
+	authURL, _ := throughProxy(t, c, func(r faultproxy.Request) faultproxy.Fault {
+		if strings.Contains(r.URL.Path, "/servers/") {
+			return faultproxy.Throttle
+		}
+		return faultproxy.Pass
+	})
+	d, _ := newTestDriver(t, c, authURL, "", nil)
+	d.retry.Budget = 2 * time.Second
+	_, err := d.HasVM(context.Background(), uuid.NewString())
+	if err == nil || !strings.Contains(err.Error(), "rate limited") || !errors.Is(err, retry.ErrBudgetExhausted) {
+		t.Fatalf("has_vm throttled past the budget: %v", err)
+	}
+}
+
+// TestConcurrentProcessesLogInOnce: drivers sharing a state dir (bin/cpi
+// processes, in life) with no cached token make one Keystone login.
+func TestConcurrentProcessesLogInOnce(t *testing.T) {
+	c := devCloud(t)
+	var logins atomic.Int32
+	authURL, _ := throughProxy(t, c, func(r faultproxy.Request) faultproxy.Fault {
+		if r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/auth/tokens") {
+			logins.Add(1)
+		}
+		return faultproxy.Pass
+	})
+	state := t.TempDir()
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, _ := newTestDriver(t, c, authURL, state, nil)
+			_, err := d.HasVM(context.Background(), uuid.NewString())
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := logins.Load(); got != 1 {
+		t.Fatalf("6 concurrent drivers made %d Keystone logins; want 1", got)
 	}
 }

@@ -140,21 +140,25 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if v.Status == "detaching" || v.Status == "creating" || v.Status == "extending" || v.Status == "retyping" {
-		// Wait out a transition (e.g. Nova detaching it from a deleted server).
-		if err := d.waitFor(ctx, "volume "+id+" to settle", func(ctx context.Context) (bool, error) {
+	if busy, err := d.volumeBusy(ctx, v); err != nil {
+		return err
+	} else if busy {
+		// Wait out a transition: creating, extending, or Nova releasing it
+		// from a server that was just deleted.
+		if err := d.waitFor(ctx, "volume "+id+" to be free", func(ctx context.Context) (bool, error) {
 			v, err := d.volume(ctx, id)
 			if err != nil {
 				return false, err
 			}
-			return v.Status != "detaching" && v.Status != "creating" && v.Status != "extending" && v.Status != "retyping", nil
+			busy, err := d.volumeBusy(ctx, v)
+			return !busy, err
 		}); err != nil {
 			return err
 		}
 	}
-	_, err = d.do(ctx, "volume", "delete volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	err = d.doOnce(ctx, "volume", "delete volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return volumes.Delete(ctx, sc, id, volumes.DeleteOpts{}).ExtractErr()
-	})
+	}, is404)
 	if isNotFound(err) {
 		return fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
 	}
@@ -168,6 +172,26 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 		}
 		return false, err
 	})
+}
+
+// volumeBusy: the volume is in a transition that ends by itself. A volume
+// in use by a live server is an error: the Director detaches first.
+func (d *Driver) volumeBusy(ctx context.Context, v *volumes.Volume) (bool, error) {
+	switch v.Status {
+	case "creating", "detaching", "extending", "retyping", "attaching", "reserved", "downloading":
+		return true, nil
+	case "in-use":
+		for _, a := range v.Attachments {
+			if _, err := d.server(ctx, a.ServerID); !errors.Is(err, driver.ErrVMNotFound) {
+				if err != nil {
+					return false, err
+				}
+				return false, fmt.Errorf("openstack: volume %s is attached to server %s; detach it first", v.ID, a.ServerID)
+			}
+		}
+		return true, nil // attached only to servers that are gone
+	}
+	return false, nil
 }
 
 // HasDisk: a volume being deleted counts as gone.
@@ -215,7 +239,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 			return nil, verr
 		}
 		at := attachmentTo(v, vm)
-		if at == nil {
+		// A resent attach finds Nova or Cinder already at it; the wait
+		// below proves the volume ends up on this server.
+		resent := status(err) == 400 && strings.Contains(apiMessage(err), vm) ||
+			v.Status == "attaching" || v.Status == "reserved"
+		if at == nil && !resent {
 			if isNotFound(err) {
 				if _, serr := d.server(ctx, vm); serr != nil {
 					return nil, serr
@@ -223,14 +251,28 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 			}
 			return nil, d.cloudErr("attach volume "+disk+" to server "+vm, err)
 		}
-		device = at.Device
-	}
-	if err := d.waitVolume(ctx, disk, "in-use", func(v *volumes.Volume) bool {
-		at := attachmentTo(v, vm)
-		if at != nil && at.Device != "" {
+		if at != nil {
 			device = at.Device
 		}
-		return at != nil
+	}
+	if err := d.waitFor(ctx, "volume "+disk+" in-use on "+vm, func(ctx context.Context) (bool, error) {
+		v, err := d.volume(ctx, disk)
+		if err != nil {
+			return false, err
+		}
+		at := attachmentTo(v, vm)
+		switch {
+		case strings.HasPrefix(v.Status, "error"):
+			return false, fmt.Errorf("openstack: volume %s went to %s while attaching to %s", disk, v.Status, vm)
+		case v.Status == "available" || v.Status == "in-use" && at == nil:
+			return false, fmt.Errorf("openstack: volume %s did not attach to server %s (status %s)", disk, vm, v.Status)
+		case v.Status == "in-use":
+			if at.Device != "" {
+				device = at.Device
+			}
+			return true, nil
+		}
+		return false, nil
 	}); err != nil {
 		return nil, err
 	}
@@ -266,28 +308,28 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 		return err
 	}
 	defer unlock()
-	_, err = d.do(ctx, "compute", "detach "+disk+" from "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	// Read first: a 404 from a resent detach is then known to mean done.
+	v, err := d.volume(ctx, disk)
+	if err != nil {
+		return err
+	}
+	if attachmentTo(v, vm) == nil && v.Status != "detaching" {
+		if _, err := d.server(ctx, vm); err != nil {
+			return err
+		}
+		return fmt.Errorf("volume %s is not attached to server %s: %w", disk, vm, driver.ErrDiskNotAttached)
+	}
+	err = d.doOnce(ctx, "compute", "detach "+disk+" from "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return volumeattach.Delete(ctx, sc, vm, disk).ExtractErr()
-	})
+	}, is404)
 	if isNotFound(err) {
-		// No such server, no such volume, or not attached: say which.
 		if _, serr := d.server(ctx, vm); serr != nil {
 			return serr
 		}
-		v, verr := d.volume(ctx, disk)
-		if verr != nil {
-			return verr
-		}
-		if attachmentTo(v, vm) == nil {
-			return fmt.Errorf("volume %s is not attached to server %s: %w", disk, vm, driver.ErrDiskNotAttached)
-		}
+		return fmt.Errorf("volume %s is not attached to server %s: %w", disk, vm, driver.ErrDiskNotAttached)
 	}
-	if err != nil && !isNotFound(err) {
-		// A resent detach may have worked the first time.
-		v, verr := d.volume(ctx, disk)
-		if verr != nil || attachmentTo(v, vm) != nil && v.Status != "detaching" {
-			return d.cloudErr("detach volume "+disk+" from server "+vm, err)
-		}
+	if err != nil {
+		return d.cloudErr("detach volume "+disk+" from server "+vm, err)
 	}
 	if err := d.waitFor(ctx, "volume "+disk+" detached from "+vm, func(ctx context.Context) (bool, error) {
 		v, err := d.volume(ctx, disk)
@@ -364,6 +406,12 @@ func (d *Driver) grow(ctx context.Context, v *volumes.Volume, gib int) error {
 		return volumes.ExtendSize(ctx, sc, v.ID, volumes.ExtendSizeOpts{NewSize: gib}).ExtractErr()
 	})
 	if err != nil {
+		// A resent extend finds the volume extending (or extended) already.
+		if cur, verr := d.volume(ctx, v.ID); verr == nil && (cur.Status == "extending" || cur.Size >= gib) {
+			err = nil
+		}
+	}
+	if err != nil {
 		if status(err) == 400 {
 			return fmt.Errorf("%w: %w", driver.ErrNotSupported, d.cloudErr("extend volume "+v.ID, err))
 		}
@@ -403,6 +451,12 @@ func (d *Driver) UpdateDisk(ctx context.Context, cid string, sizeMiB int, props 
 		_, err := d.do(ctx, "volume", "retype volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 			return volumes.ChangeType(ctx, sc, id, volumes.ChangeTypeOpts{NewType: p.Type, MigrationPolicy: volumes.MigrationPolicyOnDemand}).ExtractErr()
 		})
+		if err != nil {
+			// A resent retype finds the volume retyping (or retyped) already.
+			if cur, verr := d.volume(ctx, id); verr == nil && (cur.Status == "retyping" || cur.VolumeType == p.Type) {
+				err = nil
+			}
+		}
 		if err != nil {
 			if s := status(err); s == 400 || s == 404 {
 				return "", fmt.Errorf("%w: %w", driver.ErrNotSupported, d.cloudErr("retype volume "+id+" to "+p.Type, err))

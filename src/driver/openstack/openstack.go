@@ -93,6 +93,27 @@ func (d *Driver) do(ctx context.Context, kind, op string, fn func(ctx context.Co
 	return attempts, err
 }
 
+// doOnce runs an operation that is not repeatable blindly: when an
+// attempt after the first fails in a way alreadyDone recognises (a 404 on
+// a delete, a 409 on an action), the earlier attempt reached the cloud
+// before its answer was lost, and the call succeeded.
+func (d *Driver) doOnce(ctx context.Context, kind, op string, fn func(ctx context.Context, c *gophercloud.ServiceClient) error, alreadyDone func(error) bool) error {
+	n := 0
+	_, err := d.do(ctx, kind, op, func(ctx context.Context, c *gophercloud.ServiceClient) error {
+		n++
+		err := fn(ctx, c)
+		if err != nil && n > 1 && alreadyDone(err) {
+			d.log.Info("openstack", "%s: an earlier attempt took effect (%d)", op, status(err))
+			return nil
+		}
+		return err
+	})
+	return err
+}
+
+func is404(err error) bool { return isNotFound(err) }
+func is409(err error) bool { return status(err) == 409 }
+
 // waitFor polls check until it reports done: first after 250 ms, then
 // 1.5× longer each time up to poll_max_ms, for at most wait_timeout.
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {

@@ -86,14 +86,15 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 // upload streams the image (the root image inside a tar.gz stemcell
 // image, or the file itself) into Glance and waits until it is active.
 func (d *Driver) upload(ctx context.Context, id, path string) error {
-	_, err := d.do(ctx, "image", "upload image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	// A 409 on a resent upload: the first one landed (the wait checks it).
+	err := d.doOnce(ctx, "image", "upload image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		r, closeFn, err := openImage(path)
 		if err != nil {
 			return err
 		}
 		defer closeFn()
 		return imagedata.Upload(ctx, sc, id, r).ExtractErr()
-	})
+	}, is409)
 	if err != nil {
 		if errors.Is(err, errBadImage) {
 			return driver.Invalid("%v", err)

@@ -542,9 +542,9 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 }
 
 func (d *Driver) deleteServer(ctx context.Context, id string) error {
-	_, err := d.do(ctx, "compute", "delete server "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	err := d.doOnce(ctx, "compute", "delete server "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return servers.Delete(ctx, sc, id).ExtractErr()
-	})
+	}, is404)
 	if isNotFound(err) {
 		return fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound)
 	}
@@ -648,9 +648,9 @@ func (d *Driver) RebootVM(ctx context.Context, cid string) error {
 func softRebootWait(c Config) time.Duration { return min(c.waitTimeout()/3, 3*time.Minute) }
 
 func (d *Driver) reboot(ctx context.Context, id string, how servers.RebootMethod) error {
-	_, err := d.do(ctx, "compute", fmt.Sprintf("%s reboot %s", how, id), func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	err := d.doOnce(ctx, "compute", fmt.Sprintf("%s reboot %s", how, id), func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return servers.Reboot(ctx, sc, id, servers.RebootOpts{Type: how}).ExtractErr()
-	})
+	}, is409)
 	if isNotFound(err) {
 		return fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound)
 	}

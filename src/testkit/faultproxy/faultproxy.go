@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -43,7 +45,16 @@ type Reply struct {
 type Dialect struct {
 	Throttle    func(r *http.Request) Reply
 	ServerError func(r *http.Request) Reply
+	// Rewrite, if set, edits every passed response body; proxyURL is the
+	// proxy's own base URL. OpenStack uses it to point the catalog's
+	// endpoints back through the proxy.
+	Rewrite func(body []byte, proxyURL string) []byte
 }
+
+// portPrefix routes a request to another port of the target's host:
+// /_port/8774/v2.1/servers goes to target-host:8774/v2.1/servers. Clouds
+// with one endpoint per service (OpenStack) sit behind one proxy this way.
+const portPrefix = "/_port/"
 
 // Request is what a Rule sees: the request, its body, and its sequence
 // number (1-based) among all requests.
@@ -138,7 +149,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reset(w)
 		return
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.Target.ResolveReference(&url.URL{Path: r.URL.Path, RawQuery: r.URL.RawQuery}).String(), bytes.NewReader(body))
+	target, path := p.Target, r.URL.Path
+	if rest, ok := strings.CutPrefix(path, portPrefix); ok {
+		port, tail, _ := strings.Cut(rest, "/")
+		if _, err := strconv.Atoi(port); err != nil {
+			http.Error(w, "faultproxy: bad port in "+path, http.StatusBadRequest)
+			return
+		}
+		t := *p.Target
+		t.Host = net.JoinHostPort(p.Target.Hostname(), port)
+		t.Path = ""
+		target, path = &t, "/"+tail
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, target.ResolveReference(&url.URL{Path: path, RawQuery: r.URL.RawQuery}).String(), bytes.NewReader(body))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
@@ -155,6 +178,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f == ResetAfter || err != nil {
 		reset(w)
 		return
+	}
+	if p.Dialect.Rewrite != nil {
+		respBody = p.Dialect.Rewrite(respBody, "http://"+r.Host)
+		resp.Header.Del("Content-Length")
 	}
 	for k, v := range resp.Header {
 		w.Header()[k] = v

@@ -17,15 +17,15 @@ import (
 
 func main() {
 	target := flag.String("target", "", "URL of the real API")
-	dialect := flag.String("dialect", "aws", "error dialect: aws")
+	dialect := flag.String("dialect", "aws", "error dialect: aws or openstack")
 	rate := flag.Float64("rate", 0.2, "fraction of requests faulted")
 	seed := flag.Uint64("seed", 1, "random seed")
 	addr := flag.String("listen", "127.0.0.1:0", "listen address")
 	flag.Parse()
-	dialects := map[string]faultproxy.Dialect{"aws": faultproxy.AWS}
+	dialects := map[string]faultproxy.Dialect{"aws": faultproxy.AWS, "openstack": faultproxy.OpenStack}
 	d, ok := dialects[*dialect]
 	if !ok || *target == "" {
-		fmt.Fprintln(os.Stderr, "usage: faultproxy -target URL [-dialect aws] [-rate 0.2] [-seed 1] [-listen 127.0.0.1:0]")
+		fmt.Fprintln(os.Stderr, "usage: faultproxy -target URL [-dialect aws|openstack] [-rate 0.2] [-seed 1] [-listen 127.0.0.1:0]")
 		os.Exit(2)
 	}
 	p, err := faultproxy.New(*target, d)
