@@ -29,7 +29,7 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 
 		createVM := func(agent string) (string, string) {
 			var res []json.RawMessage
-			Expect(json.Unmarshal(call("create_vm", agent, stemcell, fx.VMProps, fx.Networks, []string{}, map[string]any{}), &res)).To(Succeed())
+			Expect(json.Unmarshal(call("create_vm", agent, stemcell, fx.VMProps, networks(), []string{}, map[string]any{}), &res)).To(Succeed())
 			var nets map[string]struct {
 				IP string `json:"ip"`
 			}

@@ -45,13 +45,13 @@ var _ = Describe("the full lifecycle, as the Director drives it", Ordered, func(
 	})
 
 	It("create_vm at API v1 answers a bare cid", func() {
-		vmV1 = asString(callV(1, "create_vm", "agent-v1", stemcell, fx.VMProps, fx.Networks, []string{}, map[string]any{}))
+		vmV1 = asString(callV(1, "create_vm", "agent-v1", stemcell, fx.VMProps, networks(), []string{}, map[string]any{}))
 		Expect(asBool(call("has_vm", vmV1))).To(BeTrue())
 	})
 
 	It("create_vm at API v2 answers [cid, networks] with addresses", func() {
 		var res []json.RawMessage
-		Expect(json.Unmarshal(call("create_vm", "agent-v2", stemcell, fx.VMProps, fx.Networks, []string{},
+		Expect(json.Unmarshal(call("create_vm", "agent-v2", stemcell, fx.VMProps, networks(), []string{},
 			map[string]any{"bosh": map[string]any{"group": "it"}}), &res)).To(Succeed())
 		Expect(res).To(HaveLen(2))
 		vm = asString(res[0])

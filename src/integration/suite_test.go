@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -44,8 +45,36 @@ type fixture struct {
 	UnreachableEndpoint string `json:"unreachable_endpoint"`
 	// Secret is a credential in the config that must never be printed.
 	Secret string `json:"secret"`
+	// IPPool, when set, hands each create_vm its own address for the
+	// manual networks in Networks (a fixed IP can be held only once).
+	IPPool []string `json:"ip_pool"`
 	// Local means the suite may look inside the state dir.
 	Local bool `json:"-"`
+}
+
+var poolNext atomic.Int64
+
+// networks is the fixture's networks hash for one create_vm, with the
+// next pool address on each manual network when the fixture has a pool.
+func networks() map[string]any {
+	if len(fx.IPPool) == 0 {
+		return fx.Networks
+	}
+	i := int(poolNext.Add(1)-1) % len(fx.IPPool)
+	out := make(map[string]any, len(fx.Networks))
+	for name, n := range fx.Networks {
+		m, ok := n.(map[string]any)
+		if ok && m["type"] == "manual" {
+			c := make(map[string]any, len(m))
+			for k, v := range m {
+				c[k] = v
+			}
+			c["ip"] = fx.IPPool[i]
+			n = c
+		}
+		out[name] = n
+	}
+	return out
 }
 
 var (

@@ -85,9 +85,9 @@ func (a *admin) ports(t *testing.T, query string) []port {
 
 func anySlice(v any) []any { s, _ := v.([]any); return s }
 
-// leftovers lists, in every project, what carries created_by=who.
-func (a *admin) leftovers(t *testing.T, who string) []string {
-	tag := "created_by=" + who
+// leftovers lists, in every project, what carries the creator tag key=val.
+func (a *admin) leftovers(t *testing.T, key, val string) []string {
+	tag := key + "=" + val
 	var left []string
 	for _, s := range a.list(t, "compute", "servers/detail?all_tenants=1&tags="+tag, "servers") {
 		left = append(left, fmt.Sprintf("server %v (%v)", s["id"], s["status"]))
@@ -96,12 +96,12 @@ func (a *admin) leftovers(t *testing.T, who string) []string {
 		left = append(left, "port "+p.ID)
 	}
 	for _, v := range a.list(t, "volume", "volumes/detail?all_tenants=1", "volumes") {
-		if md, _ := v["metadata"].(map[string]any); md["created_by"] == who {
+		if md, _ := v["metadata"].(map[string]any); md[key] == val {
 			left = append(left, fmt.Sprintf("volume %v (%v)", v["id"], v["status"]))
 		}
 	}
 	for _, s := range a.list(t, "volume", "snapshots/detail?all_tenants=1", "snapshots") {
-		if md, _ := s["metadata"].(map[string]any); md["created_by"] == who {
+		if md, _ := s["metadata"].(map[string]any); md[key] == val {
 			left = append(left, fmt.Sprintf("snapshot %v (%v)", s["id"], s["status"]))
 		}
 	}
@@ -113,7 +113,22 @@ func (a *admin) leftovers(t *testing.T, who string) []string {
 
 func assertNoLeftovers(t *testing.T, c cloud, who string) {
 	t.Helper()
-	if left := newAdmin(t, c).leftovers(t, who); len(left) > 0 {
-		t.Errorf("left behind (created_by=%s):\n  %s", who, strings.Join(left, "\n  "))
+	assertNoneTagged(t, c, "created_by", who)
+}
+
+func assertNoneTagged(t *testing.T, c cloud, key, val string) {
+	t.Helper()
+	if left := newAdmin(t, c).leftovers(t, key, val); len(left) > 0 {
+		t.Errorf("left behind (%s=%s):\n  %s", key, val, strings.Join(left, "\n  "))
 	}
+}
+
+// TestAudit is run by scripts/it-openstack after the lifecycle suites:
+// nothing the suites' director created may exist anywhere in the cloud.
+func TestAudit(t *testing.T) {
+	director := os.Getenv("RUNWAY_OS_AUDIT_DIRECTOR")
+	if director == "" {
+		t.Skip("RUNWAY_OS_AUDIT_DIRECTOR is not set (scripts/it-openstack sets it)")
+	}
+	assertNoneTagged(t, devCloud(t), "director", director)
 }

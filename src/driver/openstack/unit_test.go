@@ -1,0 +1,184 @@
+package openstack
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/retry"
+)
+
+func TestConfigErrors(t *testing.T) {
+	for cfg, want := range map[string]string{
+		`{}`: "auth_url is required",
+		`{"auth_url": "ftp://x"}`:                                               "must be an http(s) URL",
+		`{"auth_url": "http://k:5000/v2.0", "username": "u"}`:                   "Keystone v2.0",
+		`{"auth_url": "http://k:5000"}`:                                         "username or user_id is required",
+		`{"auth_url": "http://k:5000", "username": "u"}`:                        "password is required",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p"}`:       "project_name or project_id is required",
+		`{"auth_url": "http://k:5000", "application_credential_id": "a"}`:       "application_credential_secret is required",
+		`{"auth_url": "http://k:5000", "application_credential_name": "a", "application_credential_secret": "s"}`: "needs username",
+		`{"auth_url": "http://k:5000", "application_credential_id": "a", "application_credential_secret": "s", "project_name": "p"}`: "already scoped",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "interface": "private"}`: "interface",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "poll_max_ms": -1}`:     "poll_max_ms",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "ca_cert": "a", "ca_file": "b"}`: "not both",
+		`{"auth_url": "http://k:5000", "usename": "typo"}`: "usename",
+	} {
+		_, err := parseConfig([]byte(cfg))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want an error saying %q", cfg, err, want)
+		}
+	}
+	c, err := parseConfig([]byte(`{"auth_url": "http://k:5000/", "username": "u", "password": "p", "project_name": "x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AuthURL != "http://k:5000/v3" || c.UserDomainName != "Default" || c.ProjectDomainName != "Default" || c.Interface != "public" {
+		t.Errorf("defaults: %+v", c)
+	}
+	if !c.tokenCache() {
+		t.Error("the token cache is on by default")
+	}
+}
+
+func TestCACertMustBePEM(t *testing.T) {
+	c := Config{CACert: "not a certificate"}
+	if _, err := c.httpClient(); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Fatalf("bad ca_cert: %v", err)
+	}
+	if _, err := (Config{CAFile: filepath.Join(t.TempDir(), "missing.pem")}).httpClient(); err == nil {
+		t.Fatal("a missing ca_file was accepted")
+	}
+	hc, err := (Config{}).httpClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := hc.Transport.(*http.Transport); tr.TLSClientConfig != nil && tr.TLSClientConfig.InsecureSkipVerify {
+		t.Fatal("TLS verification is off by default")
+	}
+}
+
+func respErr(code int, hdr http.Header, body string) error {
+	return gophercloud.ErrUnexpectedResponseCode{Actual: code, ResponseHeader: hdr, Body: []byte(body)}
+}
+
+func TestClassify(t *testing.T) {
+	for name, tc := range map[string]struct {
+		err   error
+		class retry.Class
+		after time.Duration
+	}{
+		"413 overLimit with body retryAfter": {respErr(413, nil, `{"overLimit": {"code": 413, "retryAfter": "7"}}`), retry.Throttle, 7 * time.Second},
+		"429 with Retry-After":               {respErr(429, http.Header{"Retry-After": {"3"}}, `{}`), retry.Throttle, 3 * time.Second},
+		"503":                                {respErr(503, nil, ``), retry.Transient, 0},
+		"504":                                {respErr(504, nil, ``), retry.Transient, 0},
+		"404":                                {respErr(404, nil, ``), retry.Permanent, 0},
+		"400":                                {respErr(400, nil, ``), retry.Permanent, 0},
+		"reset":                              {errors.New("read tcp: connection reset by peer"), retry.Transient, 0},
+		"eof":                                {io.ErrUnexpectedEOF, retry.Transient, 0},
+		"other":                              {errors.New("boom"), retry.Permanent, 0},
+	} {
+		v := classify(tc.err)
+		if v.Class != tc.class || v.RetryAfter != tc.after {
+			t.Errorf("%s: %+v; want %v after %s", name, v, tc.class, tc.after)
+		}
+	}
+}
+
+func TestCloudErrReadsTheMessage(t *testing.T) {
+	d := &Driver{cfg: Config{AuthURL: "http://k/v3"}}
+	err := d.cloudErr("create server", respErr(400, nil, `{"badRequest": {"code": 400, "message": "Invalid flavorRef provided."}}`))
+	if err.Error() != "openstack create server (http://k/v3): HTTP 400: Invalid flavorRef provided." || status(err) != 400 {
+		t.Errorf("cloudErr = %q (status %d)", err, status(err))
+	}
+	throttled := d.cloudErr("get server", &retry.BudgetError{Op: "x", Last: respErr(429, nil, `{}`)})
+	if !strings.Contains(throttled.Error(), "rate limited") {
+		t.Errorf("a throttle past the budget reads %q", throttled)
+	}
+}
+
+func TestValidCID(t *testing.T) {
+	good := "0cb53bac-8a01-4e9a-b083-d40f5b3d7c59"
+	for _, cid := range []string{"", "..", "../x", "/etc/passwd", "i-0123456789abcdef0", good + "/..", "{" + good + "}", "urn:uuid:" + good,
+		"0cb53bac8a014e9ab083d40f5b3d7c59"} {
+		if _, err := validCID("vm", cid); !errors.Is(err, driver.ErrInvalidInput) {
+			t.Errorf("validCID(%q) = %v", cid, err)
+		}
+	}
+	if id, err := validCID("stemcell", good+" light"); err != nil || id != good {
+		t.Errorf("light stemcell cid: %q, %v", id, err)
+	}
+	if _, err := validCID("vm", good+" light"); err == nil {
+		t.Error("a light suffix on a vm cid was accepted")
+	}
+}
+
+func TestTagsAndMetadataLimits(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes
+	md := metadata(map[string]string{"k": long, "": "dropped"})
+	if len(md) != 1 || len(md["k"]) > 255 || !strings.HasPrefix(long, md["k"]) {
+		t.Errorf("metadata clipped badly: %d bytes", len(md["k"]))
+	}
+	tags := serverTags(map[string]string{"director": "a,b/c", "agent_id": strings.Repeat("x", 100)})
+	for _, tg := range tags {
+		if len(tg) > 60 || strings.ContainsAny(tg, ",/") {
+			t.Errorf("tag %q breaks Nova's rules", tg)
+		}
+	}
+}
+
+func TestOpenImage(t *testing.T) {
+	payload := bytes.Repeat([]byte("stemcell"), 1000)
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "raw")
+	os.WriteFile(raw, payload, 0o600)
+
+	var tgz bytes.Buffer
+	gz := gzip.NewWriter(&tgz)
+	tw := tar.NewWriter(gz)
+	tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "root.img", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(payload))})
+	tw.Write(payload)
+	tw.Close()
+	gz.Close()
+	tarball := filepath.Join(dir, "image")
+	os.WriteFile(tarball, tgz.Bytes(), 0o600)
+
+	for _, p := range []string{raw, tarball} {
+		r, done, err := openImage(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(r)
+		done()
+		if err != nil || !bytes.Equal(got, payload) {
+			t.Errorf("%s: read %d bytes, %v; want the %d-byte image", filepath.Base(p), len(got), err, len(payload))
+		}
+	}
+	if _, _, err := openImage(filepath.Join(dir, "missing")); !errors.Is(err, errBadImage) {
+		t.Errorf("missing image: %v", err)
+	}
+}
+
+func TestSecretsAreRedacted(t *testing.T) {
+	var got []string
+	_, err := New([]byte(`{"auth_url": "http://k:5000", "username": "u", "password": "hunter2", "project_name": "p"}`),
+		t.TempDir(), nil, nil, retry.Policy{}, func(v ...string) { got = append(got, v...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(got, " "), "hunter2") {
+		t.Errorf("the password was not registered for redaction: %q", got)
+	}
+}
