@@ -21,19 +21,19 @@ import (
 
 func TestConfigErrors(t *testing.T) {
 	for cfg, want := range map[string]string{
-		`{}`: "auth_url is required",
-		`{"auth_url": "ftp://x"}`:                                               "must be an http(s) URL",
-		`{"auth_url": "http://k:5000/v2.0", "username": "u"}`:                   "Keystone v2.0",
-		`{"auth_url": "http://k:5000"}`:                                         "username or user_id is required",
-		`{"auth_url": "http://k:5000", "username": "u"}`:                        "password is required",
-		`{"auth_url": "http://k:5000", "username": "u", "password": "p"}`:       "project_name or project_id is required",
-		`{"auth_url": "http://k:5000", "application_credential_id": "a"}`:       "application_credential_secret is required",
-		`{"auth_url": "http://k:5000", "application_credential_name": "a", "application_credential_secret": "s"}`: "needs username",
+		`{}`:                      "auth_url is required",
+		`{"auth_url": "ftp://x"}`: "must be an http(s) URL",
+		`{"auth_url": "http://k:5000/v2.0", "username": "u"}`:                                                                        "Keystone v2.0",
+		`{"auth_url": "http://k:5000"}`:                                                                                              "username or user_id is required",
+		`{"auth_url": "http://k:5000", "username": "u"}`:                                                                             "password is required",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p"}`:                                                            "project_name or project_id is required",
+		`{"auth_url": "http://k:5000", "application_credential_id": "a"}`:                                                            "application_credential_secret is required",
+		`{"auth_url": "http://k:5000", "application_credential_name": "a", "application_credential_secret": "s"}`:                    "needs username",
 		`{"auth_url": "http://k:5000", "application_credential_id": "a", "application_credential_secret": "s", "project_name": "p"}`: "already scoped",
-		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "interface": "private"}`: "interface",
-		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "poll_max_ms": -1}`:     "poll_max_ms",
-		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "ca_cert": "a", "ca_file": "b"}`: "not both",
-		`{"auth_url": "http://k:5000", "usename": "typo"}`: "usename",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "interface": "private"}`:                 "interface",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "poll_max_ms": -1}`:                      "poll_max_ms",
+		`{"auth_url": "http://k:5000", "username": "u", "password": "p", "project_id": "x", "ca_cert": "a", "ca_file": "b"}`:         "not both",
+		`{"auth_url": "http://k:5000", "usename": "typo"}`:                                                                           "usename",
 	} {
 		_, err := parseConfig([]byte(cfg))
 		if err == nil || !strings.Contains(err.Error(), want) {
