@@ -22,15 +22,24 @@ func main() {
 	cpiPath := flag.String("cpi", "bin/cpi", "bin/cpi to measure")
 	n := flag.Int("n", 200, "calls per measurement")
 	procs := flag.Int("procs", 32, "concurrent processes for the throughput run")
-	suite := flag.String("suite", "local", "local (driver timings), hooks (hook overhead) or aws (calls against -endpoint)")
+	suite := flag.String("suite", "local", "local (driver timings), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
 	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
 	flag.Parse()
 	runSuite := run
 	switch *suite {
 	case "hooks":
 		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
-	case "aws":
-		runSuite = func(cpi string, n, _ int) error { return runAWS(cpi, *endpoint, n) }
+	case "aws", "openstack":
+		runSuite = func(cpi string, n, _ int) error {
+			s, err := awsSuite(*endpoint)
+			if *suite == "openstack" {
+				s, err = openstackSuite()
+			}
+			if err != nil {
+				return err
+			}
+			return runCloud(cpi, s, n)
+		}
 	}
 	if err := runSuite(*cpiPath, *n, *procs); err != nil {
 		fmt.Fprintln(os.Stderr, "cpibench:", err)

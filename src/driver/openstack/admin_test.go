@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -53,10 +54,11 @@ func (a *admin) list(t *testing.T, kind, path, key string) []map[string]any {
 }
 
 type port struct {
-	ID       string
-	DeviceID string
-	Tags     []string
-	IPs      []string
+	ID          string
+	Description string
+	DeviceID    string
+	Tags        []string
+	IPs         []string
 }
 
 func (p port) FixedIP() string {
@@ -69,7 +71,7 @@ func (p port) FixedIP() string {
 func (a *admin) ports(t *testing.T, query string) []port {
 	var out []port
 	for _, m := range a.list(t, "network", "v2.0/ports?"+query, "ports") {
-		p := port{ID: fmt.Sprint(m["id"]), DeviceID: fmt.Sprint(m["device_id"])}
+		p := port{ID: fmt.Sprint(m["id"]), DeviceID: fmt.Sprint(m["device_id"]), Description: fmt.Sprint(m["description"])}
 		for _, tg := range anySlice(m["tags"]) {
 			p.Tags = append(p.Tags, fmt.Sprint(tg))
 		}
@@ -92,8 +94,12 @@ func (a *admin) leftovers(t *testing.T, key, val string) []string {
 	for _, s := range a.list(t, "compute", "servers/detail?all_tenants=1&tags="+tag, "servers") {
 		left = append(left, fmt.Sprintf("server %v (%v)", s["id"], s["status"]))
 	}
-	for _, p := range a.ports(t, "tags="+tag) {
-		left = append(left, "port "+p.ID)
+	// By tag, and by the description runway sets at creation (a port of a
+	// killed create may have no tags yet).
+	for _, p := range a.ports(t, "") {
+		if slices.Contains(p.Tags, tag) || slices.Contains(strings.Fields(p.Description), tag) {
+			left = append(left, "port "+p.ID)
+		}
 	}
 	for _, v := range a.list(t, "volume", "volumes/detail?all_tenants=1", "volumes") {
 		if md, _ := v["metadata"].(map[string]any); md[key] == val {

@@ -25,6 +25,8 @@ const (
 	mdVM    = "runway_vm"    // the name create_vm gave the server (it may be renamed later)
 	mdAgent = "agent_id"     // also a creator tag; read back by ListVMs
 	mdPorts = "runway_ports" // "1": runway made ports for this server
+	// mdDirector is the CPI service's creator tag for the director uuid.
+	mdDirector = "director"
 )
 
 // CreateVM boots one server and waits until it is ACTIVE. On any failure
@@ -291,7 +293,7 @@ func planNetworks(in driver.Networks) ([]plannedNet, error) {
 // reaper (or the next delete_vm of the agent) finds it if we die.
 func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, creator map[string]string, groups []string) (string, error) {
 	opts := ports.CreateOpts{NetworkID: n.props.NetID, Name: c.name,
-		Description: "runway " + c.name + " " + creator[mdAgent],
+		Description: portDescription(creator[mdDirector], creator[mdAgent]),
 		FixedIPs:    []ports.IP{{IPAddress: n.net.IP}}}
 	if len(groups) > 0 {
 		ids, err := d.securityGroupIDs(ctx, groups)
@@ -301,14 +303,30 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 		opts.SecurityGroups = &ids
 	}
 	var port *ports.Port
-	sent, err := d.do(ctx, "network", "create port", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	reclaimed := false
+	_, err := d.do(ctx, "network", "create port", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
 		port, err = ports.Create(ctx, sc, opts).Extract()
-		if err != nil && status(err) == 409 && strings.Contains(apiMessage(err), "already allocated") {
+		if err == nil || status(err) != 409 || !strings.Contains(apiMessage(err), "already allocated") {
+			return err
+		}
+		holder := d.findPort(ctx, sc, n.props.NetID, n.net.IP)
+		switch {
+		case holder == nil:
+			return err
+		case holder.Name == c.name:
 			// A resent POST that took effect the first time holds our IP.
-			if mine := d.findPort(ctx, sc, n.props.NetID, n.net.IP, c.name); mine != nil {
-				port, err = mine, nil
+			port = holder
+			return nil
+		case !reclaimed && d.orphanPort(ctx, holder, creator):
+			// A create_vm killed between its port and its server left
+			// this port holding the address: remove it and try again.
+			reclaimed = true
+			d.log.Info("openstack", "deleting port %s: it holds %s for %s, a server that was never created", holder.ID, n.net.IP, holder.Name)
+			if derr := ports.Delete(ctx, sc, holder.ID).ExtractErr(); derr != nil && !isNotFound(derr) {
+				return derr
 			}
+			port, err = ports.Create(ctx, sc, opts).Extract()
 		}
 		return err
 	})
@@ -316,7 +334,6 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 		return "", err
 	}
 	c.ports = append(c.ports, port.ID)
-	_ = sent
 	tags := serverTags(creator)
 	tags = append(tags, truncate(mdVM+tagSep+c.name, 60))
 	if _, err := d.do(ctx, "network", "tag port "+port.ID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
@@ -328,10 +345,16 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 	return port.ID, nil
 }
 
-// findPort returns the port named name holding ip on network, if any.
-func (d *Driver) findPort(ctx context.Context, sc *gophercloud.ServiceClient, network, ip, name string) *ports.Port {
-	pages, err := ports.List(sc, ports.ListOpts{NetworkID: network, Name: name,
-		FixedIPs: []ports.FixedIPOpts{{IPAddress: ip}}}).AllPages(ctx)
+// portDescription marks a port as runway's, atomically with its creation
+// (Neutron takes tags only in a second request, which a killed process
+// may never send): delete_vm and reapers find ports by it.
+func portDescription(director, agent string) string {
+	return "runway director=" + truncate(director, 100) + " agent_id=" + truncate(agent, 100)
+}
+
+// findPort returns the port holding ip on network, if any.
+func (d *Driver) findPort(ctx context.Context, sc *gophercloud.ServiceClient, network, ip string) *ports.Port {
+	pages, err := ports.List(sc, ports.ListOpts{NetworkID: network, FixedIPs: []ports.FixedIPOpts{{IPAddress: ip}}}).AllPages(ctx)
 	if err != nil {
 		return nil
 	}
@@ -340,6 +363,26 @@ func (d *Driver) findPort(ctx context.Context, sc *gophercloud.ServiceClient, ne
 		return nil
 	}
 	return &list[0]
+}
+
+// orphanPort: runway made the port for the same director, it is bound to
+// nothing, and no server carries the name it was made for.
+func (d *Driver) orphanPort(ctx context.Context, p *ports.Port, creator map[string]string) bool {
+	dir := creator[mdDirector]
+	if p.DeviceID != "" || dir == "" || !strings.HasPrefix(p.Description, "runway director="+truncate(dir, 100)+" ") {
+		return false
+	}
+	found := true
+	_, err := d.do(ctx, "compute", "find server "+p.Name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		pages, err := servers.List(sc, servers.ListOpts{Name: "^" + p.Name + "$"}).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err := servers.ExtractServers(pages)
+		found = len(list) > 0
+		return err
+	})
+	return err == nil && !found
 }
 
 // assignedNetworks answers the networks hash with the addresses the
@@ -564,17 +607,14 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	return err
 }
 
-// deletePorts removes the ports runway made for this server and unbound
-// ports tagged with its agent (left by a create_vm killed between port
-// and server). Ports bound to another server are left alone.
+// deletePorts removes the ports runway made for this server's director
+// and agent that are bound to it or to nothing (left by a create_vm killed
+// between port and server). Ports bound to another server are left alone.
 func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
-	tag := truncate(sanitizeTag(mdAgent+tagSep+s.Metadata[mdAgent]), 60)
-	if s.Metadata[mdAgent] == "" {
-		tag = truncate(mdVM+tagSep+s.Metadata[mdVM], 60)
-	}
+	desc := portDescription(s.Metadata[mdDirector], s.Metadata[mdAgent])
 	var list []ports.Port
-	_, err := d.do(ctx, "network", "list ports tagged "+tag, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := ports.List(sc, ports.ListOpts{Tags: tag}).AllPages(ctx)
+	_, err := d.do(ctx, "network", "list runway's ports of agent "+s.Metadata[mdAgent], func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		pages, err := ports.List(sc, ports.ListOpts{Description: desc}).AllPages(ctx)
 		if err != nil {
 			return err
 		}
