@@ -167,6 +167,11 @@ func TestNetworksNoneAndManual(t *testing.T) {
 	if !containsAll(ps[0].Tags, "created_by=os-test", "agent_id=agent-manual") {
 		t.Errorf("port tags %v lack the creator tags", ps[0].Tags)
 	}
+	// The Director's metadata names its director (a name, not the uuid
+	// the creator tags hold): delete_vm must still find the port.
+	if err := d.SetVMMetadata(ctx, vm.CID, map[string]string{"director": "bosh-lite", "agent_id": "renamed", "name": "web/0"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.DeleteVM(ctx, vm.CID); err != nil {
 		t.Fatal(err)
 	}

@@ -607,23 +607,46 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	return err
 }
 
-// deletePorts removes the ports runway made for this server's director
-// and agent that are bound to it or to nothing (left by a create_vm killed
-// between port and server). Ports bound to another server are left alone.
+// deletePorts removes the ports runway made for this server (by the name
+// they share) and the unbound ports of its director and agent (left by a
+// create_vm killed between port and server). Director and agent come
+// from the server's tags: set_vm_metadata may overwrite the metadata
+// (the Director's "director" is its name, not its uuid). Ports bound to
+// another server are left alone.
 func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
-	desc := portDescription(s.Metadata[mdDirector], s.Metadata[mdAgent])
-	var list []ports.Port
-	_, err := d.do(ctx, "network", "list runway's ports of agent "+s.Metadata[mdAgent], func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := ports.List(sc, ports.ListOpts{Description: desc}).AllPages(ctx)
-		if err != nil {
-			return err
+	tags := map[string]string{}
+	if s.Tags != nil {
+		for _, t := range *s.Tags {
+			if k, v, ok := strings.Cut(t, tagSep); ok {
+				tags[k] = v
+			}
 		}
-		list, err = ports.ExtractPorts(pages)
-		return err
-	})
-	if err != nil {
-		d.log.Warn("openstack", "listing the ports of server %s: %v", s.ID, err)
-		return
+	}
+	queries := []ports.ListOpts{{Description: portDescription(tags[mdDirector], tags[mdAgent])}}
+	if name := s.Metadata[mdVM]; name != "" {
+		queries = append(queries, ports.ListOpts{Name: name})
+	}
+	var list []ports.Port
+	seen := map[string]bool{}
+	for _, q := range queries {
+		_, err := d.do(ctx, "network", "list runway's ports of server "+s.ID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+			pages, err := ports.List(sc, q).AllPages(ctx)
+			if err != nil {
+				return err
+			}
+			found, err := ports.ExtractPorts(pages)
+			for _, p := range found {
+				if !seen[p.ID] && strings.HasPrefix(p.Description, "runway ") {
+					seen[p.ID] = true
+					list = append(list, p)
+				}
+			}
+			return err
+		})
+		if err != nil {
+			d.log.Warn("openstack", "listing the ports of server %s: %v", s.ID, err)
+			return
+		}
 	}
 	for _, p := range list {
 		if p.DeviceID != "" && p.DeviceID != s.ID {
