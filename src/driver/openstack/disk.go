@@ -156,9 +156,16 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// A resent delete meets the volume deleting (400) or gone (404).
 	err = d.doOnce(ctx, "volume", "delete volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return volumes.Delete(ctx, sc, id, volumes.DeleteOpts{}).ExtractErr()
-	}, is404)
+	}, func(err error) bool {
+		if is404(err) {
+			return true
+		}
+		_, verr := d.volume(ctx, id)
+		return status(err) == 400 && errors.Is(verr, driver.ErrDiskNotFound)
+	})
 	if isNotFound(err) {
 		return fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
 	}
@@ -319,9 +326,16 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 		}
 		return fmt.Errorf("volume %s is not attached to server %s: %w", disk, vm, driver.ErrDiskNotAttached)
 	}
+	// A resent detach meets the volume detaching (400) or detached (404).
 	err = d.doOnce(ctx, "compute", "detach "+disk+" from "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return volumeattach.Delete(ctx, sc, vm, disk).ExtractErr()
-	}, is404)
+	}, func(err error) bool {
+		if is404(err) {
+			return true
+		}
+		cur, verr := d.volume(ctx, disk)
+		return status(err) == 400 && verr == nil && (cur.Status == "detaching" || attachmentTo(cur, vm) == nil)
+	})
 	if isNotFound(err) {
 		if _, serr := d.server(ctx, vm); serr != nil {
 			return serr
@@ -603,8 +617,15 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
 }
 
 func (d *Driver) deleteSnapshot(ctx context.Context, id string) error {
-	_, err := d.do(ctx, "volume", "delete snapshot "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	// A resent delete meets the snapshot deleting (400) or gone (404).
+	err := d.doOnce(ctx, "volume", "delete snapshot "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return snapshots.Delete(ctx, sc, id).ExtractErr()
+	}, func(err error) bool {
+		if status(err) != 400 {
+			return false
+		}
+		s, serr := d.snapshot(ctx, id)
+		return errors.Is(serr, errSnapshotGone) || serr == nil && s.Status == "deleting"
 	})
 	if isNotFound(err) {
 		return nil
