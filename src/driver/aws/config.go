@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/retry"
 )
 
 // Config is the "aws" section of the CPI config.
@@ -159,7 +160,7 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 				// A refused connection or unknown host is a wrong endpoint,
 				// not a hiccup: fail at once, naming it.
 				o.Retryables = append([]awsretry.IsErrorRetryable{awsretry.IsErrorRetryableFunc(func(err error) aws.Ternary {
-					if misconfigured(err) {
+					if retry.Misconfigured(err) {
 						return aws.FalseTernary
 					}
 					return aws.UnknownTernary

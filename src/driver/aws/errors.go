@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync/atomic"
-	"syscall"
 
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
@@ -64,24 +60,7 @@ func classify(err error) retry.Verdict {
 	case code != "" || httpStatus(err) != 0:
 		return retry.Verdict{Class: retry.Permanent}
 	}
-	if misconfigured(err) {
-		return retry.Verdict{Class: retry.Permanent}
-	}
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "connection reset") {
-		return retry.Verdict{Class: retry.Transient}
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
-		return retry.Verdict{Class: retry.Transient}
-	}
-	return retry.Verdict{Class: retry.Permanent}
-}
-
-// misconfigured: the endpoint refuses connections or does not resolve.
-func misconfigured(err error) bool {
-	var dnsErr *net.DNSError
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound
+	return retry.Network(err)
 }
 
 // isThrottle reports whether err is (or wraps) a rate-limit answer.

@@ -1,15 +1,11 @@
 package openstack
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -98,24 +94,7 @@ func classify(err error) retry.Verdict {
 	case s != 0:
 		return retry.Verdict{Class: retry.Permanent}
 	}
-	if misconfigured(err) {
-		return retry.Verdict{Class: retry.Permanent}
-	}
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "connection reset") {
-		return retry.Verdict{Class: retry.Transient}
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
-		return retry.Verdict{Class: retry.Transient}
-	}
-	return retry.Verdict{Class: retry.Permanent}
-}
-
-// misconfigured: the endpoint refuses connections or does not resolve.
-func misconfigured(err error) bool {
-	var dnsErr *net.DNSError
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound
+	return retry.Network(err)
 }
 
 // apiMessage pulls the human message out of an OpenStack error body

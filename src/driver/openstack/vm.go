@@ -33,7 +33,7 @@ const (
 // the server(s) and ports this call made are deleted.
 func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
 	var p vmProps
-	if err := decodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := driver.DecodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
 		return driver.VM{}, err
 	}
 	if err := p.validate(); err != nil {
@@ -268,7 +268,7 @@ func planNetworks(in driver.Networks) ([]plannedNet, error) {
 			return nil, &driver.CreationError{Err: driver.Invalid("%s: unknown network type", describeNet(name, n))}
 		}
 		var np netProps
-		if err := decodeProps("networks."+name+".cloud_properties", n.CloudProperties, &np); err != nil {
+		if err := driver.DecodeProps("networks."+name+".cloud_properties", n.CloudProperties, &np); err != nil {
 			return nil, &driver.CreationError{Err: err}
 		}
 		if np.NetID == "" {

@@ -1,0 +1,35 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+)
+
+// Misconfigured: the endpoint refuses connections or does not resolve — a
+// wrong URL, not a hiccup worth waiting out.
+func Misconfigured(err error) bool {
+	var dnsErr *net.DNSError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) && dnsErr.IsNotFound
+}
+
+// Network classifies transport errors (no HTTP answer): a misconfigured
+// endpoint is permanent; resets, broken pipes, truncated answers and
+// request timeouts are transient. Anything else is permanent.
+func Network(err error) Verdict {
+	if Misconfigured(err) {
+		return Verdict{Class: Permanent}
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "connection reset") {
+		return Verdict{Class: Transient}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
+		return Verdict{Class: Transient}
+	}
+	return Verdict{Class: Permanent}
+}
