@@ -6,12 +6,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 )
 
 // TestKilledCreateVM: bin/cpi killed with SIGKILL in the middle of
-// create_vm — once after the port exists, once after the server exists —
+// create_vm — once after its port but before any server, once after the
+// server exists —
 // leaves nothing a later call cannot remove: the next create_vm for the
 // same fixed IP reclaims the orphaned port, and list_vms by agent plus
 // delete_vm removes the orphaned server and its port.
@@ -24,13 +28,28 @@ func TestKilledCreateVM(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/cmd/cpi").CombinedOutput(); err != nil {
 		t.Fatalf("building bin/cpi: %v\n%s", err, out)
 	}
-	cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
-		"openstack": map[string]any{"auth_url": c.authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
-	b, _ := json.Marshal(cfg)
-	cfgPath := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
-		t.Fatal(err)
+	// Through a proxy that resets every server POST, a create_vm stays
+	// alive with its port made and no server: the first kill point,
+	// without racing the clock.
+	var serverPosts atomic.Int32
+	stuckURL, _ := throughProxy(t, c, func(r faultproxy.Request) faultproxy.Fault {
+		if r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/servers") {
+			serverPosts.Add(1)
+			return faultproxy.ResetBefore
+		}
+		return faultproxy.Pass
+	})
+	writeConfig := func(name, authURL string) string {
+		cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state-"+name),
+			"openstack": map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
+		b, _ := json.Marshal(cfg)
+		path := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
 	}
+	cfgPath, stuckCfg := writeConfig("direct", c.authURL), writeConfig("stuck", stuckURL)
 	d, _ := newTestDriver(t, c, "", "", nil)
 	sc := createStemcell(t, d)
 	a := newAdmin(t, c)
@@ -62,9 +81,9 @@ func TestKilledCreateVM(t *testing.T) {
 		return resp.Result
 	}
 	// killWhen starts create_vm and SIGKILLs it as soon as seen() is true.
-	killWhen := func(agent, ip string, seen func() bool) {
+	killWhen := func(cfg, agent, ip string, seen func() bool) {
 		t.Helper()
-		cmd := exec.Command(bin, "-configPath", cfgPath)
+		cmd := exec.Command(bin, "-configPath", cfg)
 		cmd.Stdin = strings.NewReader(string(request("create_vm", agent, sc, map[string]any{"instance_type": "runway.tiny"}, nets(ip), []string{}, map[string]any{})))
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -81,10 +100,13 @@ func TestKilledCreateVM(t *testing.T) {
 		cmd.Wait()
 	}
 
-	// 1. Killed once the port exists: the server may or may not exist.
-	killWhen("kill9-agent-1", "10.20.0.90", func() bool { return len(a.ports(t, "fixed_ips=ip_address%3D10.20.0.90")) > 0 })
-	for _, vm := range listVMs(t, call, "kill9-agent-1") {
-		call("delete_vm", vm)
+	// 1. Killed after its port, before any server: nothing for list_vms.
+	killWhen(stuckCfg, "kill9-agent-1", "10.20.0.90", func() bool { return serverPosts.Load() > 0 })
+	if ps := a.ports(t, "fixed_ips=ip_address%3D10.20.0.90"); len(ps) != 1 || ps[0].DeviceID != "" {
+		t.Fatalf("after the first kill, ports on 10.20.0.90 = %+v; want one unbound", ps)
+	}
+	if vms := listVMs(t, call, "kill9-agent-1"); len(vms) != 0 {
+		t.Fatalf("a server exists although every server POST was reset: %v", vms)
 	}
 	// The same address for the next VM: an orphaned port must not block it.
 	var pair []json.RawMessage
@@ -97,7 +119,7 @@ func TestKilledCreateVM(t *testing.T) {
 
 	// 2. Killed once the server exists: list_vms by agent finds it, and
 	// delete_vm removes it and its port.
-	killWhen("kill9-agent-3", "10.20.0.91", func() bool {
+	killWhen(cfgPath, "kill9-agent-3", "10.20.0.91", func() bool {
 		return len(a.list(t, "compute", "servers?all_tenants=1&tags=agent_id%3Dkill9-agent-3", "servers")) > 0
 	})
 	vms := listVMs(t, call, "kill9-agent-3")
