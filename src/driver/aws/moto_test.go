@@ -665,3 +665,42 @@ func signingKey(r *http.Request) string {
 	key, _, _ := strings.Cut(cred, "/")
 	return key
 }
+
+// TestRetriedStartSnapshotLeavesOne: a StartSnapshot whose answer was lost
+// is sent again; moto ignores the ClientToken, so without the sweep the
+// first snapshot stays behind (found by the lifecycle audit under faults).
+func TestRetriedStartSnapshotLeavesOne(t *testing.T) {
+	ep := motoEndpoint(t)
+	resetMoto(t, ep)
+	p, _ := faultproxy.New(ep, faultproxy.AWS)
+	var once sync.Once
+	resent := false
+	p.SetRule(func(r faultproxy.Request) faultproxy.Fault {
+		f := faultproxy.Pass
+		if r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/snapshots") {
+			once.Do(func() { f, resent = faultproxy.ResetAfter, true })
+		}
+		return f
+	})
+	url, stop := p.Start()
+	defer stop()
+	d, _ := newTestDriver(t, url, "", nil)
+	ctx := context.Background()
+	img, props := stemcellFixture(t)
+	tags := map[string]string{"director": "dup-stemcell"}
+	ami, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: img, CloudProps: props, Tags: tags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteStemcell(ctx, ami)
+	if !resent {
+		t.Fatal("StartSnapshot was never faulted")
+	}
+	snaps, err := adminClient(t, ep).DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{OwnerIds: []string{"self"}, Filters: tagFilters(tags)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snaps.Snapshots) != 1 {
+		t.Fatalf("snapshots after a resent StartSnapshot: %d; want 1", len(snaps.Snapshots))
+	}
+}

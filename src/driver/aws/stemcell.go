@@ -155,14 +155,23 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 		etags = append(etags, ebstypes.Tag{Key: t.Key, Value: t.Value})
 	}
 	var start *ebs.StartSnapshotOutput
-	if err := d.retry.Do(ctx, "aws StartSnapshot", func(ctx context.Context) error {
+	actx, sent := withAttempts(ctx)
+	if err := d.retry.Do(actx, "aws StartSnapshot", func(ctx context.Context) error {
 		start, err = eb.StartSnapshot(ctx, &ebs.StartSnapshotInput{VolumeSize: aws.Int64(gib), Tags: etags,
 			ClientToken: aws.String(tags[tagToken]), Description: aws.String("runway stemcell")})
 		return err
 	}); err != nil {
+		if sent.Load() > 1 {
+			d.sweepSnapshots(ctx, tags[tagToken], "")
+		}
 		return "", d.cloudErr("StartSnapshot", err)
 	}
 	snap := aws.ToString(start.SnapshotId)
+	if sent.Load() > 1 {
+		// Sent more than once: EBS honours the ClientToken, emulators may
+		// not. Either way one snapshot survives.
+		d.sweepSnapshots(ctx, tags[tagToken], snap)
+	}
 	fail := func(err error) (string, error) {
 		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
 			d.log.Warn("aws", "deleting partial snapshot %s: %v", snap, derr)
