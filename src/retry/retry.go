@@ -53,6 +53,20 @@ func Default() Policy {
 	return Policy{Base: 250 * time.Millisecond, MaxSleep: 30 * time.Second, Budget: 10 * time.Minute}
 }
 
+// For is p (Default when p has no budget) classifying with c and logging
+// its waits to logf unless p already logs somewhere: what a driver builds
+// from the CPI's retry config.
+func (p Policy) For(c Classifier, logf func(format string, args ...any)) Policy {
+	if p.Budget <= 0 {
+		p = Default()
+	}
+	p.Classify = c
+	if p.Logf == nil {
+		p.Logf = logf
+	}
+	return p
+}
+
 // ErrBudgetExhausted wraps the last error when the wait budget is spent.
 var ErrBudgetExhausted = errors.New("retry budget exhausted")
 

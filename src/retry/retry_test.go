@@ -150,3 +150,21 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+func TestPolicyFor(t *testing.T) {
+	var logged bool
+	c := func(error) Verdict { return Verdict{Class: Transient} }
+	p := Policy{}.For(c, func(string, ...any) { logged = true })
+	if p.Budget != Default().Budget || p.Classify == nil || p.Logf == nil {
+		t.Fatalf("For on a zero policy = %+v; want Default with the classifier and logger", p)
+	}
+	p.Logf("x")
+	if !logged {
+		t.Error("the driver's logger was not used")
+	}
+	own := Policy{Budget: time.Second, Logf: func(string, ...any) {}}.For(c, func(string, ...any) { t.Error("replaced the policy's own logger") })
+	if own.Budget != time.Second {
+		t.Errorf("For replaced a configured budget: %s", own.Budget)
+	}
+	own.Logf("x")
+}

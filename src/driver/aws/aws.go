@@ -52,13 +52,7 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 	if log == nil {
 		log = logging.Discard()
 	}
-	if policy.Budget <= 0 {
-		policy = retry.Default()
-	}
-	policy.Classify = classify
-	if policy.Logf == nil {
-		policy.Logf = func(f string, a ...any) { log.Info("aws", f, a...) }
-	}
+	policy = policy.For(classify, func(f string, a ...any) { log.Info("aws", f, a...) })
 	return &Driver{cfg: c, locks: locks, log: log, retry: policy}, nil
 }
 

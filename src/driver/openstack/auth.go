@@ -87,9 +87,9 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 	} else {
+		d.redact(tok.ID)
 		d.log.Debug("openstack", "using the cached Keystone token (expires %s)", tok.ExpiresAt.Format(time.RFC3339))
 	}
-	d.redact(tok.ID)
 	pc.SetToken(tok.ID)
 	s := &session{pc: pc, endpoints: tok.Endpoints}
 	// A 401 (token revoked, or expired early) logs in again once.
@@ -98,20 +98,23 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 		if err != nil {
 			return err
 		}
-		d.redact(t.ID)
-		pc.SetToken(t.ID)
+		pc.SetToken(t.ID) // login redacted it
 		return nil
 	}
 	return s, nil
 }
 
-// cachePath is per cloud and identity, so two configs never share a token.
-func (d *Driver) cachePath() string {
+// cachePath is the token cache file.
+func (d *Driver) cachePath() string { return d.cacheFile("token") }
+
+// cacheFile is per cloud and identity, so two configs never share a
+// token or a flavor list.
+func (d *Driver) cacheFile(kind string) string {
 	c := d.cfg
 	h := sha256.Sum256([]byte(strings.Join([]string{c.AuthURL, c.Region, c.Interface, c.Username, c.UserID,
 		c.UserDomainName, c.UserDomainID, c.ProjectName, c.ProjectID, c.ProjectDomainName, c.ProjectDomainID,
 		c.ApplicationCredentialID, c.ApplicationCredentialName}, "\x00")))
-	return filepath.Join(d.stateDir, "openstack-token-"+hex.EncodeToString(h[:8])+".json")
+	return filepath.Join(d.stateDir, "openstack-"+kind+"-"+hex.EncodeToString(h[:8])+".json")
 }
 
 func (d *Driver) readTokenCache() *cachedToken {
@@ -151,6 +154,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 		}
 		defer unlock()
 		if t := d.readTokenCache(); t.fresh(time.Now()) && t.ID != stale {
+			d.redact(t.ID)
 			return t, nil
 		}
 	}
@@ -168,7 +172,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 		return res.Err
 	})
 	if err != nil {
-		if isStatus(err, 401) {
+		if status(err) == 401 {
 			return nil, fmt.Errorf("openstack: Keystone at %s refused the credentials (401): check username/password or the application credential", d.cfg.AuthURL)
 		}
 		return nil, d.cloudErr("keystone login at "+d.cfg.AuthURL, err)

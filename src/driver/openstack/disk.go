@@ -160,7 +160,7 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 	err = d.doOnce(ctx, "volume", "delete volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return volumes.Delete(ctx, sc, id, volumes.DeleteOpts{}).ExtractErr()
 	}, func(err error) bool {
-		if is404(err) {
+		if isNotFound(err) {
 			return true
 		}
 		_, verr := d.volume(ctx, id)
@@ -330,7 +330,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 	err = d.doOnce(ctx, "compute", "detach "+disk+" from "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return volumeattach.Delete(ctx, sc, vm, disk).ExtractErr()
 	}, func(err error) bool {
-		if is404(err) {
+		if isNotFound(err) {
 			return true
 		}
 		cur, verr := d.volume(ctx, disk)

@@ -26,8 +26,6 @@ func status(err error) int {
 	return 0
 }
 
-func isStatus(err error, code int) bool { return status(err) == code }
-
 func isNotFound(err error) bool { return status(err) == 404 }
 
 // responseOf returns the error's body and headers, if it has them.

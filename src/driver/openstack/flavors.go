@@ -35,10 +35,6 @@ type flavorCache struct {
 	Flavors []flavorEntry `json:"flavors"`
 }
 
-func (d *Driver) flavorCachePath() string {
-	return strings.Replace(d.cachePath(), "openstack-token-", "openstack-flavors-", 1)
-}
-
 var errUnknownFlavor = errors.New("unknown flavor")
 
 // flavorID resolves a flavor name (or id) from the cache in the state dir,
@@ -106,7 +102,7 @@ func (d *Driver) readFlavorCache() *flavorCache {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return nil
 	}
-	b, err := os.ReadFile(d.flavorCachePath())
+	b, err := os.ReadFile(d.cacheFile("flavors"))
 	if err != nil {
 		return nil
 	}
@@ -122,7 +118,7 @@ func (d *Driver) writeFlavorCache(c *flavorCache) {
 		return
 	}
 	b, _ := json.Marshal(c)
-	if err := writeAtomic(d.stateDir, d.flavorCachePath(), b); err != nil {
+	if err := writeAtomic(d.stateDir, d.cacheFile("flavors"), b); err != nil {
 		d.log.Warn("openstack", "cannot write the flavor cache: %v", err)
 	}
 }

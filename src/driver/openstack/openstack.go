@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
@@ -54,13 +55,7 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	if log == nil {
 		log = logging.Discard()
 	}
-	if policy.Budget <= 0 {
-		policy = retry.Default()
-	}
-	policy.Classify = classify
-	if policy.Logf == nil {
-		policy.Logf = func(f string, a ...any) { log.Info("openstack", f, a...) }
-	}
+	policy = policy.For(classify, func(f string, a ...any) { log.Info("openstack", f, a...) })
 	return &Driver{cfg: c, stateDir: stateDir, locks: locks, log: log, retry: policy, redact: redact}, nil
 }
 
@@ -111,7 +106,6 @@ func (d *Driver) doOnce(ctx context.Context, kind, op string, fn func(ctx contex
 	return err
 }
 
-func is404(err error) bool { return isNotFound(err) }
 func is409(err error) bool { return status(err) == 409 }
 
 // waitFor polls check until it reports done: first after 250 ms, then
@@ -165,13 +159,11 @@ func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8Start(s[n]) {
+	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
 	return s[:n]
 }
-
-func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
 // metadata clips a map to Nova/Cinder limits.
 func metadata(m map[string]string) map[string]string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"sort"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/keypairs"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/attributestags"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/runway-cpi/runway/src/driver"
@@ -82,7 +82,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		return driver.VM{}, err // a CloudError: no retry can find it
 	}
 	if err != nil {
-		return driver.VM{}, d.creationError("finding flavor "+p.InstanceType, err)
+		return driver.VM{}, d.creationError(err)
 	}
 
 	// From here on, whatever exists is removed if the call fails.
@@ -106,7 +106,7 @@ func (d *Driver) createServer(ctx context.Context, c *creation, spec driver.VMSp
 		}
 		port, err := d.createPort(ctx, c, n, creator, groups)
 		if err != nil {
-			return driver.VM{}, d.creationError("creating a port on "+n.props.NetID+" for "+n.net.IP, err)
+			return driver.VM{}, d.creationError(err)
 		}
 		n.port = port
 		nics = append(nics, servers.Network{Port: port})
@@ -151,13 +151,13 @@ func (d *Driver) createServer(ctx context.Context, c *creation, spec driver.VMSp
 		}
 		opts.BlockDevice = []servers.BlockDevice{bd}
 	}
-	var builder servers.CreateOptsBuilder = opts
-	if k := firstNonEmpty(p.KeyName, d.cfg.DefaultKeyName); k != "" {
-		builder = keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: k}
-	}
-
+	keyName := firstNonEmpty(p.KeyName, d.cfg.DefaultKeyName)
 	var srv *servers.Server
 	create := func() (int, error) {
+		var builder servers.CreateOptsBuilder = opts
+		if keyName != "" {
+			builder = keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: keyName}
+		}
 		return d.do(ctx, "compute", "create server "+c.name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 			var err error
 			srv, err = servers.Create(ctx, sc, builder, nil).Extract()
@@ -169,7 +169,6 @@ func (d *Driver) createServer(ctx context.Context, c *creation, spec driver.VMSp
 		// The cached flavor id went stale (flavor recreated): look again once.
 		if id, ferr := d.flavorID(ctx, p.InstanceType, true); ferr == nil && id != flavor {
 			opts.FlavorRef = id
-			builder = withKey(opts, builder)
 			var n int
 			n, err = create()
 			sent += n
@@ -177,7 +176,7 @@ func (d *Driver) createServer(ctx context.Context, c *creation, spec driver.VMSp
 	}
 	c.sent = sent
 	if err != nil {
-		return driver.VM{}, d.creationError("creating server "+c.name, err)
+		return driver.VM{}, d.creationError(d.cloudErr("create server "+c.name, err))
 	}
 	c.server = srv.ID
 	d.log.Info("openstack", "creating server %s (%s) for agent %s", srv.ID, c.name, spec.AgentID)
@@ -187,21 +186,14 @@ func (d *Driver) createServer(ctx context.Context, c *creation, spec driver.VMSp
 	}
 	srv, err = d.waitServer(ctx, srv.ID, "ACTIVE")
 	if err != nil {
-		return driver.VM{}, d.creationError("waiting for server "+c.server, err)
+		return driver.VM{}, d.creationError(err)
 	}
 	out, err := d.assignedNetworks(ctx, srv, spec.Networks, nets)
 	if err != nil {
-		return driver.VM{}, d.creationError("reading the addresses of "+srv.ID, err)
+		return driver.VM{}, d.creationError(err)
 	}
 	c.done = true
 	return driver.VM{CID: srv.ID, Networks: out}, nil
-}
-
-func withKey(opts servers.CreateOpts, b servers.CreateOptsBuilder) servers.CreateOptsBuilder {
-	if k, ok := b.(keypairs.CreateOptsExt); ok {
-		return keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: k.KeyName}
-	}
-	return opts
 }
 
 func allPorts(nets []plannedNet) bool {
@@ -331,7 +323,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 		return err
 	})
 	if err != nil {
-		return "", err
+		return "", d.cloudErr("create port on "+n.props.NetID+" for "+n.net.IP, err)
 	}
 	c.ports = append(c.ports, port.ID)
 	tags := serverTags(creator)
@@ -340,7 +332,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 		_, err := attributestags.ReplaceAll(ctx, sc, "ports", port.ID, attributestags.ReplaceAllOpts{Tags: tags}).Extract()
 		return err
 	}); err != nil {
-		return "", err
+		return "", d.cloudErr("tag port "+port.ID, err)
 	}
 	return port.ID, nil
 }
@@ -457,7 +449,10 @@ func (d *Driver) portAddresses(ctx context.Context, serverID string) (map[string
 		}
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, d.cloudErr("list ports of "+serverID, err)
+	}
+	return out, nil
 }
 
 var errServerFailed = errors.New("server went to ERROR")
@@ -487,7 +482,7 @@ func (d *Driver) waitServer(ctx context.Context, id, want string) (*servers.Serv
 	return srv, err
 }
 
-func (d *Driver) creationError(op string, err error) error {
+func (d *Driver) creationError(err error) error {
 	var ce *driver.CreationError
 	if errors.As(err, &ce) {
 		return err
@@ -499,9 +494,6 @@ func (d *Driver) creationError(op string, err error) error {
 	if s == 400 || s == 404 {
 		// An unknown flavor, image or network, or a request Nova refuses:
 		// a cloud error stating the cloud's reason; a retry cannot help.
-		if _, ok := err.(*apiError); !ok {
-			err = d.cloudErr(op, err)
-		}
 		return err
 	}
 	// Throttles, 5xx, resets, timeouts, a server that failed to build
@@ -509,11 +501,6 @@ func (d *Driver) creationError(op string, err error) error {
 	// another try; bad requests, missing flavors/images/networks cannot.
 	retryable := classify(err).Class != retry.Permanent || errors.Is(err, retry.ErrBudgetExhausted) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errServerFailed) || s == 409
-	if _, ok := err.(*apiError); !ok && s != 0 {
-		err = d.cloudErr(op, err)
-	} else if s == 0 && !errors.Is(err, errServerFailed) && !strings.HasPrefix(err.Error(), "openstack") {
-		err = d.cloudErr(op, err)
-	}
 	return &driver.CreationError{Err: err, Retryable: retryable}
 }
 
@@ -587,7 +574,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	err := d.doOnce(ctx, "compute", "delete server "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return servers.Delete(ctx, sc, id).ExtractErr()
-	}, is404)
+	}, isNotFound)
 	if isNotFound(err) {
 		return fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound)
 	}
@@ -865,29 +852,29 @@ func firstNonEmpty(s ...string) string {
 }
 
 // securityGroupIDs resolves names (ids pass through) for Neutron ports.
-func (d *Driver) securityGroupIDs(ctx context.Context, groups []string) ([]string, error) {
+func (d *Driver) securityGroupIDs(ctx context.Context, names []string) ([]string, error) {
 	var out []string
-	for _, g := range groups {
+	for _, g := range names {
 		if uuid.Validate(g) == nil && len(g) == 36 {
 			out = append(out, g)
 			continue
 		}
-		var body struct {
-			Groups []struct {
-				ID string `json:"id"`
-			} `json:"security_groups"`
-		}
+		var found []groups.SecGroup
 		_, err := d.do(ctx, "network", "find security group "+g, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-			_, err := sc.Get(ctx, sc.ServiceURL("security-groups")+"?fields=id&name="+url.QueryEscape(g), &body, nil)
+			pages, err := groups.List(sc, groups.ListOpts{Name: g}).AllPages(ctx)
+			if err != nil {
+				return err
+			}
+			found, err = groups.ExtractGroups(pages)
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return nil, d.cloudErr("find security group "+g, err)
 		}
-		if len(body.Groups) != 1 {
-			return nil, driver.Invalid("security group %q: %d groups have that name", g, len(body.Groups))
+		if len(found) != 1 {
+			return nil, driver.Invalid("security group %q: %d groups have that name", g, len(found))
 		}
-		out = append(out, body.Groups[0].ID)
+		out = append(out, found[0].ID)
 	}
 	return out, nil
 }
