@@ -90,12 +90,9 @@ func (s *Service) info(_ context.Context, req *rpc.Request) (any, error) {
 	if err := req.Bind(); err != nil {
 		return nil, err
 	}
-	formats := s.Driver.StemcellFormats()
-	// API v1 callers did not know the api_version key.
-	if req.HasAPIVersion && req.APIVersion == 1 {
-		return map[string]any{"stemcell_formats": formats}, nil
-	}
-	return map[string]any{"api_version": APIVersion, "stemcell_formats": formats}, nil
+	// Always the highest version, whatever the caller sent: bosh-cli asks
+	// with api_version 1 and takes a missing key for a v1 CPI.
+	return map[string]any{"api_version": APIVersion, "stemcell_formats": s.Driver.StemcellFormats()}, nil
 }
 
 // createStemcell: image_path, cloud_properties[, env (v3)].

@@ -169,7 +169,7 @@ func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer, driver
 // call runs one CPI method through the shared service, hooks included.
 func (p *provider) call(ctx context.Context, method string, into any, args ...any) *rpc.Error {
 	p.n++
-	req := &rpc.Request{Method: method, APIVersion: 2, HasAPIVersion: true,
+	req := &rpc.Request{Method: method, APIVersion: 2,
 		Context: map[string]any{"director_uuid": "garm-" + p.env.ControllerID, "request_id": fmt.Sprintf("%s-%d", p.reqID, p.n)}}
 	for _, a := range args {
 		b, err := json.Marshal(a)

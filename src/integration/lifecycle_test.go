@@ -28,15 +28,18 @@ var _ = Describe("the full lifecycle, as the Director drives it", Ordered, func(
 		}
 	})
 
-	It("info reports API v3 and the driver's stemcell formats", func() {
-		var info struct {
-			APIVersion      *int     `json:"api_version"`
-			StemcellFormats []string `json:"stemcell_formats"`
+	It("info reports API v3 and the driver's stemcell formats to every caller", func() {
+		// 0: the Director's first call (no api_version); 1: bosh-cli always.
+		for _, api := range []int{0, 1, 2, 3} {
+			var info struct {
+				APIVersion      *int     `json:"api_version"`
+				StemcellFormats []string `json:"stemcell_formats"`
+			}
+			Expect(json.Unmarshal(callV(api, "info"), &info)).To(Succeed())
+			Expect(info.APIVersion).NotTo(BeNil(), "info at api_version %d", api)
+			Expect(*info.APIVersion).To(Equal(3))
+			Expect(info.StemcellFormats).NotTo(BeEmpty())
 		}
-		Expect(json.Unmarshal(callV(0, "info"), &info)).To(Succeed())
-		Expect(info.APIVersion).NotTo(BeNil())
-		Expect(*info.APIVersion).To(Equal(3))
-		Expect(info.StemcellFormats).NotTo(BeEmpty())
 	})
 
 	It("create_stemcell accepts the v3 env argument", func() {

@@ -46,13 +46,11 @@ func NewError(typ string, okToRetry bool, format string, args ...any) *Error {
 
 // Request is one decoded CPI call.
 type Request struct {
-	Method     string            `json:"method"`
-	Arguments  []json.RawMessage `json:"arguments"`
-	Context    map[string]any    `json:"context"`
-	APIVersion int               `json:"api_version"`
-	// HasAPIVersion tells an explicit api_version from an absent one (the
-	// Director omits it on its first info call).
-	HasAPIVersion bool `json:"-"`
+	Method    string            `json:"method"`
+	Arguments []json.RawMessage `json:"arguments"`
+	Context   map[string]any    `json:"context"`
+	// APIVersion is 0 when absent (the Director's first info call).
+	APIVersion int `json:"api_version"`
 }
 
 // DirectorUUID returns context.director_uuid.
@@ -119,7 +117,6 @@ func ParseRequest(data []byte) (*Request, *Error) {
 		if err := json.Unmarshal(v, &req.APIVersion); err != nil || req.APIVersion < 1 {
 			return nil, NewError(TypeCpiError, false, "%s: 'api_version' must be a positive integer, got %s", req.Method, clip(string(v)))
 		}
-		req.HasAPIVersion = true
 	}
 	return req, nil
 }

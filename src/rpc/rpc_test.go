@@ -35,12 +35,12 @@ func TestParseRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Method != "create_vm" || len(r.Arguments) != 2 || r.APIVersion != 2 || !r.HasAPIVersion ||
+	if r.Method != "create_vm" || len(r.Arguments) != 2 || r.APIVersion != 2 ||
 		r.DirectorUUID() != "d" || r.RequestID() != "cpi-9" || r.StemcellAPIVersion() != 2 {
 		t.Fatalf("parsed %+v", r)
 	}
 	r, _ = ParseRequest([]byte(`{"method":"info","arguments":[],"context":{"director_uuid":"d"}}`))
-	if r.HasAPIVersion || r.APIVersion != 0 || r.StemcellAPIVersion() != 0 {
+	if r.APIVersion != 0 || r.StemcellAPIVersion() != 0 {
 		t.Fatalf("absent versions parsed as %+v", r)
 	}
 }
