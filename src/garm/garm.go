@@ -429,6 +429,10 @@ func (p *provider) deleteAll(ctx context.Context, vms []vmInfo) error {
 	for _, vm := range vms {
 		if werr := p.call(ctx, "delete_vm", nil, vm.CID); werr != nil && werr.Type != rpc.TypeVMNotFound {
 			errs = append(errs, fmt.Errorf("%s: %w", vm.CID, werr))
+			continue
+		}
+		if name := vm.Tags[TagName]; name != "" {
+			_ = p.sess.Locker.Forget(ctx, "garm-"+nameKey(p.env.ControllerID, name))
 		}
 	}
 	return errors.Join(errs...)

@@ -68,28 +68,89 @@ func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
 	if !validName(name) {
 		return nil, fmt.Errorf("lock: invalid lock name %q", name)
 	}
-	fl := flock.New(filepath.Join(l.Dir, name+".lock"))
+	path := l.path(name)
 	start := time.Now()
-	ok, err := fl.TryLock()
-	if err == nil && !ok {
-		l.Logger.Debug("lock", "waiting for lock %s", name)
-		cctx, cancel := context.WithTimeout(ctx, l.Timeout)
-		defer cancel()
-		ok, err = fl.TryLockContext(cctx, pollInterval(l.Timeout))
-		if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return nil, fmt.Errorf("%w after %s waiting for %s", ErrTimeout, l.Timeout, name)
+	cctx, cancel := context.WithTimeout(ctx, l.Timeout)
+	defer cancel()
+	for logged := false; ; {
+		fl := flock.New(path)
+		ok, err := fl.TryLock()
+		if err == nil && !ok {
+			if !logged {
+				l.Logger.Debug("lock", "waiting for lock %s", name)
+				logged = true
+			}
+			ok, err = fl.TryLockContext(cctx, pollInterval(l.Timeout))
+			if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				return nil, fmt.Errorf("%w after %s waiting for %s", ErrTimeout, l.Timeout, name)
+			}
 		}
+		if err != nil {
+			return nil, fmt.Errorf("lock %s: %w", name, err)
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w waiting for %s", ErrTimeout, name)
+		}
+		// The holder we waited for may have pruned the file: a lock on a
+		// file nobody will open again excludes no one. Try the new one.
+		if !current(fl, path) {
+			_ = fl.Close()
+			continue
+		}
+		if waited := time.Since(start); waited > l.SlowAfter {
+			l.Logger.Info("lock", "acquired lock %s after waiting %s", name, waited.Round(time.Millisecond))
+		}
+		return func() { _ = fl.Unlock() }, nil
 	}
+}
+
+func (l *Locker) path(name string) string { return filepath.Join(l.Dir, name+".lock") }
+
+// current reports whether the locked descriptor is still the file at path.
+func current(fl *flock.Flock, path string) bool {
+	held, err := fl.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", name, err)
+		return false
 	}
-	if !ok {
-		return nil, fmt.Errorf("%w waiting for %s", ErrTimeout, name)
+	now, err := os.Stat(path)
+	return err == nil && os.SameFile(held, now)
+}
+
+// Prune removes the file of lock name, which the caller must hold, so that
+// lock files of resources that are gone do not pile up. Waiters notice and
+// lock the next file instead.
+func (l *Locker) Prune(name string) {
+	if validName(name) {
+		_ = os.Remove(l.path(name))
 	}
-	if waited := time.Since(start); waited > l.SlowAfter {
-		l.Logger.Info("lock", "acquired lock %s after waiting %s", name, waited.Round(time.Millisecond))
+}
+
+// Release releases name, pruning its file first when the resource it
+// guards turned out to be gone (or never to have existed).
+func (l *Locker) Release(name string, release func(), gone bool) {
+	if gone {
+		l.Prune(name)
 	}
-	return func() { _ = fl.Unlock() }, nil
+	release()
+}
+
+// Forget prunes lock name for a resource that is gone: it takes the lock
+// (so no holder is cut off) and removes its file. A lock with no file is
+// left alone, so forgetting creates nothing.
+func (l *Locker) Forget(ctx context.Context, name string) error {
+	if !validName(name) {
+		return fmt.Errorf("lock: invalid lock name %q", name)
+	}
+	if _, err := os.Stat(l.path(name)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	release, err := l.Lock(ctx, name)
+	if err != nil {
+		return err
+	}
+	l.Prune(name)
+	release()
+	return nil
 }
 
 func pollInterval(timeout time.Duration) time.Duration {

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+	"github.com/gofrs/flock"
 )
 
 // Separate Lockers open separate file descriptions, which flock treats as
@@ -82,5 +85,84 @@ func TestInvalidNames(t *testing.T) {
 		if _, err := l.Lock(context.Background(), n); err == nil {
 			t.Errorf("name %q accepted", n)
 		}
+	}
+}
+
+// Holders prune the file while others wait on it: exclusion still holds
+// (waiters move to the new file) and no file is left at the end.
+func TestPruneKeepsExclusion(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	inside, maxInside := 0, 0
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			l, _ := New(dir, 10*time.Second, nil)
+			for j := 0; j < 50; j++ {
+				release, err := l.Lock(context.Background(), "vm-1")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				inside++
+				maxInside = max(maxInside, inside)
+				mu.Unlock()
+				time.Sleep(100 * time.Microsecond) // hold it a while: others queue on this file
+				mu.Lock()
+				inside--
+				mu.Unlock()
+				l.Prune("vm-1")
+				release()
+			}
+		}(i)
+	}
+	wg.Wait()
+	if maxInside != 1 {
+		t.Fatalf("%d holders at once", maxInside)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("lock files left: %v", left)
+	}
+}
+
+func TestForgetRemovesOnlyExistingFiles(t *testing.T) {
+	dir := t.TempDir()
+	l, _ := New(dir, time.Second, nil)
+	if err := l.Forget(context.Background(), "vm-never"); err != nil {
+		t.Fatal(err)
+	}
+	release, _ := l.Lock(context.Background(), "vm-2")
+	release()
+	if err := l.Forget(context.Background(), "vm-2"); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("lock files left: %v", left)
+	}
+}
+
+// A waiter that opened the file just before the holder pruned it ends up
+// locking a file nobody else opens: Lock must see that and try again. The
+// window is microseconds wide, so the check itself is tested here.
+func TestCurrentDetectsAPrunedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.lock")
+	fl := flock.New(path)
+	if ok, err := fl.TryLock(); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	defer fl.Close()
+	if !current(fl, path) {
+		t.Fatal("a fresh lock is not current")
+	}
+	os.Remove(path)
+	if current(fl, path) {
+		t.Fatal("a removed file is current")
+	}
+	os.WriteFile(path, nil, 0o600)
+	if current(fl, path) {
+		t.Fatal("a replaced file is current")
 	}
 }

@@ -223,7 +223,7 @@ func vmLock(cid string) string { return "aws-vm-" + cid }
 
 // AttachDisk attaches under the VM's lock, so concurrent attaches to one
 // VM never pick the same device, and answers the device name as the hint.
-func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, error) {
+func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, err error) {
 	if err := validCID("vm", vmCID); err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	inst, err := d.instance(ctx, vmCID)
 	if err != nil {
 		return nil, err
@@ -296,7 +296,7 @@ func (d *Driver) waitAttached(ctx context.Context, vmCID, diskCID string) error 
 
 // DetachDisk always names the instance (EC2 needs it to be exact; moto
 // fails without it) and waits until the volume is free.
-func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
+func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err error) {
 	if err := validCID("vm", vmCID); err != nil {
 		return err
 	}
@@ -307,7 +307,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	if _, err := d.instance(ctx, vmCID); err != nil {
 		return err
 	}

@@ -391,7 +391,12 @@ func (d *Driver) associateVIP(ctx context.Context, id, ip string) error {
 
 // DeleteVM terminates the instance and waits until EC2 reports it gone.
 // Persistent disks (attached with DeleteOnTermination false) survive.
-func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
+func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
+	defer func() {
+		if err == nil || errors.Is(err, driver.ErrVMNotFound) {
+			_ = d.locks.Forget(ctx, vmLock(cid)) // its attach lock, if it ever had one
+		}
+	}()
 	i, err := d.instance(ctx, cid)
 	if err != nil && !(i.State != nil && i.State.Name == types.InstanceStateNameShuttingDown) {
 		return err

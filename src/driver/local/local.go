@@ -128,9 +128,19 @@ func newCID(prefix string) (string, error) {
 
 func (d *Driver) dir(kind, cid string) string { return filepath.Join(d.root, kind, cid) }
 
-// lock takes a named lock and returns its release.
+// lock takes the lock of one resource and returns its release, which
+// prunes the lock file when the resource is gone by then (deleted, or
+// never there), so lock files do not pile up per CID.
 func (d *Driver) lock(ctx context.Context, kind, cid string) (func(), error) {
-	return d.locks.Lock(ctx, kind+"-"+cid)
+	name := kind + "-" + cid
+	release, err := d.locks.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		_, err := os.Stat(d.dir(kind+"s", cid))
+		d.locks.Release(name, release, isNotExist(err))
+	}, nil
 }
 
 // readJSON reads a record; a missing file is reported as fs.ErrNotExist.

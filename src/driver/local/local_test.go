@@ -307,3 +307,57 @@ func TestBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// Lock files belong to resources: once a resource is gone (or a call named
+// one that never existed), its lock file is gone too.
+func TestLockFilesDoNotPileUp(t *testing.T) {
+	root := t.TempDir()
+	d := newDriver(t, root)
+	ctx := context.Background()
+	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: writeImage(t, map[string]string{"root.img": "x"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := d.CreateVM(ctx, driver.VMSpec{Name: "vm-locks", AgentID: "a", StemcellCID: sc, CloudProps: driver.Props{"command": "exec sleep 300"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AttachDisk(ctx, vm.CID, disk); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := d.SnapshotDisk(ctx, disk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []error{
+		d.SetVMMetadata(ctx, vm.CID, map[string]string{"name": "x"}),
+		d.DeleteSnapshot(ctx, snap),
+		d.DetachDisk(ctx, vm.CID, disk),
+		d.DeleteDisk(ctx, disk),
+		d.DeleteVM(ctx, vm.CID),
+		d.DeleteStemcell(ctx, sc),
+	} {
+		if step != nil {
+			t.Fatal(step)
+		}
+	}
+	// Calls naming resources that never existed.
+	_ = d.DeleteVM(ctx, "vm-never")
+	_ = d.DeleteDisk(ctx, "disk-never")
+	_, _ = d.AttachDisk(ctx, "vm-never", "disk-never")
+	_ = d.SetDiskMetadata(ctx, "disk-never", nil)
+	left, _ := filepath.Glob(filepath.Join(root, "locks", "*-*.lock"))
+	var perResource []string
+	for _, l := range left {
+		if !strings.HasPrefix(filepath.Base(l), "state-") {
+			perResource = append(perResource, filepath.Base(l))
+		}
+	}
+	if len(perResource) != 0 {
+		t.Fatalf("lock files of gone resources left: %v", perResource)
+	}
+}

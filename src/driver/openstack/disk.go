@@ -216,7 +216,7 @@ func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
 
 // AttachDisk attaches through Nova under the VM's lock, waits until the
 // volume is in-use on that server, and returns Nova's device as the hint.
-func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, error) {
+func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, err error) {
 	vm, err := validCID("vm", vmCID)
 	if err != nil {
 		return nil, err
@@ -229,7 +229,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer func() { d.locks.Release(vmLock(vm), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	var a *volumeattach.VolumeAttachment
 	_, err = d.do(ctx, "compute", "attach "+disk+" to "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
@@ -301,7 +301,7 @@ func attachmentTo(v *volumes.Volume, server string) *volumes.Attachment {
 
 // DetachDisk detaches through Nova under the VM's lock and waits until
 // the volume is available.
-func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
+func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err error) {
 	vm, err := validCID("vm", vmCID)
 	if err != nil {
 		return err
@@ -314,7 +314,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer func() { d.locks.Release(vmLock(vm), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	// Read first: a 404 from a resent detach is then known to mean done.
 	v, err := d.volume(ctx, disk)
 	if err != nil {

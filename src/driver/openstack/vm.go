@@ -553,11 +553,16 @@ func (d *Driver) server(ctx context.Context, id string) (*servers.Server, error)
 
 // DeleteVM deletes the server, waits until it is gone, then deletes the
 // ports runway made for it and any unbound ones its agent left behind.
-func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
+func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 	id, err := validCID("vm", cid)
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err == nil || errors.Is(err, driver.ErrVMNotFound) {
+			_ = d.locks.Forget(ctx, vmLock(id)) // its attach lock, if it ever had one
+		}
+	}()
 	s, err := d.server(ctx, id)
 	if err != nil {
 		return err
@@ -756,7 +761,7 @@ func (d *Driver) power(ctx context.Context, cid, op, want string, fn func(contex
 
 // SetVMMetadata merges md into the server's metadata (clipped to Nova's
 // limits) and names the server after md["name"] when given.
-func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) error {
+func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) (err error) {
 	id, err := validCID("vm", cid)
 	if err != nil {
 		return err
@@ -765,7 +770,7 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer func() { d.locks.Release(vmLock(id), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	clean := metadata(md)
 	for _, k := range []string{mdVM, mdToken, mdPorts} {
 		delete(clean, k) // the driver's own keys are not the caller's to change
