@@ -1,31 +1,72 @@
-# Renders a BOSH job template with a minimal p()/if_p() shim: properties
-# come from a JSON file given by the test, defaults from the job spec.
-# Usage: ruby render.rb <job spec> <template> <properties.json>
+# Renders a BOSH job the way the Director and bosh-cli do before an agent
+# installs it: every template the job spec lists, and the monit file, with
+# ERB and p()/if_p()/spec. Properties come from a JSON file; defaults from
+# the spec. Usage: ruby render.rb <job dir (spec or job.MF)> <props.json> <out dir>
 require "erb"
+require "fileutils"
 require "json"
+require "ostruct"
 require "yaml"
 
-spec = YAML.safe_load(File.read(ARGV[0]))
-props = JSON.parse(File.read(ARGV[2]))
+job_dir, props_file, out_dir = ARGV
+spec_file = File.exist?(File.join(job_dir, "job.MF")) ? File.join(job_dir, "job.MF") : File.join(job_dir, "spec")
+job_spec = YAML.safe_load(File.read(spec_file))
 
-def dig(hash, name)
-  name.split(".").reduce(hash) { |h, k| h.is_a?(Hash) && h.key?(k) ? h[k] : (return [false, nil]) }.then { |v| [true, v] }
+class Context
+  def initialize(job_spec, props)
+    @defs = job_spec.fetch("properties", {}) || {}
+    @props = props
+    @spec = OpenStruct.new(name: job_spec["name"], job: OpenStruct.new(name: job_spec["name"]), index: 0,
+                           id: "0", az: "z1", bootstrap: true, deployment: "runway", address: "127.0.0.1",
+                           ip: "127.0.0.1", networks: OpenStruct.new)
+  end
+  attr_reader :spec
+
+  def lookup(name)
+    v = name.split(".").reduce(@props) do |h, k|
+      return [false, nil] unless h.is_a?(Hash) && h.key?(k)
+      h[k]
+    end
+    [true, v]
+  end
+
+  def p(name, *default)
+    found, v = lookup(name)
+    return v if found
+    return @defs[name]["default"] if @defs[name].is_a?(Hash) && @defs[name].key?("default")
+    return default.first unless default.empty?
+    raise "Can't find property '#{name}'"
+  end
+
+  # if_p yields when every property is set; its answer's else block runs
+  # when one is not.
+  class Taken; def else; end; end
+  class NotTaken; def else; yield; end; end
+
+  def if_p(*names)
+    values = names.map do |n|
+      found, v = lookup(n)
+      return NotTaken.new unless found
+      v
+    end
+    yield(*values)
+    Taken.new
+  end
+
+  def render(text)
+    ERB.new(text, trim_mode: "-").result(binding)
+  end
 end
 
-$spec_props = spec.fetch("properties", {})
-$props = props
-
-def p(name, *default)
-  found, v = dig($props, name)
-  return v if found
-  return $spec_props[name]["default"] if $spec_props.dig(name)&.key?("default")
-  return default.first unless default.empty?
-  raise "Can't find property '#{name}'"
+ctx = Context.new(job_spec, JSON.parse(File.read(props_file)))
+files = (job_spec["templates"] || {}).map { |src, dst| [File.join("templates", src), dst] }
+files << ["monit", "monit"]
+files.each do |src, dst|
+  out = File.join(out_dir, dst)
+  FileUtils.mkdir_p(File.dirname(out))
+  begin
+    File.write(out, ctx.render(File.read(File.join(job_dir, src))))
+  rescue StandardError => e
+    abort "Rendering #{src} of job #{job_spec['name']}: #{e.message}"
+  end
 end
-
-def if_p(name)
-  found, v = dig($props, name)
-  yield v if found
-end
-
-print ERB.new(File.read(ARGV[1]), trim_mode: "-").result(binding)

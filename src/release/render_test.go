@@ -1,0 +1,132 @@
+package release
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/orchestrator"
+)
+
+// renderRepoJob renders every file of jobs/<name> (templates and monit),
+// as the Director does, and answers the output directory.
+func renderRepoJob(t *testing.T, name string, props map[string]any) string {
+	t.Helper()
+	out := t.TempDir()
+	renderJobDir(t, filepath.Join(repoRoot(t), "jobs", name), props, out)
+	var spec jobSpec
+	readYAMLT(t, filepath.Join(repoRoot(t), "jobs", name, "spec"), &spec)
+	for _, dst := range append(mapValues(spec.Templates), "monit") {
+		if _, err := os.Stat(filepath.Join(out, dst)); err != nil {
+			t.Fatalf("job %s: %s was not rendered", name, dst)
+		}
+	}
+	return out
+}
+
+// The runway_cpi job renders, for each driver, a wrapper that is valid sh
+// and a config bin/cpi accepts.
+func TestCPIJobRendersForEachDriver(t *testing.T) {
+	for name, tc := range map[string]struct {
+		props map[string]any
+		check func(t *testing.T, doc map[string]any)
+	}{
+		"local": {props: map[string]any{"runway": map[string]any{"driver": "local", "local": map[string]any{"stop_grace_seconds": 2}}},
+			check: func(t *testing.T, doc map[string]any) {
+				if doc["driver"] != "local" || doc["state_dir"] != "/var/vcap/data/runway_cpi" {
+					t.Errorf("rendered %v", doc)
+				}
+				if _, ok := doc["openstack"]; ok {
+					t.Error("an unset driver section was rendered")
+				}
+			}},
+		"openstack": {props: map[string]any{"runway": map[string]any{
+			"driver": "openstack", "log_level": "debug",
+			"agent":     map[string]any{"mbus": "nats://10.0.0.6:4222", "ntp": []string{"pool.ntp.org"}, "blobstore": map[string]any{"provider": "dav"}},
+			"openstack": map[string]any{"auth_url": "https://keystone:5000/v3", "username": "u"},
+		}}, check: func(t *testing.T, doc map[string]any) {
+			if doc["driver"] != "openstack" || doc["openstack"].(map[string]any)["auth_url"] != "https://keystone:5000/v3" ||
+				doc["agent"].(map[string]any)["mbus"] != "nats://10.0.0.6:4222" {
+				t.Errorf("rendered %v", doc)
+			}
+		}},
+		"aws": {props: map[string]any{"runway": map[string]any{"driver": "aws", "aws": map[string]any{"region": "eu-west-1"}}},
+			check: func(t *testing.T, doc map[string]any) {
+				if doc["driver"] != "aws" || doc["aws"].(map[string]any)["region"] != "eu-west-1" {
+					t.Errorf("rendered %v", doc)
+				}
+			}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := renderRepoJob(t, "runway_cpi", tc.props)
+			text := readFile(t, filepath.Join(out, "config", "cpi.json"))
+			var doc map[string]any
+			if err := json.Unmarshal([]byte(text), &doc); err != nil {
+				t.Fatalf("rendered config is not JSON: %v\n%s", err, text)
+			}
+			tc.check(t, doc)
+			if _, err := config.Parse([]byte(text), "cpi.json"); err != nil {
+				t.Fatalf("bin/cpi rejects the rendered config: %v\n%s", err, text)
+			}
+			wrapper := filepath.Join(out, "bin", "cpi")
+			if msg, err := exec.Command("sh", "-n", wrapper).CombinedOutput(); err != nil {
+				t.Fatalf("wrapper is not valid sh: %v\n%s", err, msg)
+			}
+		})
+	}
+}
+
+// The orchestrator job renders a config `runway serve` accepts, pointing at
+// the colocated runway_cpi wrapper, with tokens only in secrets.env, and a
+// ctl script that is valid bash.
+func TestOrchestratorJobRenders(t *testing.T) {
+	props := map[string]any{"runway_orchestrator": map[string]any{
+		"listen": "0.0.0.0:8480",
+		"forges": []any{map[string]any{"name": "gitea", "type": "gitea", "url": "https://git.example",
+			"token": "tok-SECRET'$(x)", "webhook_secret": "hook-SECRET", "poll_interval": "20s"}},
+		"groups": []any{map[string]any{"name": "linux", "scope": "org", "org": "acme", "labels": []string{"linux"},
+			"max_active_runners": 4, "stemcell": map[string]any{"cid": "ami-1"}, "runner": map[string]any{"command": "/opt/runner/bootstrap"}}},
+	}}
+	out := renderRepoJob(t, "runway_orchestrator", props)
+	cfgText := readFile(t, filepath.Join(out, "config", "runway.yml"))
+	if strings.Contains(cfgText, "tok-SECRET") || strings.Contains(cfgText, "hook-SECRET") {
+		t.Fatalf("a secret is in the config file:\n%s", cfgText)
+	}
+	cfg, err := orchestrator.ParseConfig([]byte(cfgText))
+	if err != nil {
+		t.Fatalf("runway serve rejects the rendered config: %v\n%s", err, cfgText)
+	}
+	if cfg.CPI.Path != "/var/vcap/jobs/runway_cpi/bin/cpi" || cfg.Forges[0].TokenEnv != "RUNWAY_FORGE_GITEA_TOKEN" ||
+		cfg.Forges[0].WebhookSecretEnv != "RUNWAY_FORGE_GITEA_WEBHOOK_SECRET" || cfg.Groups[0].MaxActiveRunners != 4 {
+		t.Errorf("rendered config: %+v", cfg)
+	}
+	// secrets.env is sourced by bash: a token with quotes and $(...) must
+	// come back exactly, not run.
+	env := filepath.Join(out, "config", "secrets.env")
+	got, err := exec.Command("bash", "-c", `set -a; . "$1"; printf '%s|%s' "$RUNWAY_FORGE_GITEA_TOKEN" "$RUNWAY_FORGE_GITEA_WEBHOOK_SECRET"`, "-", env).Output()
+	if err != nil || string(got) != "tok-SECRET'$(x)|hook-SECRET" {
+		t.Errorf("secrets.env gives %q (%v):\n%s", got, err, readFile(t, env))
+	}
+	if msg, err := exec.Command("bash", "-n", filepath.Join(out, "bin", "ctl")).CombinedOutput(); err != nil {
+		t.Fatalf("ctl is not valid bash: %v\n%s", err, msg)
+	}
+	monit := readFile(t, filepath.Join(out, "monit"))
+	for _, want := range []string{"check process runway_orchestrator", "/var/vcap/jobs/runway_orchestrator/bin/ctl start",
+		"/var/vcap/sys/run/runway_orchestrator/runway_orchestrator.pid"} {
+		if !strings.Contains(monit, want) {
+			t.Errorf("monit lacks %q:\n%s", want, monit)
+		}
+	}
+}
+
+func mapValues(m map[string]string) []string {
+	var out []string
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
