@@ -54,6 +54,16 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 				t.Errorf("rendered %v", doc)
 			}
 		}},
+		"official agent properties (bosh create-env manifests)": {props: map[string]any{"runway": map[string]any{"driver": "local"},
+			"agent": map[string]any{"mbus": "https://mbus:p@0.0.0.0:6868"}, "ntp": []string{"time.example"},
+			"blobstore": map[string]any{"provider": "local", "options": map[string]any{"blobstore_path": "/var/vcap/micro_bosh/data/cache"}}},
+			check: func(t *testing.T, doc map[string]any) {
+				agent := doc["agent"].(map[string]any)
+				if agent["mbus"] != "https://mbus:p@0.0.0.0:6868" || agent["ntp"].([]any)[0] != "time.example" ||
+					agent["blobstore"].(map[string]any)["provider"] != "local" {
+					t.Errorf("agent section %v", agent)
+				}
+			}},
 		"aws": {props: map[string]any{"runway": map[string]any{"driver": "aws", "aws": map[string]any{"region": "eu-west-1"}}},
 			check: func(t *testing.T, doc map[string]any) {
 				if doc["driver"] != "aws" || doc["aws"].(map[string]any)["region"] != "eu-west-1" {
