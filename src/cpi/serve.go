@@ -67,7 +67,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	lc := logging.NewCall(level, stderr, reqID)
 	resp := rpc.Response{}
 	if werr == nil {
-		resp.Result, werr = handle(ctx, req, opts, lc)
+		resp.Result, werr = handleBounded(ctx, req, opts, lc)
 	}
 	if werr != nil {
 		lc.Error("cpi", "%s", werr.Error())
@@ -75,6 +75,40 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 	}
 	resp.Log = lc.Trace()
 	return rpc.WriteResponse(out, resp)
+}
+
+// InterruptGrace is how long a call may take to wind down after its
+// context ends (SIGTERM: the Director's and cpiclient's way to end a call
+// past its timeout) before the response is written without it.
+const InterruptGrace = 500 * time.Millisecond
+
+// handleBounded runs the call and, once ctx ends, answers within
+// InterruptGrace whatever the call is blocked on: a typed error naming
+// why. What the call made part-way is left for later calls to sweep.
+func handleBounded(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Call) (any, *rpc.Error) {
+	type answer struct {
+		res  any
+		werr *rpc.Error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, werr := handle(ctx, req, opts, lc)
+		done <- answer{res, werr}
+	}()
+	var a answer
+	select {
+	case a = <-done:
+	case <-ctx.Done():
+		select {
+		case a = <-done:
+		case <-time.After(InterruptGrace):
+			return nil, CloudError("%s interrupted (%v) and ended without waiting for the step it was in", req.Method, context.Cause(ctx))
+		}
+	}
+	if a.werr != nil && ctx.Err() != nil {
+		return nil, CloudError("%s interrupted (%v): %s", req.Method, context.Cause(ctx), a.werr.Message)
+	}
+	return a.res, a.werr
 }
 
 func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Call) (res any, werr *rpc.Error) {

@@ -104,6 +104,28 @@ func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
 	}
 }
 
+// TryLock takes lock name only if it is free now. A sweeper uses it to
+// prove that whoever made a half-built resource is gone: creators hold the
+// resource's lock from start to finish, and the kernel drops it when they
+// die.
+func (l *Locker) TryLock(name string) (release func(), ok bool, err error) {
+	if !validName(name) {
+		return nil, false, fmt.Errorf("lock: invalid lock name %q", name)
+	}
+	path := l.path(name)
+	for {
+		fl := flock.New(path)
+		ok, err := fl.TryLock()
+		if err != nil || !ok {
+			return nil, false, err
+		}
+		if current(fl, path) {
+			return func() { _ = fl.Unlock() }, true, nil
+		}
+		_ = fl.Close()
+	}
+}
+
 func (l *Locker) path(name string) string { return filepath.Join(l.Dir, name+".lock") }
 
 // current reports whether the locked descriptor is still the file at path.

@@ -166,3 +166,19 @@ func TestCurrentDetectsAPrunedFile(t *testing.T) {
 		t.Fatal("a replaced file is current")
 	}
 }
+
+func TestTryLockFailsWhileHeldAndSucceedsAfter(t *testing.T) {
+	dir := t.TempDir()
+	a, _ := New(dir, time.Second, nil)
+	b, _ := New(dir, time.Second, nil)
+	release, _ := a.Lock(context.Background(), "vm-3")
+	if _, ok, err := b.TryLock("vm-3"); ok || err != nil {
+		t.Fatalf("TryLock of a held lock: ok=%v err=%v", ok, err)
+	}
+	release()
+	r2, ok, err := b.TryLock("vm-3")
+	if !ok || err != nil {
+		t.Fatalf("TryLock of a free lock: ok=%v err=%v", ok, err)
+	}
+	r2()
+}

@@ -29,7 +29,7 @@ func init() {
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// garm runs providers with GARM_COMMAND set and a cleared environment.
 	if os.Getenv("GARM_COMMAND") != "" {
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		ctx, stop := signalContext()
 		defer stop()
 		return garm.Run(ctx, garm.EnvFrom(os.Getenv), stdin, stdout, stderr, drivers)
 	}
@@ -45,11 +45,25 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	} else {
 		opts.Config, opts.ConfigErr = config.Embedded()
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signalContext()
 	defer stop()
 	if err := cpi.Serve(ctx, stdin, stdout, opts); err != nil {
 		fmt.Fprintf(stderr, "cpi: writing response: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// signalContext ends with SIGTERM or SIGINT, naming the signal as its
+// cause (the response says why the call stopped).
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		if sig, ok := <-sigs; ok {
+			cancel(fmt.Errorf("%s received: the caller ended the call", unix.SignalName(sig.(syscall.Signal))))
+		}
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel(nil) }
 }

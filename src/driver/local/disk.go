@@ -71,6 +71,12 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err != nil {
 		return "", err
 	}
+	unlock, err := d.lock(ctx, "disk", cid)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	d.sweep("disks")
 	tmp := filepath.Join(d.root, "disks", ".creating-"+cid)
 	if err := os.MkdirAll(filepath.Join(tmp, "data"), 0o700); err != nil {
 		return "", err
@@ -105,6 +111,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if rec.AttachedTo != "" {
 		return fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 	}
+	defer d.sweep("disks")
 	return d.remove("disks", cid)
 }
 
@@ -335,11 +342,30 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if err != nil {
 		return "", err
 	}
+	unlockSnap, err := d.lock(ctx, "snapshot", snap)
+	if err != nil {
+		return "", err
+	}
+	defer unlockSnap()
+	d.sweep("snapshots")
+	src := filepath.Join(d.diskDir(cid), "data")
+	size, err := treeSize(src)
+	if err != nil {
+		return "", fmt.Errorf("reading disk %s: %w", cid, err)
+	}
+	budget, err := d.spaceBudget(0)
+	if err != nil {
+		return "", err
+	}
+	if err := budget.take(size); err != nil {
+		return "", fmt.Errorf("snapshot of disk %s (%d MiB of data): %w", cid, size>>20, err)
+	}
+	budget.used = 0 // charged again file by file: the disk may change meanwhile
 	tmp := filepath.Join(d.root, "snapshots", ".creating-"+snap)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return "", err
 	}
-	if err := os.CopyFS(filepath.Join(tmp, "data"), os.DirFS(filepath.Join(d.diskDir(cid), "data"))); err != nil {
+	if err := copyTree(ctx, src, filepath.Join(tmp, "data"), budget); err != nil {
 		_ = os.RemoveAll(tmp)
 		return "", fmt.Errorf("copying disk %s: %w", cid, err)
 	}
@@ -366,6 +392,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
 		return err
 	}
 	defer unlock()
+	defer d.sweep("snapshots")
 	if _, err := os.Stat(filepath.Join(d.dir("snapshots", cid), "snapshot.json")); isNotExist(err) {
 		d.log.Info("local", "snapshot %s already gone", cid)
 		return nil

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -103,22 +102,36 @@ func (d *Driver) ownerAlive(cid string) bool {
 	return false
 }
 
-// sweep removes half-built or half-deleted directories a killed process
-// left behind. They never hold a running process (processes start only
-// after a VM is published), so removing them loses nothing.
-func (d *Driver) sweep(kind string, olderThan time.Duration) {
+// sweep removes the half-built (.creating-<cid>) and half-deleted
+// (.deleting-<cid>) directories of one kind that killed calls left. Such a
+// directory is removed only when its resource's lock is free: creators and
+// deleters hold it throughout, so a free lock proves the call is dead —
+// whatever its age. None holds a running process (processes start only
+// after a VM is published, and are stopped before it is renamed away).
+func (d *Driver) sweep(kind string) {
 	entries, err := os.ReadDir(filepath.Join(d.root, kind))
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if !strings.HasPrefix(n, ".creating-") && !strings.HasPrefix(n, ".deleting-") {
-			continue
+		cid, ok := strings.CutPrefix(n, ".creating-")
+		if !ok {
+			if cid, ok = strings.CutPrefix(n, ".deleting-"); !ok {
+				continue
+			}
 		}
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > olderThan {
-			_ = os.RemoveAll(filepath.Join(d.root, kind, n))
+		name := strings.TrimSuffix(kind, "s") + "-" + cid
+		release, free, err := d.locks.TryLock(name)
+		if err != nil || !free {
+			continue // in flight
 		}
+		if err := os.RemoveAll(filepath.Join(d.root, kind, n)); err != nil {
+			d.log.Warn("local", "removing %s left by a killed call: %v", n, err)
+		} else {
+			d.log.Info("local", "removed %s/%s, left by a killed call", kind, n)
+		}
+		d.locks.Release(name, release, true)
 	}
 }
 

@@ -35,6 +35,8 @@ type Config struct {
 	// RunProcesses: false records VMs without ever running their command
 	// (state-only hosts, fuzzing). Default true.
 	RunProcesses *bool `json:"run_processes,omitempty"`
+	// MaxImageMiB caps what one stemcell image may unpack to.
+	MaxImageMiB int `json:"max_image_mib,omitempty"`
 }
 
 // Defaults.
@@ -46,6 +48,7 @@ const (
 	DefaultStopGrace    = 5
 	DefaultLoopbackCIDR = "127.101.0.0/16"
 	DefaultShell        = "/bin/sh"
+	DefaultMaxImageMiB  = 10 << 10
 )
 
 // Driver implements driver.Driver on the local host.
@@ -83,6 +86,12 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	}
 	if c.Shell == "" {
 		c.Shell = DefaultShell
+	}
+	if c.MaxImageMiB == 0 {
+		c.MaxImageMiB = DefaultMaxImageMiB
+	}
+	if c.MaxImageMiB < 0 {
+		return nil, errors.New("local: max_image_mib: must be positive")
 	}
 	if !filepath.IsAbs(c.Shell) {
 		return nil, fmt.Errorf("local: shell: must be an absolute path, got %q", c.Shell)
@@ -162,6 +171,11 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
+	return writeFileAtomic(path, b)
+}
+
+// writeFileAtomic writes through a temporary file and a rename.
+func writeFileAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err

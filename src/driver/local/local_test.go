@@ -6,10 +6,14 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -359,5 +363,93 @@ func TestLockFilesDoNotPileUp(t *testing.T) {
 	}
 	if len(perResource) != 0 {
 		t.Fatalf("lock files of gone resources left: %v", perResource)
+	}
+}
+
+// tmpfsRoot mounts a small tmpfs as a state dir: a disk that really fills.
+func tmpfsRoot(t *testing.T, mib int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%dm", mib), "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mounting a tmpfs (the test needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// gzipBomb is a small .tgz whose one file unpacks to size bytes of zeros.
+func gzipBomb(t *testing.T, size int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "bomb.tgz")
+	f, _ := os.Create(p)
+	gz, _ := gzip.NewWriterLevel(f, gzip.BestCompression)
+	tw := tar.NewWriter(gz)
+	tw.WriteHeader(&tar.Header{Name: "root.img", Mode: 0o644, Size: size, Typeflag: tar.TypeReg})
+	io.CopyN(tw, zeros{}, size)
+	tw.Close()
+	gz.Close()
+	f.Close()
+	return p
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// Unpacking and copying stop before the state dir's disk fills (a typed
+// NoDiskSpace, nothing left behind), and an image may not unpack past
+// max_image_mib.
+func TestUnpackAndSnapshotRespectFreeSpaceAndCaps(t *testing.T) {
+	ctx := context.Background()
+	root := tmpfsRoot(t, 96) // 64 MiB are kept free: ~32 MiB of room
+	d := newDriver(t, root)
+	bomb := gzipBomb(t, 300<<20)
+	if st, _ := os.Stat(bomb); st.Size() > 1<<20 {
+		t.Fatalf("the bomb is %d bytes", st.Size())
+	}
+	_, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: bomb})
+	if !errors.Is(err, driver.ErrNoDiskSpace) {
+		t.Fatalf("300 MiB image on a 96 MiB disk: %v; want ErrNoDiskSpace", err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(root, "stemcells")); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+
+	lk, _ := lock.New(filepath.Join(root, "locks"), 10*time.Second, nil)
+	capped, err := local.New([]byte(`{"max_image_mib": 4}`), root, lk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := capped.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: gzipBomb(t, 8<<20)}); !errors.Is(err, driver.ErrInvalidInput) ||
+		!strings.Contains(err.Error(), "max_image_mib") {
+		t.Fatalf("8 MiB image with max_image_mib 4: %v", err)
+	}
+
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte{1}, 20<<20)
+	if err := os.WriteFile(filepath.Join(root, "disks", disk, "data", "blob"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.SnapshotDisk(ctx, disk, nil); !errors.Is(err, driver.ErrNoDiskSpace) {
+		t.Fatalf("20 MiB snapshot with ~12 MiB of room: %v; want ErrNoDiskSpace", err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(root, "snapshots")); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// A FIFO (or a device) as image_path would block the read forever.
+func TestStemcellImageMustBeARegularFile(t *testing.T) {
+	d := newDriver(t, t.TempDir())
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{ImagePath: fifo})
+	if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("fifo: %v", err)
 	}
 }

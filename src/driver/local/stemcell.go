@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -26,21 +25,36 @@ type stemcellRecord struct {
 
 // CreateStemcell implements driver.Driver: the image tarball (tar or
 // tar.gz) is unpacked into stemcells/<cid>/image.
-func (d *Driver) CreateStemcell(_ context.Context, spec driver.StemcellSpec) (string, error) {
+func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
 	if spec.ImagePath == "" || !filepath.IsAbs(spec.ImagePath) {
 		return "", driver.Invalid("image_path must be an absolute path, got %q", spec.ImagePath)
+	}
+	// A FIFO or a device would block (or never end) the read.
+	if st, err := os.Stat(spec.ImagePath); err != nil {
+		return "", driver.Invalid("image_path %s: %v", spec.ImagePath, unwrapPathErr(err))
+	} else if !st.Mode().IsRegular() {
+		return "", driver.Invalid("image_path %s is not a regular file (%s)", spec.ImagePath, st.Mode().Type())
 	}
 	cid, err := newCID("sc-")
 	if err != nil {
 		return "", err
 	}
-	d.sweep("stemcells", 6*time.Hour)
+	unlock, err := d.lock(ctx, "stemcell", cid)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	d.sweep("stemcells")
 	tmp := filepath.Join(d.root, "stemcells", ".creating-"+cid)
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
 		return "", err
 	}
 	fail := func(err error) (string, error) { _ = os.RemoveAll(tmp); return "", err }
-	if err := untar(spec.ImagePath, filepath.Join(tmp, "image")); err != nil {
+	budget, err := d.spaceBudget(int64(d.cfg.MaxImageMiB) << 20)
+	if err != nil {
+		return fail(err)
+	}
+	if err := untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget); err != nil {
 		return fail(fmt.Errorf("unpacking stemcell image %s: %w", spec.ImagePath, err))
 	}
 	rec := stemcellRecord{CID: cid, CloudProps: spec.CloudProps, Tags: spec.Tags, Source: spec.ImagePath, CreatedAt: now()}
@@ -64,6 +78,7 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 		return err
 	}
 	defer unlock()
+	defer d.sweep("stemcells")
 	if _, err := os.Stat(filepath.Join(d.dir("stemcells", cid), "stemcell.json")); isNotExist(err) {
 		d.log.Info("local", "stemcell %s already gone", cid)
 		return nil
@@ -72,8 +87,9 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 }
 
 // untar unpacks src into dst, refusing entries that would land outside dst
-// and anything but regular files, directories and symlinks.
-func untar(src, dst string) error {
+// and anything but regular files, directories and symlinks, and stopping
+// with the call's context or when the content outgrows budget.
+func untar(ctx context.Context, src, dst string, budget *spaceBudget) error {
 	f, err := os.Open(src)
 	if err != nil {
 		return err
@@ -93,6 +109,9 @@ func untar(src, dst string) error {
 	entries := 0
 	links := map[string]bool{}
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
@@ -121,6 +140,9 @@ func untar(src, dst string) error {
 				return err
 			}
 		case tar.TypeReg:
+			if err := budget.take(h.Size); err != nil {
+				return fmt.Errorf("entry %q: %w", h.Name, err)
+			}
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 				return err
 			}
@@ -128,7 +150,7 @@ func untar(src, dst string) error {
 			if err != nil {
 				return err
 			}
-			_, err = io.Copy(out, tr)
+			_, err = copyContext(ctx, out, tr)
 			if cerr := out.Close(); err == nil {
 				err = cerr
 			}

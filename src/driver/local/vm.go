@@ -76,7 +76,15 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		argv = nil
 	}
 
-	d.sweep("vms", 10*time.Minute)
+	// The VM's lock is held from the first directory to the started
+	// process: delete_vm waits for a create in flight, and a sweeper that
+	// can take the lock knows the create is dead.
+	unlock, err := d.lock(ctx, "vm", cid)
+	if err != nil {
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+	}
+	defer unlock()
+	d.sweep("vms")
 	// Build the VM out of view, then publish it with one rename.
 	tmp := filepath.Join(d.root, "vms", ".creating-"+cid)
 	if err := os.MkdirAll(filepath.Join(tmp, "disks"), 0o700); err != nil {
@@ -122,7 +130,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if len(argv) > 0 {
 		if err := startProcess(d.vmDir(cid), argv, d.processEnv(rec, spec)); err != nil {
 			// Leave nothing behind: the VM never ran.
-			_ = d.DeleteVM(ctx, cid)
+			_ = d.deleteLocked(ctx, cid)
 			return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
 		}
 		d.log.Info("local", "vm %s started: %s", cid, strings.Join(redactArgv(argv), " "))
@@ -252,11 +260,23 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 		return err
 	}
 	defer unlock()
+	return d.deleteLocked(ctx, cid)
+}
+
+// deleteLocked deletes a VM whose lock the caller holds. A VM with no
+// record still gets its processes stopped (they are found by marker: a
+// create killed at the wrong moment may have left some) before the answer
+// is VMNotFound.
+func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
+	defer d.sweep("vms")
 	if _, err := d.loadVM(cid); err != nil {
+		if serr := stopVM(ctx, cid, d.grace()); serr != nil {
+			return serr
+		}
 		return err
 	}
 	dir := d.vmDir(cid)
-	if err := stopGroup(ctx, readPGID(dir), cid, d.grace()); err != nil {
+	if err := stopVM(ctx, cid, d.grace()); err != nil {
 		return err
 	}
 	links, _ := os.ReadDir(filepath.Join(dir, "disks"))
@@ -311,7 +331,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		return err
 	}
 	dir := d.vmDir(cid)
-	if err := stopGroup(ctx, readPGID(dir), cid, d.grace()); err != nil {
+	if err := stopVM(ctx, cid, d.grace()); err != nil {
 		return err
 	}
 	rec.Stopped = !start

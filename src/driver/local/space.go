@@ -1,0 +1,153 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// reserveBytes is left free on the state dir's file system by every copy:
+// a full disk breaks every later call (locks, records), not just this one.
+const reserveBytes = 64 << 20
+
+// spaceBudget bounds what one call writes: at most limit bytes (when > 0),
+// and never so much that less than reserveBytes stays free.
+type spaceBudget struct {
+	room, limit, used int64
+	where             string
+}
+
+// spaceBudget measures the free space now.
+func (d *Driver) spaceBudget(limit int64) (*spaceBudget, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(d.root, &st); err != nil {
+		return nil, err
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	b := &spaceBudget{room: free - reserveBytes, limit: limit, where: d.root}
+	if b.room <= 0 {
+		return nil, fmt.Errorf("%w: %d MiB free in %s, %d MiB are kept free", driver.ErrNoDiskSpace, free>>20, d.root, reserveBytes>>20)
+	}
+	return b, nil
+}
+
+// take accounts for n more bytes, or says why they do not fit.
+func (b *spaceBudget) take(n int64) error {
+	if b.limit > 0 && b.used+n > b.limit {
+		return driver.Invalid("content grows past the %d MiB limit (max_image_mib)", b.limit>>20)
+	}
+	if b.used+n > b.room {
+		return fmt.Errorf("%w: content grows past the %d MiB free in %s (%d MiB are kept free)",
+			driver.ErrNoDiskSpace, b.room>>20, b.where, reserveBytes>>20)
+	}
+	b.used += n
+	return nil
+}
+
+// copyContext copies like io.Copy, stopping with ctx between chunks.
+func copyContext(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		r, rerr := src.Read(buf)
+		if r > 0 {
+			w, werr := dst.Write(buf[:r])
+			n += int64(w)
+			if werr != nil {
+				return n, werr
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// treeSize is the bytes of the regular files under dir.
+func treeSize(dir string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Type().IsRegular() {
+			info, err := e.Info()
+			if err != nil {
+				return err
+			}
+			total += info.Size()
+		}
+		return nil
+	})
+	return total, err
+}
+
+// copyTree copies dir src to dst (which must not exist): directories,
+// regular files and symlinks; sockets, FIFOs and devices a VM made are not
+// data and are skipped. It follows ctx and charges budget per file.
+func copyTree(ctx context.Context, src, dst string, budget *spaceBudget) error {
+	return filepath.WalkDir(src, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case e.IsDir():
+			return os.MkdirAll(target, info.Mode().Perm()|0o700)
+		case e.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(link, target)
+		case e.Type().IsRegular():
+			if err := budget.take(info.Size()); err != nil {
+				return err
+			}
+			in, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			out, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, info.Mode().Perm()|0o600)
+			if err != nil {
+				return err
+			}
+			_, err = copyContext(ctx, out, in)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			return err
+		}
+		return nil
+	})
+}
+
+func unwrapPathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
