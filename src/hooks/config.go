@@ -40,6 +40,10 @@ type Extension struct {
 	Settings       map[string]any `json:"settings,omitempty"`
 
 	tls *tls.Config
+	// base is the parsed URL; shown is it without query or fragment (they
+	// may carry a token), the only form that reaches messages.
+	base  *url.URL
+	shown string
 }
 
 // ClientConfig says how to reach an extension.
@@ -132,14 +136,16 @@ func ParseConfig(raw json.RawMessage, stateDir string, knownMethod func(string) 
 		}
 		u, err := url.Parse(e.ClientConfig.URL)
 		if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-			return nil, bad(field+".clientConfig.url", "must be an http(s) URL, got %q", e.ClientConfig.URL)
+			return nil, bad(field+".clientConfig.url", "must be an http(s) URL, got %q", shownURL(e.ClientConfig.URL))
 		}
 		if u.Scheme == "http" && !loopback(u.Hostname()) {
-			return nil, bad(field+".clientConfig.url", "must use https (plain http is allowed for loopback only), got %q", e.ClientConfig.URL)
+			return nil, bad(field+".clientConfig.url", "must use https (plain http is allowed for loopback only), got %q", shownURL(e.ClientConfig.URL))
 		}
 		if u.User != nil {
 			return nil, bad(field+".clientConfig.url", "must not carry credentials")
 		}
+		u.Fragment, u.RawFragment = "", ""
+		e.base, e.shown = u, shownURL(e.ClientConfig.URL)
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
 		if e.ClientConfig.CABundle != "" {
 			pool := x509.NewCertPool()
@@ -197,4 +203,13 @@ func (e *Extension) wants(method, phase string) bool {
 		}
 	}
 	return false
+}
+
+// shownURL is raw without its query and fragment, for messages: a query
+// may carry a token.
+func shownURL(raw string) string {
+	if i := strings.IndexAny(raw, "?#"); i >= 0 {
+		return raw[:i]
+	}
+	return raw
 }

@@ -108,10 +108,13 @@ func (r *Runner) post(ctx context.Context, e *Extension, phase, method string, b
 	if err != nil {
 		return nil, 0, err
 	}
-	url := strings.TrimSuffix(e.ClientConfig.URL, "/") + "/v1/" + phase + "/" + method
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	// The method's path goes before the query, which stays as configured.
+	u := *e.base
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/" + phase + "/" + method
+	u.RawPath = ""
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(b))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("calling %s: %v", e.shown, err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hresp, err := r.client(e).Do(hreq)
@@ -120,7 +123,7 @@ func (r *Runner) post(ctx context.Context, e *Extension, phase, method string, b
 		if errors.As(err, &ue) && ue.Timeout() {
 			return nil, 0, fmt.Errorf("no answer within %ds", e.TimeoutSeconds)
 		}
-		return nil, 0, fmt.Errorf("calling %s: %v", url, errors.Unwrap(err))
+		return nil, 0, fmt.Errorf("calling %s/v1/%s/%s: %v", strings.TrimSuffix(e.shown, "/"), phase, method, errors.Unwrap(err))
 	}
 	defer hresp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(hresp.Body, MaxResponseBytes+1))

@@ -80,6 +80,7 @@ func startExtension(p *pki, answer func(req map[string]any, w http.ResponseWrite
 		body, _ := io.ReadAll(r.Body)
 		json.Unmarshal(body, &req)
 		req["_path"] = r.URL.Path
+		req["_query"] = r.URL.RawQuery
 		req["_raw"] = string(body)
 		e.mu.Lock()
 		e.requests = append(e.requests, req)
@@ -329,6 +330,78 @@ var _ = Describe("lifecycle hooks through bin/cpi", func() {
 		Expect(string(saw)).NotTo(ContainSubstring(canary))
 		Expect(*r.Log).NotTo(ContainSubstring(canary))
 		Expect(*r.Log).To(ContainSubstring("pre create_vm http quota: success (http 200"))
+	})
+
+	It("redacts keys naming a secret in any spelling: stderr, response log, hook env, CPI_REQUEST_FILE, extension bodies, audit", func() {
+		e := startExtension(p, reply("Success", 0, "ok"))
+		h := newHookEnv(map[string]any{"extensions": []any{ext(e, "Fail", nil)}})
+		b, _ := os.ReadFile(h.cfg)
+		var cfg map[string]any
+		json.Unmarshal(b, &cfg)
+		cfg["log_level"] = "debug" // the request itself is logged
+		b, _ = json.Marshal(cfg)
+		Expect(os.WriteFile(h.cfg, b, 0o600)).To(Succeed())
+		dump := filepath.Join(h.dir, "script-saw")
+		h.script("create_disk", "pre", "10-dump", `env > `+dump+`; cat "$CPI_REQUEST_FILE" >> `+dump)
+		spellings := []string{"password", "encryption_key", "sshKey", "private-key", "privateKey", "apiKey", "secret_access_key",
+			"clientSecret", "X-Auth-Token", "Credentials", "user-data", "PassPhrase", "application_credential_secret"}
+		props, nested := map[string]any{}, map[string]any{}
+		ctx := map[string]any{"director_uuid": "it-director", "request_id": "cpi-redact"}
+		canary := func(i int, where string) string { return fmt.Sprintf("canary-%s-%02d-x9", where, i) }
+		for i, k := range spellings {
+			props[k] = canary(i, "props")
+			nested[k] = canary(i, "nested")
+			ctx[k] = canary(i, "ctx")
+		}
+		props["nested"] = map[string]any{"deeper": nested}
+		ctx["aws"] = map[string]any{"extra": nested} // another driver's section: carried, not used
+		req, _ := json.Marshal(map[string]any{"method": "create_disk", "api_version": 2, "arguments": []any{64, props, nil}, "context": ctx})
+		r := runWith(h.cfg, string(req))
+		Expect(r.Error).To(BeNil())
+		raw, _ := json.Marshal(r)
+		saw, err := os.ReadFile(dump)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(saw)).To(ContainSubstring(`"method":"create_disk"`))
+		audit, _ := os.ReadFile(h.audit)
+		places := map[string]string{"response": string(raw), "stderr": r.Stderr, "hook env and CPI_REQUEST_FILE": string(saw), "audit log": string(audit)}
+		for i, s := range e.seen() {
+			places[fmt.Sprintf("extension body %d", i)] = s["_raw"].(string)
+		}
+		Expect(r.Stderr).To(ContainSubstring("<redacted>")) // the debug request line is there, redacted
+		for where, text := range places {
+			for i, k := range spellings {
+				for _, c := range []string{canary(i, "props"), canary(i, "nested"), canary(i, "ctx")} {
+					Expect(text).NotTo(ContainSubstring(c), "%s (key %q) leaked into the %s", c, k, where)
+				}
+			}
+		}
+	})
+
+	It("a URL with a query: the method path goes before it, and the query never reaches a message, stderr or the audit log", func() {
+		const token = "qtoken-8812-secret"
+		e := startExtension(p, reply("Success", 0, "ok"))
+		h := newHookEnv(map[string]any{"extensions": []any{ext(e, "Fail", map[string]any{"clientConfig": map[string]any{
+			"url": e.URL + "/hk?token=" + token, "caBundle": p.caPEM, "clientCert": p.clientCert, "clientKey": p.clientKey}})}})
+		r := h.run("create_disk", 64, map[string]any{}, nil)
+		Expect(r.Error).To(BeNil())
+		seen := e.seen()
+		Expect(seen).To(HaveLen(2))
+		Expect(seen[0]["_path"]).To(Equal("/hk/v1/pre/create_disk"))
+		Expect(seen[0]["_query"]).To(Equal("token=" + token))
+
+		// Unreachable: the error names the extension and its path, not the query.
+		closed := e.URL
+		e.Close()
+		h = newHookEnv(map[string]any{"extensions": []any{ext(e, "Fail", map[string]any{"clientConfig": map[string]any{
+			"url": closed + "/hk?token=" + token, "caBundle": p.caPEM, "clientCert": p.clientCert, "clientKey": p.clientKey}})}})
+		r = h.run("create_disk", 64, map[string]any{}, nil)
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Message).To(ContainSubstring("/hk/v1/pre/create_disk"))
+		audit, _ := os.ReadFile(h.audit)
+		raw, _ := json.Marshal(r)
+		for where, text := range map[string]string{"response": string(raw), "stderr": r.Stderr, "audit log": string(audit)} {
+			Expect(text).NotTo(ContainSubstring(token), "the query's token is in the %s", where)
+		}
 	})
 
 	It("Failure denies even with failurePolicy Ignore", func() {

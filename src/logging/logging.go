@@ -151,11 +151,23 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// secretKey reports whether a map key names a secret.
+// secretWords: a key naming any of these, in any spelling (case, '-',
+// '_', '.', camelCase), holds a secret: encryption_key, sshKey,
+// private-key, X-Auth-Token, clientSecret, user_data, ...
+var secretWords = []string{"key", "secret", "token", "password", "passwd", "credential", "passphrase", "userdata"}
+
+// secretKey reports whether a map key names a secret. Erring towards
+// redaction: a key pair's name or a KMS key's ARN are redacted too.
 func secretKey(k string) bool {
-	k = strings.ToLower(k)
-	for _, s := range []string{"password", "secret", "token", "credential", "private_key", "access_key", "api_key", "apikey", "user_data", "userdata", "passphrase", "cert_key", "client_key"} {
-		if strings.Contains(k, s) {
+	var b strings.Builder
+	for _, r := range strings.ToLower(k) {
+		if r != '_' && r != '-' && r != '.' && r != ' ' {
+			b.WriteRune(r)
+		}
+	}
+	norm := b.String()
+	for _, w := range secretWords {
+		if strings.Contains(norm, w) {
 			return true
 		}
 	}

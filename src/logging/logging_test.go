@@ -70,3 +70,18 @@ func TestCollectAndRedact(t *testing.T) {
 		t.Error("Redacted modified its input")
 	}
 }
+
+func TestSecretKeysInAnySpelling(t *testing.T) {
+	for _, k := range []string{"password", "PASSWORD", "db_password", "passwd", "encryption_key", "sshKey", "private-key", "privateKey",
+		"private_key", "apiKey", "api_key", "secret_access_key", "clientSecret", "client-secret", "auth_token", "X-Auth-Token",
+		"Credentials", "application_credential_secret", "user-data", "userData", "user_data", "PassPhrase", "tls.key"} {
+		if !IsSecretKey(k) {
+			t.Errorf("%q is not taken for a secret", k)
+		}
+	}
+	for _, k := range []string{"name", "region", "instance_type", "agent_id", "director_uuid", "ram", "stemcell_cid", "auth_url", "username"} {
+		if IsSecretKey(k) {
+			t.Errorf("%q is taken for a secret", k)
+		}
+	}
+}
