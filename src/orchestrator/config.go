@@ -28,6 +28,19 @@ type Config struct {
 	// AdminTokenFile, when set, guards the write endpoints (drain, resume)
 	// with `Authorization: Bearer <token>`.
 	AdminTokenFile string `yaml:"admin_token_file"`
+	// HTTP bounds what clients of the daemon's HTTP interface may hold.
+	HTTP HTTPConfig `yaml:"http"`
+}
+
+// HTTPConfig: timeouts and a cap on concurrent connections, so slow or
+// many clients (the webhook port faces the forge) cannot exhaust the
+// daemon.
+type HTTPConfig struct {
+	MaxConnections    int      `yaml:"max_connections"`
+	ReadHeaderTimeout Duration `yaml:"read_header_timeout"`
+	ReadTimeout       Duration `yaml:"read_timeout"`
+	WriteTimeout      Duration `yaml:"write_timeout"`
+	IdleTimeout       Duration `yaml:"idle_timeout"`
 }
 
 // CPIConfig is how bin/cpi is called.
@@ -197,6 +210,13 @@ func (c *Config) defaults() {
 		c.LogLevel = "info"
 	}
 	def(&c.SweepInterval, 30*time.Second)
+	if c.HTTP.MaxConnections == 0 {
+		c.HTTP.MaxConnections = 256
+	}
+	def(&c.HTTP.ReadHeaderTimeout, 10*time.Second)
+	def(&c.HTTP.ReadTimeout, 30*time.Second)
+	def(&c.HTTP.WriteTimeout, time.Minute)
+	def(&c.HTTP.IdleTimeout, 2*time.Minute)
 	def(&c.History, 24*time.Hour)
 	def(&c.CPI.Timeout, 10*time.Minute)
 	if c.CPI.DirectorUUID == "" {
@@ -251,6 +271,9 @@ func (c *Config) validate() error {
 	}
 	if c.StateDir == "" {
 		bad("state_dir", "required (the SQLite store and the daemon's lock live there)")
+	}
+	if c.HTTP.MaxConnections < 0 {
+		bad("http.max_connections", "must be positive")
 	}
 	if c.CPI.Path == "" {
 		bad("cpi.path", "required (the bin/cpi to call)")

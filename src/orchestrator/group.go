@@ -32,6 +32,7 @@ type group struct {
 
 	mu        sync.Mutex
 	inflight  map[string]bool // runners whose spawn runs in this process
+	foreign   map[string]bool // VMs of another store already reported
 	drained   bool
 	status    GroupStatus
 	backoff   time.Duration
@@ -240,6 +241,11 @@ func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 // pass is one reconcile of the group.
 func (g *group) pass(ctx context.Context) error {
 	o := g.o
+	// Acting on a lost store would forget every runner made from here on:
+	// stop until the operator restores it (health says why).
+	if err := o.store.Check(); err != nil {
+		return err
+	}
 	now := o.now()
 	g.mu.Lock()
 	g.status.LastCheckTime = now
@@ -546,7 +552,8 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	}
 	env := map[string]any{
 		"user_data": bootstrap(g.cfg, g.forge.cfg, r.Name, reg),
-		"bosh":      map[string]any{"tags": map[string]any{"runway_group": g.cfg.Name, "runway_runner": r.Name}},
+		"bosh": map[string]any{"tags": map[string]any{"runway_group": g.cfg.Name, "runway_runner": r.Name,
+			"runway_store": o.store.ID()}},
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -649,6 +656,9 @@ func stemcellKey(cpi string, sc StemcellConfig) (string, error) {
 // that no runner row accounts for.
 func (g *group) sweep(ctx context.Context) error {
 	o := g.o
+	if err := o.store.Check(); err != nil {
+		return err
+	}
 	runners, err := o.store.Active(g.cfg.Name)
 	if err != nil {
 		return err
@@ -733,8 +743,20 @@ func (g *group) sweep(ctx context.Context) error {
 			errs = append(errs, g.destroy(ctx, r, "runner left the forge after its job"))
 		}
 	}
+	foreign := 0
 	for _, vm := range vms {
 		if _, ok := live[vm.AgentID]; ok {
+			continue
+		}
+		// Only VMs this store made are its strays. Others of the group
+		// (an older store's, after runway.db was lost) may be live
+		// runners: they are reported, never deleted.
+		if vm.Tags["runway_store"] != o.store.ID() {
+			foreign++
+			if g.reportForeign(vm.CID) {
+				o.log.Warn("a VM of this group was made by another state store: left alone (delete it with runway call delete_vm if it is not in use)",
+					"group", g.cfg.Name, "vm", vm.CID, "agent_id", vm.AgentID, "store", vm.Tags["runway_store"])
+			}
 			continue
 		}
 		g.mu.Lock()
@@ -750,13 +772,27 @@ func (g *group) sweep(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	o.metrics.foreignVMs.WithLabelValues(g.cfg.Name).Set(float64(foreign))
 	return errors.Join(errs...)
 }
 
+// reportForeign says whether a foreign VM is new (worth a log line).
+func (g *group) reportForeign(cid string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.foreign == nil {
+		g.foreign = map[string]bool{}
+	}
+	seen := g.foreign[cid]
+	g.foreign[cid] = true
+	return !seen
+}
+
 type listedVM struct {
-	CID     string `json:"cid"`
-	AgentID string `json:"agent_id"`
-	State   string `json:"state"`
+	CID     string            `json:"cid"`
+	AgentID string            `json:"agent_id"`
+	State   string            `json:"state"`
+	Tags    map[string]string `json:"tags"`
 }
 
 func (g *group) hasVM(ctx context.Context, cid string) (bool, error) {

@@ -1,14 +1,17 @@
 package orchestrator
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
@@ -55,8 +58,8 @@ func (o *Orchestrator) Handler() (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if _, err := o.store.Drained(""); err != nil {
-			http.Error(w, "state store: "+err.Error(), http.StatusServiceUnavailable)
+		if err := o.store.Check(); err != nil {
+			http.Error(w, err.Error()+": the daemon stopped acting; restore the file and restart", http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ok\n")
@@ -83,8 +86,14 @@ func (o *Orchestrator) Handler() (http.Handler, error) {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
+	// Without an admin token, drain and resume are for the local host only.
+	openAdmin := admin == "" && loopbackListen(o.cfg.Listen)
 	drain := func(v bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
+			if admin == "" && !openAdmin {
+				writeJSON(w, http.StatusForbidden, map[string]string{"error": "drain and resume need admin_token_file when listen (" + o.cfg.Listen + ") is not a loopback address"})
+				return
+			}
 			if admin != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+admin)) != 1 {
 				writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required"})
 				return
@@ -125,8 +134,13 @@ func (o *Orchestrator) webhook(kind, eventHeader, deliveryHeader string) http.Ha
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		name, ev, err := o.Webhook(kind, body, r.Header)
+		name, ev, err := o.Webhook(kind, delivery, body, r.Header)
 		switch {
+		case errors.Is(err, ErrDuplicate):
+			// A redelivery: answered, not acted on twice.
+			o.metrics.webhooks.WithLabelValues(kind, "duplicate").Inc()
+			o.log.Debug("webhook redelivered: ignored", "type", kind, "delivery", delivery)
+			w.WriteHeader(http.StatusAccepted)
 		case errors.Is(err, ErrBadSignature):
 			o.metrics.webhooks.WithLabelValues(kind, "bad_signature").Inc()
 			o.log.Warn("webhook rejected: bad signature", "type", kind, "delivery", delivery, "remote", r.RemoteAddr)
@@ -148,4 +162,63 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// loopbackListen reports whether addr (host:port) listens on loopback only.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// maxDeliveries bounds the memory of deliveries seen.
+const maxDeliveries = 4096
+
+// seenDelivery records a delivery id (of a signed delivery: a forger must
+// not burn the id of one yet to come) and reports whether it was seen
+// before.
+func (o *Orchestrator) seenDelivery(kind, id string) bool {
+	if id == "" {
+		return false
+	}
+	key := kind + "/" + id
+	o.deliveryMu.Lock()
+	defer o.deliveryMu.Unlock()
+	if o.deliveries == nil {
+		o.deliveries = map[string]bool{}
+	}
+	if o.deliveries[key] {
+		return true
+	}
+	if len(o.deliveryOrder) >= maxDeliveries {
+		delete(o.deliveries, o.deliveryOrder[0])
+		o.deliveryOrder = o.deliveryOrder[1:]
+	}
+	o.deliveries[key] = true
+	o.deliveryOrder = append(o.deliveryOrder, key)
+	return false
+}
+
+// Serve serves h on ln with the configured timeouts and connection cap
+// until ctx ends, then shuts down within 5 s.
+func (o *Orchestrator) Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	c := o.cfg.HTTP
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout.Duration, ReadTimeout: c.ReadTimeout.Duration,
+		WriteTimeout: c.WriteTimeout.Duration, IdleTimeout: c.IdleTimeout.Duration, MaxHeaderBytes: 64 << 10}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(netutil.LimitListener(ln, c.MaxConnections)) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(shut)
 }

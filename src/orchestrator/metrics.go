@@ -17,6 +17,7 @@ type Metrics struct {
 	forgeRateRemaining *prometheus.GaugeVec
 	reconcileErrors    *prometheus.CounterVec
 	webhooks           *prometheus.CounterVec
+	foreignVMs         *prometheus.GaugeVec
 }
 
 // NewMetrics registers every series.
@@ -42,9 +43,11 @@ func NewMetrics() *Metrics {
 			Help: "Reconcile passes that failed, by group."}, []string{"group"}),
 		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_webhook_deliveries_total",
 			Help: "Webhook deliveries by forge type and result."}, []string{"type", "result"}),
+		foreignVMs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_foreign_vms",
+			Help: "VMs of the group made by another state store (left alone)."}, []string{"group"}),
 	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
-		m.forgeRateRemaining, m.reconcileErrors, m.webhooks,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -49,6 +49,10 @@ type Orchestrator struct {
 
 	ownMu  sync.Mutex
 	ownGen int // bumped when a drain flag changes: ownership may move
+
+	deliveryMu    sync.Mutex
+	deliveries    map[string]bool // webhook deliveries seen (bounded)
+	deliveryOrder []string
 }
 
 // Options are the parts tests and benchmarks replace.
@@ -418,11 +422,15 @@ func (o *Orchestrator) signedBy(forgeType string, body []byte, h http.Header) st
 
 // Webhook verifies and applies one workflow_job delivery for a forge
 // type; it returns the forge that signed it. A delivery no configured
-// secret verifies is rejected.
-func (o *Orchestrator) Webhook(forgeType string, body []byte, h http.Header) (string, forge.WorkflowJobEvent, error) {
+// secret verifies is rejected; one whose id was seen before is answered
+// ErrDuplicate and not applied again.
+func (o *Orchestrator) Webhook(forgeType, delivery string, body []byte, h http.Header) (string, forge.WorkflowJobEvent, error) {
 	n := o.signedBy(forgeType, body, h)
 	if n == "" {
 		return "", forge.WorkflowJobEvent{}, ErrBadSignature
+	}
+	if o.seenDelivery(forgeType, delivery) {
+		return n, forge.WorkflowJobEvent{}, ErrDuplicate
 	}
 	ev, err := forge.ParseWorkflowJob(body)
 	if err != nil {
@@ -435,6 +443,9 @@ func (o *Orchestrator) Webhook(forgeType string, body []byte, h http.Header) (st
 
 // ErrBadSignature is a webhook delivery no secret verifies.
 var ErrBadSignature = errors.New("webhook signature does not verify")
+
+// ErrDuplicate is a webhook delivery whose id was seen before.
+var ErrDuplicate = errors.New("webhook delivery seen before")
 
 // sweepLoop drops old history rows now and then.
 func (o *Orchestrator) sweepLoop(ctx context.Context) {

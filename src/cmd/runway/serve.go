@@ -55,20 +55,15 @@ func serveCmd(args []string) error {
 	if err := os.WriteFile(filepath.Join(cfg.StateDir, "listen.addr"), []byte(addr+"\n"), 0o600); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server", "err", err)
-			stop()
-		}
-	}()
+	served := make(chan error, 1)
+	go func() { served <- o.Serve(ctx, ln, h); stop() }()
 	log.Info("runway serve", "listen", addr, "groups", len(cfg.Groups), "forges", len(cfg.Forges), "state_dir", cfg.StateDir)
 	err = o.Run(ctx)
-	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shut)
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = fmt.Errorf("http server: %w", serr)
+	}
 	log.Info("runway serve stopped")
 	return err
 }

@@ -9,7 +9,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"time"
+
+	"github.com/google/uuid"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -49,7 +52,12 @@ func (r Runner) Active() bool { return r.State != Deleted }
 func (r Runner) Unassigned() bool { return r.State == Spawning || r.State == Idle }
 
 // Store is the database.
-type Store struct{ db *sql.DB }
+type Store struct {
+	db   *sql.DB
+	path string
+	file os.FileInfo // the file opened: a replaced or deleted one is noticed
+	id   string
+}
 
 const schema = `
 CREATE TABLE IF NOT EXISTS runners (
@@ -71,6 +79,7 @@ CREATE TABLE IF NOT EXISTS runners (
 CREATE INDEX IF NOT EXISTS runners_grp_state ON runners (grp, state);
 CREATE TABLE IF NOT EXISTS stemcells (key TEXT PRIMARY KEY, cid TEXT NOT NULL, created_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS groups (name TEXT PRIMARY KEY, drained INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 `
 
 // Open opens (creating if needed) the database at path.
@@ -87,7 +96,48 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("state store %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	// The store's identity: VMs are tagged with it, so a store made anew
+	// (the old one deleted) never takes the old one's VMs for strays.
+	if _, err := db.Exec(`INSERT OR IGNORE INTO meta (k, v) VALUES ('store_id', ?)`, uuid.NewString()); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	s := &Store{db: db, path: path}
+	if err := db.QueryRow(`SELECT v FROM meta WHERE k = 'store_id'`).Scan(&s.id); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	if s.file, err = os.Stat(path); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// ID is the store's identity, made with the file.
+func (s *Store) ID() string { return s.id }
+
+// Check reports whether the store is still the file it opened, readable:
+// a database deleted or replaced under a running daemon keeps answering
+// from the open descriptor, and everything written from then on is lost.
+func (s *Store) Check() error {
+	now, err := os.Stat(s.path)
+	if err != nil {
+		return fmt.Errorf("state store %s: %w", s.path, err)
+	}
+	if !os.SameFile(s.file, now) {
+		return fmt.Errorf("state store %s was replaced by another file", s.path)
+	}
+	f, err := os.Open(s.path)
+	if err != nil {
+		return fmt.Errorf("state store %s: %w", s.path, err)
+	}
+	f.Close()
+	var id string
+	if err := s.db.QueryRow(`SELECT v FROM meta WHERE k = 'store_id'`).Scan(&id); err != nil {
+		return fmt.Errorf("state store %s: %w", s.path, err)
+	}
+	return nil
 }
 
 // Close closes the database.

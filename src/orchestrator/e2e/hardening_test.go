@@ -1,0 +1,96 @@
+package e2e
+
+import (
+	"bytes"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+)
+
+// runway.db deleted under a running daemon: health turns unhealthy and the
+// daemon stops acting; restarted on a fresh store, it leaves the old
+// store's VMs (live runners) alone instead of deleting them as strays.
+func TestLostStoreStopsTheDaemonAndSparesItsVMs(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig("1s", e.group("keep", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
+	e.start()
+	e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.eventually(20*time.Second, "a runner VM", func() bool { return len(e.vms()) == 1 })
+	old := e.vms()[0]
+
+	db := filepath.Join(e.dir, "orch", "runway.db")
+	for _, f := range []string{db, db + "-wal", db + "-shm"} {
+		os.Remove(f)
+	}
+	e.eventually(10*time.Second, "/healthz answers 503", func() bool {
+		resp, err := http.Get("http://" + e.addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	// It stops acting: a new queued job gets no runner.
+	e.gitea.AddJob("acme/app", "build-2", []string{"linux"}, forge.StatusQueued)
+	e.eventually(10*time.Second, "a failed pass naming the store", func() bool {
+		return strings.Contains(e.groupStatus("keep").LastError, "runway.db")
+	})
+	if n := len(e.vms()); n != 1 {
+		t.Fatalf("the daemon acted on a lost store: %d VMs", n)
+	}
+
+	e.stop(false)
+	e.start() // a new, empty runway.db
+	e.eventually(20*time.Second, "the foreign VM is reported", func() bool {
+		return strings.Contains(e.metrics(), `runway_foreign_vms{group="keep"} 1`)
+	})
+	still := false
+	for _, v := range e.vms() {
+		still = still || v.CID == old.CID
+	}
+	if !still {
+		t.Fatalf("the old store's VM %s was deleted by the new store's sweep", old.CID)
+	}
+}
+
+// A delivery the forge sends again (same delivery id) is answered but not
+// acted on twice.
+func TestRedeliveredWebhookIsActedOnOnce(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig("1h", e.group("hooked", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
+	e.start()
+	body := []byte(`{"action":"queued","workflow_job":{"id":4242,"labels":["linux"],"status":"queued"},"repository":{"full_name":"acme/app"}}`)
+	send := func() int {
+		req, _ := http.NewRequest("POST", "http://"+e.addr+"/webhooks/gitea", bytes.NewReader(body))
+		req.Header.Set("X-Gitea-Event", "workflow_job")
+		req.Header.Set("X-Gitea-Delivery", "d-4242")
+		req.Header.Set("X-Gitea-Signature", forge.Sign([]byte(webhookSecret), body))
+		resp, err := http.DefaultClient.Do(req)
+		must(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c1, c2 := send(), send(); c1 != http.StatusAccepted || c2 != http.StatusAccepted {
+		t.Fatalf("deliveries answered %d and %d", c1, c2)
+	}
+	m := e.metrics()
+	if !strings.Contains(m, `runway_webhook_deliveries_total{result="accepted",type="gitea"} 1`) ||
+		!strings.Contains(m, `runway_webhook_deliveries_total{result="duplicate",type="gitea"} 1`) {
+		t.Fatalf("metrics:\n%s", grep(m, "runway_webhook"))
+	}
+}
+
+func grep(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

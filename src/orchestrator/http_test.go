@@ -1,0 +1,124 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func testDaemon(t *testing.T, extra string) *Orchestrator {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "token"), []byte("t"), 0o600)
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
+state_dir: %s
+cpi: {path: /nonexistent}
+forges:
+  - {name: gitea, type: gitea, url: "http://127.0.0.1:1", token_file: %s}
+groups:
+  - {name: g, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
+%s`, dir, filepath.Join(dir, "token"), extra)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := New(cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	return o
+}
+
+func serve(t *testing.T, o *Orchestrator) string {
+	t.Helper()
+	h, err := o.Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { o.Serve(ctx, ln, h); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ln.Addr().String()
+}
+
+// A client that sends its request one byte at a time is cut off at the
+// read timeout, and no more than max_connections are served at once.
+func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
+	o := testDaemon(t, "http: {max_connections: 2, read_header_timeout: 300ms, read_timeout: 500ms}")
+	addr := serve(t, o)
+	slow, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	start := time.Now()
+	go func() {
+		for _, b := range []byte("POST /webhooks/gitea HTTP/1.1\r\nHost: x\r\n") {
+			if _, err := slow.Write([]byte{b}); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(slow); err != nil {
+		t.Fatalf("the slow connection was not closed by the server: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("slow connection closed after %s", took)
+	}
+
+	// Two idle connections take the two slots; a third client waits.
+	var idle []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+		c.Write([]byte("G")) // a request has begun: the slot is held until the header timeout
+	}
+	client := &http.Client{Timeout: 150 * time.Millisecond}
+	if resp, err := client.Get("http://" + addr + "/healthz"); err == nil {
+		resp.Body.Close()
+		t.Fatal("a third connection was served while two held the cap")
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	client.Timeout = 5 * time.Second
+	resp, err := client.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("after the slots freed: %v", err)
+	}
+	resp.Body.Close()
+}
+
+// Without admin_token_file, drain and resume work on a loopback listener
+// only.
+func TestDrainNeedsATokenOffLoopback(t *testing.T) {
+	for listen, want := range map[string]int{"127.0.0.1:8480": http.StatusOK, "0.0.0.0:8480": http.StatusForbidden, "[::]:8480": http.StatusForbidden} {
+		o := testDaemon(t, "listen: \""+listen+"\"")
+		addr := serve(t, o)
+		resp, err := http.Post("http://"+addr+"/api/v1/groups/g/drain", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("listen %s: drain answered %d, want %d", listen, resp.StatusCode, want)
+		}
+	}
+}
