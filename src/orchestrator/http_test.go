@@ -56,8 +56,7 @@ func serve(t *testing.T, o *Orchestrator) string {
 // A client that sends its request one byte at a time is cut off at the
 // read timeout, and no more than max_connections are served at once.
 func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
-	o := testDaemon(t, "http: {max_connections: 2, read_header_timeout: 300ms, read_timeout: 500ms}")
-	addr := serve(t, o)
+	addr := serve(t, testDaemon(t, "http: {read_header_timeout: 300ms, read_timeout: 500ms}"))
 	slow, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +79,9 @@ func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 		t.Errorf("slow connection closed after %s", took)
 	}
 
-	// Two idle connections take the two slots; a third client waits.
+	// Two connections that began a request take the two slots (held until
+	// their header timeout, long here); a third client waits.
+	addr = serve(t, testDaemon(t, "http: {max_connections: 2, read_header_timeout: 30s}"))
 	var idle []net.Conn
 	for range 2 {
 		c, err := net.Dial("tcp", addr)
@@ -88,7 +89,7 @@ func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 			t.Fatal(err)
 		}
 		idle = append(idle, c)
-		c.Write([]byte("G")) // a request has begun: the slot is held until the header timeout
+		c.Write([]byte("G"))
 	}
 	client := &http.Client{Timeout: 150 * time.Millisecond}
 	if resp, err := client.Get("http://" + addr + "/healthz"); err == nil {
