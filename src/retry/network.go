@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -27,8 +26,11 @@ func Network(err error) Verdict {
 		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "connection reset") {
 		return Verdict{Class: Transient}
 	}
+	// A request timeout (http.Client.Timeout, "awaiting headers") wraps
+	// context.DeadlineExceeded too: it is this request's, not the call's —
+	// Do stops on the call's own context before asking.
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, &ne) && ne.Timeout() {
 		return Verdict{Class: Transient}
 	}
 	return Verdict{Class: Permanent}

@@ -38,7 +38,11 @@ type Policy struct {
 	Base     time.Duration // first backoff ceiling
 	MaxSleep time.Duration // cap per sleep (without Retry-After)
 	Budget   time.Duration // total time spent waiting
-	Classify Classifier
+	// MaxFaults, when > 0, bounds the transient faults (5xx, resets,
+	// timeouts) one call sits out; throttles are bounded by Budget only:
+	// a rate limit is waited out, never turned into a failure early.
+	MaxFaults int
+	Classify  Classifier
 	// Logf receives one line per wait. May be nil.
 	Logf func(format string, args ...any)
 	// Sleep waits; replaced in tests. Must return ctx.Err() when cancelled.
@@ -93,6 +97,7 @@ func (p Policy) Do(ctx context.Context, op string, fn func(context.Context) erro
 		rnd = rand.Float64
 	}
 	var waited time.Duration
+	faults := 0
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
 		if err == nil {
@@ -104,6 +109,11 @@ func (p Policy) Do(ctx context.Context, op string, fn func(context.Context) erro
 		}
 		if v.Class == Permanent || ctx.Err() != nil {
 			return err
+		}
+		if v.Class == Transient {
+			if faults++; p.MaxFaults > 0 && faults >= p.MaxFaults {
+				return &BudgetError{Op: op, Attempts: attempt, Waited: waited, Last: err}
+			}
 		}
 		d := p.backoff(attempt, rnd)
 		if v.RetryAfter > 0 {

@@ -3,6 +3,8 @@ package retry
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -167,4 +169,52 @@ func TestPolicyFor(t *testing.T) {
 		t.Errorf("For replaced a configured budget: %s", own.Budget)
 	}
 	own.Logf("x")
+}
+
+// A request timeout from a real http.Client (which wraps
+// context.DeadlineExceeded) is transient: the request's outcome is
+// unknown, and the caller resolves it (a lookup, a resend). A refused
+// endpoint is permanent.
+func TestNetworkVerdicts(t *testing.T) {
+	release := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer hang.Close()
+	defer close(release)
+	_, err := (&http.Client{Timeout: 50 * time.Millisecond}).Post(hang.URL, "application/json", strings.NewReader("{}"))
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("expected a client timeout, got %v", err)
+	}
+	if v := Network(err); v.Class != Transient {
+		t.Errorf("client timeout %q: %v, want transient", err, v.Class)
+	}
+	closed := httptest.NewServer(http.NotFoundHandler())
+	url := closed.URL
+	closed.Close()
+	_, err = http.Get(url)
+	if v := Network(err); v.Class != Permanent {
+		t.Errorf("refused %q: %v, want permanent", err, v.Class)
+	}
+}
+
+// MaxFaults bounds transient faults; throttles go on until the budget.
+func TestMaxFaultsBoundsFaultsNotThrottles(t *testing.T) {
+	for _, tc := range []struct {
+		class Class
+		want  int
+	}{{Transient, 3}, {Throttle, 10}} {
+		p := Policy{Base: time.Millisecond, MaxSleep: time.Millisecond, Budget: time.Hour, MaxFaults: 3,
+			Classify: func(error) Verdict { return Verdict{Class: tc.class} },
+			Sleep:    func(context.Context, time.Duration) error { return nil }}
+		calls := 0
+		p.Do(context.Background(), "op", func(context.Context) error {
+			calls++
+			if calls == 10 {
+				return nil
+			}
+			return errors.New("fault")
+		})
+		if calls != tc.want {
+			t.Errorf("%v: %d calls, want %d", tc.class, calls, tc.want)
+		}
+	}
 }

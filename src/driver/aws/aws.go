@@ -53,6 +53,7 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 		log = logging.Discard()
 	}
 	policy = policy.For(classify, func(f string, a ...any) { log.Info("aws", f, a...) })
+	policy.MaxFaults = c.MaxAttempts
 	return &Driver{cfg: c, locks: locks, log: log, retry: policy}, nil
 }
 
@@ -68,7 +69,9 @@ const (
 // light stemcells naming an existing AMI.
 func (d *Driver) StemcellFormats() []string { return []string{"aws-raw", "aws-light"} }
 
-// call runs one API call inside the retry budget.
+// call runs one API call inside the retry budget. The CPI's policy is the
+// only one that retries (the SDK's retryer is off): every attempt is
+// bounded by the budget and logged once.
 func call[T any](ctx context.Context, d *Driver, op string, fn func(ctx context.Context, c *ec2.Client) (T, error)) (T, error) {
 	var out T
 	c, _, err := d.clients(ctx)
@@ -81,6 +84,31 @@ func call[T any](ctx context.Context, d *Driver, op string, fn func(ctx context.
 		return err
 	})
 	return out, err
+}
+
+// create runs a create call whose outcome may be unknown (a timeout, a
+// reset after the request went out): before each resend it asks find for
+// what an earlier attempt made (by the call's token tag) and adopts that
+// instead of making another. It answers how many requests were sent: more
+// than one means a duplicate may exist after all (lists lag), so callers
+// sweep by token.
+func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx context.Context, c *ec2.Client) (T, error),
+	find func(ctx context.Context, c *ec2.Client) (T, bool, error)) (T, int, error) {
+	sent := 0
+	out, err := call(ctx, d, op, func(ctx context.Context, c *ec2.Client) (T, error) {
+		if sent > 0 {
+			found, ok, err := find(ctx, c)
+			if err != nil || ok {
+				if ok {
+					d.log.Info("aws", "%s: an earlier attempt made it; adopting it", op)
+				}
+				return found, err
+			}
+		}
+		sent++
+		return fn(ctx, c)
+	})
+	return out, sent, err
 }
 
 // waitFor polls check until it reports done: first after 250 ms, then

@@ -5,14 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
-	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -22,7 +19,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/runway-cpi/runway/src/config"
-	"github.com/runway-cpi/runway/src/retry"
 )
 
 // Config is the "aws" section of the CPI config.
@@ -51,8 +47,9 @@ type Config struct {
 	// DefaultAvailabilityZone places disks created without a VM.
 	DefaultAvailabilityZone string `json:"default_availability_zone,omitempty"`
 
-	// MaxAttempts per API call in the SDK's retryer (default 8); the
-	// CPI's retry budget waits further on throttles and 5xx.
+	// MaxAttempts bounds the transient faults (5xx, resets, timeouts) one
+	// API call sits out (default 8); throttles are waited out within the
+	// CPI's retry budget.
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// PollMaxMilli caps the interval between state checks (default 2000).
 	PollMaxMilli int `json:"poll_max_ms,omitempty"`
@@ -139,40 +136,12 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 	if c.RequestTimeoutSeconds > 0 {
 		reqTimeout = time.Duration(c.RequestTimeoutSeconds) * time.Second
 	}
-	base, maxBackoff := d.retry.Base, d.retry.MaxSleep
-	if base <= 0 {
-		base = 250 * time.Millisecond
-	}
-	if maxBackoff <= 0 {
-		maxBackoff = 20 * time.Second
-	}
 	opts := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithRegion(c.Region),
 		// A buildable client so AWS_CA_BUNDLE / shared-config CA bundles apply.
 		awsconfig.WithHTTPClient(awshttp.NewBuildableClient().WithTimeout(reqTimeout)),
-		awsconfig.WithRetryer(func() aws.Retryer {
-			return awsretry.NewStandard(func(o *awsretry.StandardOptions) {
-				o.MaxAttempts = c.MaxAttempts
-				o.MaxBackoff = maxBackoff
-				// A one-shot process gains nothing from the client-side
-				// retry quota; the wait budget bounds retries instead.
-				o.RateLimiter = ratelimit.None
-				// A refused connection or unknown host is a wrong endpoint,
-				// not a hiccup: fail at once, naming it.
-				o.Retryables = append([]awsretry.IsErrorRetryable{awsretry.IsErrorRetryableFunc(func(err error) aws.Ternary {
-					if retry.Misconfigured(err) {
-						return aws.FalseTernary
-					}
-					return aws.UnknownTernary
-				})}, o.Retryables...)
-				o.Backoff = awsretry.BackoffDelayerFunc(func(attempt int, _ error) (time.Duration, error) {
-					ceil := base << min(attempt-1, 16)
-					wait := time.Duration(rand.Float64() * float64(min(ceil, maxBackoff)))
-					d.log.Info("aws", "SDK retryer: attempt %d failed, waiting %s", attempt, wait.Round(time.Millisecond))
-					return wait, nil
-				})
-			})
-		}),
+		// One retry owner per call: the CPI's policy (call, create).
+		awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }),
 	}
 	if c.CredentialsSource == "static" {
 		opts = append(opts, awsconfig.WithCredentialsProvider(
@@ -187,7 +156,6 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 			if c.STSEndpoint != "" {
 				o.BaseEndpoint = aws.String(strings.TrimRight(c.STSEndpoint, "/"))
 			}
-			o.APIOptions = append(o.APIOptions, d.attempts)
 		})
 		cfg.Credentials = aws.NewCredentialsCache(stscreds.NewAssumeRoleProvider(stsClient, c.AssumeRoleARN,
 			func(o *stscreds.AssumeRoleOptions) {
@@ -201,13 +169,11 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 		if c.Endpoint != "" {
 			o.BaseEndpoint = aws.String(strings.TrimRight(c.Endpoint, "/"))
 		}
-		o.APIOptions = append(o.APIOptions, d.attempts)
 	})
 	b := ebs.NewFromConfig(cfg, func(o *ebs.Options) {
 		if c.Endpoint != "" {
 			o.BaseEndpoint = aws.String(strings.TrimRight(c.Endpoint, "/"))
 		}
-		o.APIOptions = append(o.APIOptions, d.attempts)
 	})
 	return e, b, nil
 }

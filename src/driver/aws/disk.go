@@ -46,18 +46,23 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		in.KmsKeyId = aws.String(p.KMSKeyARN)
 		in.Encrypted = aws.Bool(true)
 	}
-	actx, sent := withAttempts(ctx)
-	out, err := call(actx, d, "CreateVolume", func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, error) {
+	out, sent, err := create(ctx, d, "CreateVolume", func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, error) {
 		return c.CreateVolume(ctx, in)
+	}, func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, bool, error) {
+		ids, err := d.volumesOfToken(ctx, c, token)
+		if len(ids) == 0 {
+			return nil, false, err
+		}
+		return &ec2.CreateVolumeOutput{VolumeId: aws.String(ids[0])}, true, err
 	})
 	if err != nil {
-		if sent.Load() > 1 {
+		if sent > 1 {
 			d.sweepVolumes(ctx, token, "")
 		}
 		return "", d.cloudErr("CreateVolume", err)
 	}
 	id := aws.ToString(out.VolumeId)
-	if sent.Load() > 1 {
+	if sent > 1 {
 		d.sweepVolumes(ctx, token, id)
 	}
 	if err := d.waitVolume(ctx, id, func(v types.Volume) (bool, error) {
@@ -104,17 +109,30 @@ func (d *Driver) diskZone(ctx context.Context, vmCID, prop string) (string, erro
 	return aws.ToString(out.AvailabilityZones[0].ZoneName), nil
 }
 
+// volumesOfToken lists the volumes a create call tagged with token.
+func (d *Driver) volumesOfToken(ctx context.Context, c *ec2.Client, token string) ([]string, error) {
+	out, err := c.DescribeVolumes(ctx, &ec2.DescribeVolumesInput{Filters: tagFilters(map[string]string{tagToken: token})})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, v := range out.Volumes {
+		ids = append(ids, aws.ToString(v.VolumeId))
+	}
+	return ids, nil
+}
+
 // sweepVolumes deletes every volume carrying token except keep.
 func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
-	out, err := call(ctx, d, "DescribeVolumes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
-		return c.DescribeVolumes(ctx, &ec2.DescribeVolumesInput{Filters: tagFilters(map[string]string{tagToken: token})})
+	ids, err := call(ctx, d, "DescribeVolumes", func(ctx context.Context, c *ec2.Client) ([]string, error) {
+		return d.volumesOfToken(ctx, c, token)
 	})
 	if err != nil {
 		d.log.Warn("aws", "listing volumes of token %s for cleanup: %v", token, err)
 		return
 	}
-	for _, v := range out.Volumes {
-		if id := aws.ToString(v.VolumeId); id != keep {
+	for _, id := range ids {
+		if id != keep {
 			d.log.Info("aws", "deleting %s left by this create", id)
 			if err := d.deleteVolume(ctx, id); err != nil && !errors.Is(err, driver.ErrDiskNotFound) {
 				d.log.Warn("aws", "deleting %s: %v", id, err)
@@ -461,13 +479,18 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if dep, job := md["deployment"], md["job"]; dep != "" {
 		desc = fmt.Sprintf("%s/%s/%s", dep, job, md["index"])
 	}
-	actx, sent := withAttempts(ctx)
-	out, err := call(actx, d, "CreateSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, error) {
+	out, sent, err := create(ctx, d, "CreateSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, error) {
 		return c.CreateSnapshot(ctx, &ec2.CreateSnapshotInput{VolumeId: aws.String(cid), Description: aws.String(desc),
 			TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeSnapshot, tags)}})
+	}, func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, bool, error) {
+		ids, err := d.snapshotsOfToken(ctx, c, token)
+		if len(ids) == 0 {
+			return nil, false, err
+		}
+		return &ec2.CreateSnapshotOutput{SnapshotId: aws.String(ids[0])}, true, err
 	})
 	if err != nil {
-		if sent.Load() > 1 {
+		if sent > 1 {
 			d.sweepSnapshots(ctx, token, "")
 		}
 		if strings.HasPrefix(errCode(err), "InvalidVolume.") {
@@ -476,7 +499,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 		return "", d.cloudErr("CreateSnapshot "+cid, err)
 	}
 	id := aws.ToString(out.SnapshotId)
-	if sent.Load() > 1 {
+	if sent > 1 {
 		d.sweepSnapshots(ctx, token, id)
 	}
 	if err := d.waitSnapshot(ctx, id); err != nil {
@@ -506,16 +529,29 @@ func (d *Driver) waitSnapshot(ctx context.Context, id string) error {
 	})
 }
 
+// snapshotsOfToken lists the snapshots a create call tagged with token.
+func (d *Driver) snapshotsOfToken(ctx context.Context, c *ec2.Client, token string) ([]string, error) {
+	out, err := c.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{OwnerIds: []string{"self"}, Filters: tagFilters(map[string]string{tagToken: token})})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, s := range out.Snapshots {
+		ids = append(ids, aws.ToString(s.SnapshotId))
+	}
+	return ids, nil
+}
+
 func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
-	out, err := call(ctx, d, "DescribeSnapshots", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSnapshotsOutput, error) {
-		return c.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{OwnerIds: []string{"self"}, Filters: tagFilters(map[string]string{tagToken: token})})
+	ids, err := call(ctx, d, "DescribeSnapshots", func(ctx context.Context, c *ec2.Client) ([]string, error) {
+		return d.snapshotsOfToken(ctx, c, token)
 	})
 	if err != nil {
 		d.log.Warn("aws", "listing snapshots of token %s for cleanup: %v", token, err)
 		return
 	}
-	for _, s := range out.Snapshots {
-		if id := aws.ToString(s.SnapshotId); id != keep {
+	for _, id := range ids {
+		if id != keep {
 			d.log.Info("aws", "deleting %s left by this create", id)
 			if err := d.DeleteSnapshot(ctx, id); err != nil {
 				d.log.Warn("aws", "deleting %s: %v", id, err)

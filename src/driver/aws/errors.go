@@ -1,14 +1,11 @@
 package aws
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
-	"github.com/aws/smithy-go/middleware"
 
 	"github.com/runway-cpi/runway/src/retry"
 )
@@ -80,33 +77,4 @@ func (d *Driver) endpointName() string {
 		return d.cfg.Endpoint
 	}
 	return "region " + d.cfg.Region
-}
-
-type attemptsKey struct{}
-
-// withAttempts returns a context that counts HTTP attempts made under it,
-// across the SDK's retryer and ours: a create that was sent more than once
-// may have happened more than once.
-func withAttempts(ctx context.Context) (context.Context, *atomic.Int32) {
-	n := new(atomic.Int32)
-	return context.WithValue(ctx, attemptsKey{}, n), n
-}
-
-// attempts is an SDK stack option: it counts attempts and logs each failed
-// one (the SDK retries silently otherwise).
-func (d *Driver) attempts(s *middleware.Stack) error {
-	return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("RunwayAttempts",
-		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
-			if n, ok := ctx.Value(attemptsKey{}).(*atomic.Int32); ok {
-				n.Add(1)
-			}
-			out, md, err := next.HandleFinalize(ctx, in)
-			if err != nil && ctx.Err() == nil {
-				v := classify(err)
-				if v.Class != retry.Permanent {
-					d.log.Info("aws", "%s: %s answer: %v", middleware.GetOperationName(ctx), v.Class, err)
-				}
-			}
-			return out, md, err
-		}), middleware.After)
 }

@@ -154,20 +154,24 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	for _, t := range ec2Tags(tags) {
 		etags = append(etags, ebstypes.Tag{Key: t.Key, Value: t.Value})
 	}
-	var start *ebs.StartSnapshotOutput
-	actx, sent := withAttempts(ctx)
-	if err := d.retry.Do(actx, "aws StartSnapshot", func(ctx context.Context) error {
-		start, err = eb.StartSnapshot(ctx, &ebs.StartSnapshotInput{VolumeSize: aws.Int64(gib), Tags: etags,
+	start, sent, err := create(ctx, d, "StartSnapshot", func(ctx context.Context, _ *ec2.Client) (*ebs.StartSnapshotOutput, error) {
+		return eb.StartSnapshot(ctx, &ebs.StartSnapshotInput{VolumeSize: aws.Int64(gib), Tags: etags,
 			ClientToken: aws.String(tags[tagToken]), Description: aws.String("runway stemcell")})
-		return err
-	}); err != nil {
-		if sent.Load() > 1 {
+	}, func(ctx context.Context, c *ec2.Client) (*ebs.StartSnapshotOutput, bool, error) {
+		ids, err := d.snapshotsOfToken(ctx, c, tags[tagToken])
+		if len(ids) == 0 {
+			return nil, false, err
+		}
+		return &ebs.StartSnapshotOutput{SnapshotId: aws.String(ids[0])}, true, err
+	})
+	if err != nil {
+		if sent > 1 {
 			d.sweepSnapshots(ctx, tags[tagToken], "")
 		}
 		return "", d.cloudErr("StartSnapshot", err)
 	}
 	snap := aws.ToString(start.SnapshotId)
-	if sent.Load() > 1 {
+	if sent > 1 {
 		// Sent more than once: EBS honours the ClientToken, emulators may
 		// not. Either way one snapshot survives.
 		d.sweepSnapshots(ctx, tags[tagToken], snap)

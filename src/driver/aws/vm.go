@@ -95,12 +95,14 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		in.UserData = aws.String(base64.StdEncoding.EncodeToString([]byte(userData)))
 	}
 
-	actx, sent := withAttempts(ctx)
-	out, err := call(actx, d, "RunInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, error) {
+	out, sent, err := create(ctx, d, "RunInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, error) {
 		return c.RunInstances(ctx, in)
+	}, func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, bool, error) {
+		insts, err := d.instances(ctx, map[string]string{tagToken: token})
+		return &ec2.RunInstancesOutput{Instances: insts}, len(insts) > 0, err
 	})
 	if err != nil || len(out.Instances) == 0 {
-		if sent.Load() > 1 {
+		if sent > 1 {
 			d.sweepInstances(ctx, token, "")
 		}
 		if err == nil {
@@ -110,7 +112,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	}
 	id := aws.ToString(out.Instances[0].InstanceId)
 	d.log.Info("aws", "launched %s (%s, %s) for agent %s", id, p.InstanceType, ami, spec.AgentID)
-	if sent.Load() > 1 {
+	if sent > 1 {
 		// Sent more than once: EC2 honours the ClientToken, emulators
 		// may not. Either way at most one instance survives.
 		d.sweepInstances(ctx, token, id)

@@ -43,10 +43,21 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	opts := volumes.CreateOpts{Size: mibToGiB(spec.SizeMiB), Name: "disk-" + token, AvailabilityZone: az,
 		VolumeType: firstNonEmpty(p.Type, d.cfg.DefaultVolumeType), Metadata: md}
 	var v *volumes.Volume
-	sent, err := d.do(ctx, "volume", "create volume", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	sent, err := d.doCreate(ctx, "volume", "create volume", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
 		v, err = volumes.Create(ctx, sc, opts, nil).Extract()
 		return err
+	}, func(ctx context.Context, sc *gophercloud.ServiceClient) (bool, error) {
+		pages, err := volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}).AllPages(ctx)
+		if err != nil {
+			return false, err
+		}
+		list, err := volumes.ExtractVolumes(pages)
+		if err != nil || len(list) == 0 {
+			return false, err
+		}
+		v = &list[0]
+		return true, nil
 	})
 	if err != nil {
 		if sent > 1 {
@@ -534,10 +545,23 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	meta[mdToken] = token
 	opts := snapshots.CreateOpts{VolumeID: id, Force: true, Name: "snapshot-" + token, Metadata: meta}
 	var s *snapshots.Snapshot
-	sent, err := d.do(ctx, "volume", "snapshot volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	sent, err := d.doCreate(ctx, "volume", "snapshot volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
 		s, err = snapshots.Create(ctx, sc, opts).Extract()
 		return err
+	}, func(ctx context.Context, sc *gophercloud.ServiceClient) (bool, error) {
+		pages, err := snapshots.List(sc, snapshots.ListOpts{VolumeID: id}).AllPages(ctx)
+		if err != nil {
+			return false, err
+		}
+		list, err := snapshots.ExtractSnapshots(pages)
+		for i := range list {
+			if list[i].Metadata[mdToken] == token {
+				s = &list[i]
+				return true, nil
+			}
+		}
+		return false, err
 	})
 	if err != nil {
 		if sent > 1 {

@@ -1,15 +1,18 @@
 package openstack
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 )
 
@@ -39,8 +42,10 @@ func TestKilledCreateVM(t *testing.T) {
 		}
 		return faultproxy.Pass
 	})
+	// One state dir, as on one CPI host: the killed create's lock file
+	// proves to the next create that it is dead.
 	writeConfig := func(name, authURL string) string {
-		cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state-"+name),
+		cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
 			"openstack": map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
 		b, _ := json.Marshal(cfg)
 		path := filepath.Join(dir, name+".json")
@@ -146,4 +151,174 @@ func listVMs(t *testing.T, call func(string, ...any) json.RawMessage, agent stri
 		out = append(out, v.CID)
 	}
 	return out
+}
+
+// TestPortOfACreateInFlightIsKept: a create_vm held between its port and
+// its server (the proxy holds its server POST) keeps its fixed IP. Another
+// create_vm for the same IP — on the same CPI host (state dir) or on
+// another — must not reclaim that port: it gets a clear, retryable error,
+// and the first create then succeeds.
+func TestPortOfACreateInFlightIsKept(t *testing.T) {
+	c := devCloud(t)
+	const director, ip = "inflight-director", "10.20.0.92"
+	t.Cleanup(func() { assertNoneTagged(t, c, "director", director) })
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "cpi")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/cmd/cpi").CombinedOutput(); err != nil {
+		t.Fatalf("building bin/cpi: %v\n%s", err, out)
+	}
+	release := make(chan struct{})
+	var held atomic.Int32
+	heldURL, _ := throughProxy(t, c, func(r faultproxy.Request) faultproxy.Fault {
+		if r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/servers") {
+			held.Add(1)
+			<-release
+		}
+		return faultproxy.Pass
+	})
+	var once sync.Once
+	releaseAll := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll)
+	writeConfig := func(name, state, authURL string) string {
+		cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, state),
+			"openstack": map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
+		b, _ := json.Marshal(cfg)
+		path := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	heldCfg := writeConfig("held", "host-a", heldURL)
+	sameHost := writeConfig("same-host", "host-a", c.authURL)
+	otherHost := writeConfig("other-host", "host-b", c.authURL)
+	d, _ := newTestDriver(t, c, "", "", nil)
+	sc := createStemcell(t, d)
+	createVM := func(cfg, agent string) *exec.Cmd {
+		req, _ := json.Marshal(map[string]any{"method": "create_vm", "api_version": 2, "context": map[string]any{"director_uuid": director},
+			"arguments": []any{agent, sc, map[string]any{"instance_type": "runway.tiny"},
+				map[string]any{"private": map[string]any{"type": "manual", "ip": ip, "netmask": "255.255.255.0",
+					"cloud_properties": map[string]any{"net_id": c.netID}}}, []string{}, map[string]any{}}})
+		cmd := exec.Command(bin, "-configPath", cfg)
+		cmd.Stdin = strings.NewReader(string(req))
+		return cmd
+	}
+	type answer struct {
+		Result json.RawMessage `json:"result"`
+		Error  *struct {
+			Type      string `json:"type"`
+			Message   string `json:"message"`
+			OkToRetry bool   `json:"ok_to_retry"`
+		} `json:"error"`
+	}
+	first := createVM(heldCfg, "inflight-agent-1")
+	var firstOut strings.Builder
+	first.Stdout = &firstOut
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for held.Load() == 0 {
+		if time.Now().After(deadline) {
+			first.Process.Kill()
+			t.Fatal("the first create_vm never reached its server POST")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for name, cfg := range map[string]string{"same host": sameHost, "other host": otherHost} {
+		out, err := createVM(cfg, "inflight-agent-2").Output()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var a answer
+		if err := json.Unmarshal(out, &a); err != nil || a.Error == nil {
+			t.Fatalf("%s: the second create_vm for %s did not fail: %s", name, ip, out)
+		}
+		if a.Error.Type != "Bosh::Clouds::VMCreationFailed" || !a.Error.OkToRetry || !strings.Contains(a.Error.Message, "held by port") {
+			t.Errorf("%s: %+v; want a retryable VMCreationFailed naming the port that holds the IP", name, a.Error)
+		}
+	}
+	releaseAll()
+	if err := first.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	if err := json.Unmarshal([]byte(firstOut.String()), &a); err != nil || a.Error != nil {
+		t.Fatalf("the first create_vm failed after the second tried its IP: %s", firstOut.String())
+	}
+	var pair []json.RawMessage
+	json.Unmarshal(a.Result, &pair)
+	var vm string
+	json.Unmarshal(pair[0], &vm)
+	if err := d.DeleteVM(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLostCreateAnswersAreResolvedByLookup: the first port, server,
+// volume and snapshot POST each reach the cloud and lose their answer (the
+// driver cannot know the outcome). Before sending again, the driver finds
+// what the first one made by the call's name or token and adopts it: each
+// create is sent once, and nothing is left over.
+func TestLostCreateAnswersAreResolvedByLookup(t *testing.T) {
+	c := devCloud(t)
+	const who = "lost-answers"
+	t.Cleanup(func() { assertNoLeftovers(t, c, who) })
+	var mu sync.Mutex
+	faulted, posts := map[string]bool{}, map[string]int{}
+	kind := func(r faultproxy.Request) string {
+		if r.Method != "POST" {
+			return ""
+		}
+		for _, k := range []string{"/ports", "/servers", "/volumes", "/snapshots"} {
+			if strings.HasSuffix(r.URL.Path, k) {
+				return k
+			}
+		}
+		return ""
+	}
+	authURL, _ := throughProxy(t, c, func(r faultproxy.Request) faultproxy.Fault {
+		k := kind(r)
+		if k == "" {
+			return faultproxy.Pass
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		posts[k]++
+		if !faulted[k] {
+			faulted[k] = true
+			return faultproxy.ResetAfter
+		}
+		return faultproxy.Pass
+	})
+	d, logs := newTestDriver(t, c, authURL, "", nil)
+	ctx := context.Background()
+	sc := createStemcell(t, d)
+	defer d.DeleteStemcell(ctx, sc)
+	tags := map[string]string{"created_by": who, "director": who}
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "lost-agent", StemcellCID: sc, Tags: tags,
+		CloudProps: driver.Props{"instance_type": "runway.tiny"},
+		Networks: driver.Networks{"private": {Type: "manual", IP: "10.20.0.93", CloudProperties: map[string]any{"net_id": c.netID}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteVM(ctx, vm.CID)
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, Tags: tags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteDisk(ctx, disk)
+	snap, err := d.SnapshotDisk(ctx, disk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteSnapshot(ctx, snap)
+	for _, k := range []string{"/ports", "/servers", "/volumes", "/snapshots"} {
+		if !faulted[k] || posts[k] != 1 {
+			t.Errorf("POST %s: faulted %v, sent %d times; want one POST, its lost answer resolved by lookup", k, faulted[k], posts[k])
+		}
+	}
+	if n := strings.Count(logs.String(), "an earlier attempt made it; adopting it"); n != 4 {
+		t.Errorf("%d adoptions logged, want 4", n)
+	}
 }

@@ -106,6 +106,30 @@ func (d *Driver) doOnce(ctx context.Context, kind, op string, fn func(ctx contex
 	return err
 }
 
+// doCreate runs a create POST whose outcome may be unknown (a timeout, a
+// reset after the request went out): before each resend it asks find for
+// what an earlier attempt may have made, and adopts that instead of
+// making a second one. It answers how many POSTs were sent.
+func (d *Driver) doCreate(ctx context.Context, kind, op string, post func(ctx context.Context, c *gophercloud.ServiceClient) error,
+	find func(ctx context.Context, c *gophercloud.ServiceClient) (bool, error)) (int, error) {
+	posts := 0
+	_, err := d.do(ctx, kind, op, func(ctx context.Context, c *gophercloud.ServiceClient) error {
+		if posts > 0 {
+			found, err := find(ctx, c)
+			if err != nil {
+				return err
+			}
+			if found {
+				d.log.Info("openstack", "%s: an earlier attempt made it; adopting it", op)
+				return nil
+			}
+		}
+		posts++
+		return post(ctx, c)
+	})
+	return posts, err
+}
+
 func is409(err error) bool { return status(err) == 409 }
 
 // waitFor polls check until it reports done: first after 250 ms, then

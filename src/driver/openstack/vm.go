@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -85,6 +87,15 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		return driver.VM{}, d.creationError(err)
 	}
 
+	// The create's lock is held while its ports may be unbound: a port
+	// another process finds unbound is reclaimed only when this lock (on
+	// this host) is free, or the port is older than any create lasts.
+	unlock, err := d.locks.Lock(ctx, createLock(name))
+	if err != nil {
+		return driver.VM{}, d.creationError(err)
+	}
+	defer d.locks.Release(createLock(name), unlock, true)
+
 	// From here on, whatever exists is removed if the call fails.
 	c := &creation{d: d, name: name, token: md[mdToken]}
 	vm, err := d.createServer(ctx, c, spec, p, md, creator, nets, groups, userData, image, flavor)
@@ -158,10 +169,19 @@ func (d *Driver) createServer(ctx context.Context, c *creation, spec driver.VMSp
 		if keyName != "" {
 			builder = keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: keyName}
 		}
-		return d.do(ctx, "compute", "create server "+c.name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		return d.doCreate(ctx, "compute", "create server "+c.name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 			var err error
 			srv, err = servers.Create(ctx, sc, builder, nil).Extract()
 			return err
+		}, func(ctx context.Context, sc *gophercloud.ServiceClient) (bool, error) {
+			list, err := serversNamed(ctx, sc, c.name)
+			for i := range list {
+				if list[i].Metadata[mdToken] == c.token {
+					srv = &list[i]
+					return true, nil
+				}
+			}
+			return false, err
 		})
 	}
 	sent, err := create()
@@ -295,8 +315,19 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 		opts.SecurityGroups = &ids
 	}
 	var port *ports.Port
-	reclaimed := false
+	reclaimed, posts, heldBy := false, 0, ""
 	_, err := d.do(ctx, "network", "create port", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		if posts > 0 {
+			// The earlier POST's outcome is unknown: adopt what it made.
+			if p, err := portNamed(ctx, sc, n.props.NetID, c.name); err != nil || p != nil {
+				if p != nil {
+					d.log.Info("openstack", "create port %s: an earlier attempt made it; adopting it", p.ID)
+				}
+				port = p
+				return err
+			}
+		}
+		posts++
 		var err error
 		port, err = ports.Create(ctx, sc, opts).Extract()
 		if err == nil || status(err) != 409 || !strings.Contains(apiMessage(err), "already allocated") {
@@ -318,12 +349,22 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			if derr := ports.Delete(ctx, sc, holder.ID).ExtractErr(); derr != nil && !isNotFound(derr) {
 				return derr
 			}
+			posts++
 			port, err = ports.Create(ctx, sc, opts).Extract()
+			return err
 		}
+		// Held by a port that may belong to a create_vm in flight (or to
+		// a VM): a conflict another try can get past once it is settled.
+		heldBy = fmt.Sprintf("fixed IP %s is held by port %s (%s, made %s ago), which may belong to a create_vm still in flight or to another VM",
+			n.net.IP, holder.ID, holder.Name, time.Since(holder.CreatedAt).Round(time.Second))
 		return err
 	})
 	if err != nil {
-		return "", d.cloudErr("create port on "+n.props.NetID+" for "+n.net.IP, err)
+		err = d.cloudErr("create port on "+n.props.NetID+" for "+n.net.IP, err)
+		if heldBy != "" {
+			err = fmt.Errorf("%s: %w", heldBy, err)
+		}
+		return "", err
 	}
 	c.ports = append(c.ports, port.ID)
 	tags := serverTags(creator)
@@ -357,20 +398,59 @@ func (d *Driver) findPort(ctx context.Context, sc *gophercloud.ServiceClient, ne
 	return &list[0]
 }
 
+// portNamed returns the port called name on network, if any.
+func portNamed(ctx context.Context, sc *gophercloud.ServiceClient, network, name string) (*ports.Port, error) {
+	pages, err := ports.List(sc, ports.ListOpts{NetworkID: network, Name: name}).AllPages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := ports.ExtractPorts(pages)
+	if err != nil || len(list) == 0 {
+		return nil, err
+	}
+	return &list[0], nil
+}
+
+// createLock is held by a create_vm for as long as its ports may be
+// unbound.
+func createLock(name string) string { return "openstack-create-" + name }
+
+// orphanAge: no create_vm leaves its port unbound this long (its requests
+// and waits are each bounded far below it).
+const orphanAge = time.Hour
+
+// createOver proves that the create_vm that made port p is not in flight:
+// on this host its lock file exists and the lock is free (the process
+// died); from elsewhere, the port is older than any create_vm lasts. A
+// finished create on this host removed its lock file, so its leftovers
+// wait for the age too.
+func (d *Driver) createOver(p *ports.Port) bool {
+	name := createLock(p.Name)
+	if _, err := os.Stat(filepath.Join(d.locks.Dir, name+".lock")); err == nil {
+		release, free, err := d.locks.TryLock(name)
+		if err != nil || !free {
+			return false
+		}
+		d.locks.Release(name, release, true)
+		return true
+	}
+	return !p.CreatedAt.IsZero() && time.Since(p.CreatedAt) > orphanAge
+}
+
 // orphanPort: runway made the port for the same director, it is bound to
-// nothing, and no server carries the name it was made for.
+// nothing, the create_vm that made it is provably over, and no server
+// carries the name it was made for.
 func (d *Driver) orphanPort(ctx context.Context, p *ports.Port, creator map[string]string) bool {
 	dir := creator[mdDirector]
 	if p.DeviceID != "" || dir == "" || !strings.HasPrefix(p.Description, "runway director="+truncate(dir, 100)+" ") {
 		return false
 	}
+	if !d.createOver(p) {
+		return false
+	}
 	found := true
 	_, err := d.do(ctx, "compute", "find server "+p.Name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := servers.List(sc, servers.ListOpts{Name: "^" + p.Name + "$"}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := servers.ExtractServers(pages)
+		list, err := serversNamed(ctx, sc, p.Name)
 		found = len(list) > 0
 		return err
 	})
@@ -509,11 +589,8 @@ func (d *Driver) creationError(err error) error {
 func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
 	var list []servers.Server
 	_, err := d.do(ctx, "compute", "list servers named "+name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := servers.List(sc, servers.ListOpts{Name: "^" + name + "$"}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err = servers.ExtractServers(pages)
+		var err error
+		list, err = serversNamed(ctx, sc, name)
 		return err
 	})
 	if err != nil {
@@ -529,6 +606,16 @@ func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
 			d.log.Warn("openstack", "deleting server %s: %v", s.ID, err)
 		}
 	}
+}
+
+// serversNamed lists the servers named exactly name (Nova matches names
+// by regular expression).
+func serversNamed(ctx context.Context, sc *gophercloud.ServiceClient, name string) ([]servers.Server, error) {
+	pages, err := servers.List(sc, servers.ListOpts{Name: "^" + name + "$"}).AllPages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return servers.ExtractServers(pages)
 }
 
 // server reads one server; gone (404, DELETED, SOFT_DELETED) is ErrVMNotFound.
@@ -642,6 +729,11 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 	}
 	for _, p := range list {
 		if p.DeviceID != "" && p.DeviceID != s.ID {
+			continue
+		}
+		// An unbound port of the agent made for another server name may
+		// be a create_vm's in flight (the same agent, a retry).
+		if p.DeviceID == "" && p.Name != s.Metadata[mdVM] && !d.createOver(&p) {
 			continue
 		}
 		if _, err := d.do(ctx, "network", "delete port "+p.ID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
