@@ -298,7 +298,7 @@ func TestLostCreateAnswersAreResolvedByLookup(t *testing.T) {
 	tags := map[string]string{"created_by": who, "director": who}
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "lost-agent", StemcellCID: sc, Tags: tags,
 		CloudProps: driver.Props{"instance_type": "runway.tiny"},
-		Networks: driver.Networks{"private": {Type: "manual", IP: "10.20.0.93", CloudProperties: map[string]any{"net_id": c.netID}}}})
+		Networks:   driver.Networks{"private": {Type: "manual", IP: "10.20.0.93", CloudProperties: map[string]any{"net_id": c.netID}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
