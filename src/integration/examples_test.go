@@ -25,13 +25,7 @@ func envWithGroups(deployment string) map[string]any {
 		"groups": []string{"it", deployment, "web"}, "password": "not-for-hooks"}}
 }
 
-var _ = Describe("the hook examples in docs/examples/hooks", func() {
-	BeforeEach(func() {
-		if !fx.Local {
-			Skip("examples run on the local driver")
-		}
-	})
-
+var _ = describeLocal("the hook examples in docs/examples/hooks", func() {
 	It("the quota script denies the deployment's VM beyond max, counting what the driver lists", func() {
 		h := newHookEnv(map[string]any{})
 		dir := filepath.Join(h.hooksDir, "create_vm-pre.d")

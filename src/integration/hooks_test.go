@@ -187,12 +187,9 @@ func (h *hookEnv) createVM(sc string, env map[string]any) Response {
 	return h.run("create_vm", "agent-h", sc, map[string]any{"user_data": "#!/bin/sh\nexec sleep 600"}, map[string]any{}, []string{}, env)
 }
 
-var _ = Describe("lifecycle hooks through bin/cpi", func() {
+var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 	var p *pki
 	BeforeEach(func() {
-		if !fx.Local {
-			Skip("hook cases use the local driver")
-		}
 		p = newPKI(GinkgoT().TempDir())
 	})
 

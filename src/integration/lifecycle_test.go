@@ -133,10 +133,9 @@ var _ = Describe("the full lifecycle, as the Director drives it", Ordered, func(
 		stemcell = ""
 	})
 
-	It("left nothing behind in the state dir", func() {
-		if !fx.Local {
-			Skip("state dir inspection is local-driver only")
-		}
+	// Specs are registered for the drivers they apply to: no spec skips,
+	// so a run that tested nothing cannot pass (docs/testing.md).
+	itLocal("left nothing behind in the state dir", func() {
 		for _, kind := range []string{"vms", "disks", "snapshots", "stemcells"} {
 			entries, err := os.ReadDir(filepath.Join(fx.StateDir, kind))
 			Expect(err).NotTo(HaveOccurred())
@@ -196,20 +195,16 @@ var _ = Describe("error paths", func() {
 		}
 	})
 
-	It("an unreachable IaaS endpoint is a CloudError naming it, not a hang", func() {
-		if fx.UnreachableConfig == "" {
-			Skip("driver " + fx.Driver + " has no endpoint")
-		}
+	itCloud("an unreachable IaaS endpoint is a CloudError naming it, not a hang", func() {
+		Expect(fx.UnreachableConfig).NotTo(BeEmpty(), "the fixture of a cloud driver names an unreachable config")
 		r := runWith(fx.UnreachableConfig, request("has_vm", 2, fx.UnknownVM))
 		Expect(r.Error).NotTo(BeNil())
 		Expect(r.Error.Type).To(Equal("Bosh::Clouds::CloudError"))
 		Expect(r.Error.Message).To(ContainSubstring(fx.UnreachableEndpoint))
 	})
 
-	It("the driver's credentials never reach the response or stderr", func() {
-		if fx.Secret == "" {
-			Skip("driver " + fx.Driver + " has no credentials")
-		}
+	itCloud("the driver's credentials never reach the response or stderr", func() {
+		Expect(fx.Secret).NotTo(BeEmpty(), "the fixture of a cloud driver names its secret")
 		for _, cfg := range []string{fx.ConfigPath, fx.UnreachableConfig} {
 			r := runWith(cfg, request("has_vm", 2, fx.UnknownVM))
 			Expect(*r.Log + r.Stderr).NotTo(ContainSubstring(fx.Secret))

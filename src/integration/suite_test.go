@@ -80,7 +80,31 @@ func networks() map[string]any {
 var (
 	cpiBin string
 	fx     fixture
+	// localDriver is known when the spec tree is built (from the
+	// environment, as loadFixture reads it later).
+	localDriver = os.Getenv("RUNWAY_IT_DRIVER") == "" || os.Getenv("RUNWAY_IT_DRIVER") == "local"
 )
+
+// describeLocal, itLocal and itCloud register specs only for the drivers
+// they apply to, instead of skipping them at run time.
+func describeLocal(text string, body func()) bool {
+	if localDriver {
+		Describe(text, body)
+	}
+	return true
+}
+
+func itLocal(text string, body func()) {
+	if localDriver {
+		It(text, body)
+	}
+}
+
+func itCloud(text string, body func()) {
+	if !localDriver {
+		It(text, body)
+	}
+}
 
 var _ = SynchronizedBeforeSuite(func() []byte {
 	bin, err := gexec.Build("github.com/runway-cpi/runway/src/cmd/cpi")

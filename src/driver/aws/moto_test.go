@@ -31,17 +31,14 @@ import (
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
 const region = "us-east-1"
 
 func motoEndpoint(t *testing.T) string {
 	t.Helper()
-	ep := os.Getenv("RUNWAY_EC2_ENDPOINT")
-	if ep == "" {
-		t.Skip("RUNWAY_EC2_ENDPOINT is not set (scripts/ec2-dev start; scripts/test sets it)")
-	}
-	return ep
+	return testenv.Need(t, "scripts/ec2-dev start; scripts/test sets it", "RUNWAY_EC2_ENDPOINT")[0]
 }
 
 // resetMoto clears the server's state so each test starts empty.
@@ -584,16 +581,6 @@ func TestDiskEdges(t *testing.T) {
 	if _, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, VMCID: "i-0000000000000000f"}); !errors.Is(err, driver.ErrVMNotFound) {
 		t.Errorf("create_disk near an unknown vm: %v; want ErrVMNotFound", err)
 	}
-}
-
-// TestAudit is run by scripts/it-aws after the lifecycle suites: nothing
-// the suites' director created may still exist on the server.
-func TestAudit(t *testing.T) {
-	director := os.Getenv("RUNWAY_AWS_AUDIT_DIRECTOR")
-	if director == "" {
-		t.Skip("RUNWAY_AWS_AUDIT_DIRECTOR is not set (scripts/it-aws sets it)")
-	}
-	assertNoLeftovers(t, motoEndpoint(t), map[string]string{"director": director})
 }
 
 // TestAssumeRole: with assume_role_arn the driver asks STS for the role's

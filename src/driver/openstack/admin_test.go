@@ -129,12 +129,4 @@ func assertNoneTagged(t *testing.T, c cloud, key, val string) {
 	}
 }
 
-// TestAudit is run by scripts/it-openstack after the lifecycle suites:
-// nothing the suites' director created may exist anywhere in the cloud.
-func TestAudit(t *testing.T) {
-	director := os.Getenv("RUNWAY_OS_AUDIT_DIRECTOR")
-	if director == "" {
-		t.Skip("RUNWAY_OS_AUDIT_DIRECTOR is not set (scripts/it-openstack sets it)")
-	}
-	assertNoneTagged(t, devCloud(t), "director", director)
-}
+

@@ -28,6 +28,7 @@ import (
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
 type cloud struct {
@@ -36,12 +37,9 @@ type cloud struct {
 
 func devCloud(t *testing.T) cloud {
 	t.Helper()
-	c := cloud{authURL: os.Getenv("OS_AUTH_URL"), user: os.Getenv("OS_USERNAME"), password: os.Getenv("OS_PASSWORD"),
-		project: os.Getenv("OS_PROJECT_NAME"), region: os.Getenv("OS_REGION_NAME"), netID: os.Getenv("RUNWAY_OS_NET_ID")}
-	if c.authURL == "" || c.netID == "" {
-		t.Skip("no OpenStack: source $OS_DEV_DIR/openrc and fixtures.env (scripts/openstack-dev start; scripts/test does this)")
-	}
-	return c
+	v := testenv.Need(t, "source $OS_DEV_DIR/openrc and fixtures.env after scripts/openstack-dev start; scripts/test does this",
+		"OS_AUTH_URL", "OS_USERNAME", "OS_PASSWORD", "OS_PROJECT_NAME", "OS_REGION_NAME", "RUNWAY_OS_NET_ID")
+	return cloud{authURL: v[0], user: v[1], password: v[2], project: v[3], region: v[4], netID: v[5]}
 }
 
 type syncBuf struct {
@@ -278,10 +276,7 @@ func TestLightStemcell(t *testing.T) {
 	c := devCloud(t)
 	ctx := context.Background()
 	d, _ := newTestDriver(t, c, "", "", nil)
-	img := os.Getenv("RUNWAY_OS_IMAGE_ID")
-	if img == "" {
-		t.Skip("RUNWAY_OS_IMAGE_ID not set")
-	}
+	img := testenv.Need(t, "fixtures.env of scripts/openstack-dev", "RUNWAY_OS_IMAGE_ID")[0]
 	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"image_id": img}})
 	if err != nil || sc != img+" light" {
 		t.Fatalf("light stemcell = %q, %v", sc, err)
