@@ -128,5 +128,3 @@ func assertNoneTagged(t *testing.T, c cloud, key, val string) {
 		t.Errorf("left behind (%s=%s):\n  %s", key, val, strings.Join(left, "\n  "))
 	}
 }
-
-
