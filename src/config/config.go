@@ -11,11 +11,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+
+	"github.com/runway-cpi/runway/src/driver"
 )
 
 // Config is the whole file.
@@ -27,15 +31,14 @@ type Config struct {
 	Retry              Retry  `json:"retry"`
 	Agent              Agent  `json:"agent"`
 
-	// Driver sections, decoded by the chosen driver. Unknown sections are
-	// rejected so typos surface at load time.
-	Local     json.RawMessage `json:"local,omitempty"`
-	OpenStack json.RawMessage `json:"openstack,omitempty"`
-	AWS       json.RawMessage `json:"aws,omitempty"`
-
 	// Hooks and garm are owned by their packages.
 	Hooks json.RawMessage `json:"hooks,omitempty"`
 	Garm  json.RawMessage `json:"garm,omitempty"`
+
+	// Sections are the drivers' own sections, by driver name, decoded by
+	// the driver (any key that is not one of the above must name a driver
+	// built into this executable: typos surface at load time).
+	Sections map[string]json.RawMessage `json:"-"`
 
 	// Path the config was read from, for messages.
 	Path string `json:"-"`
@@ -64,9 +67,6 @@ const (
 	DefaultMaxBackoffSeconds = 30
 	DefaultInitialBackoffMs  = 250
 )
-
-// KnownDrivers are the driver names a config may select.
-var KnownDrivers = []string{"local", "openstack", "aws"}
 
 // Error names the file and the field at fault.
 type Error struct {
@@ -98,7 +98,7 @@ func Load(path string) (*Config, error) {
 // Parse validates a config document.
 func Parse(data []byte, path string) (*Config, error) {
 	c := &Config{}
-	if err := DecodeStrict(data, c); err != nil {
+	if err := c.decode(data); err != nil {
 		return nil, &Error{Path: path, Msg: err.Error()}
 	}
 	c.Path = path
@@ -114,7 +114,7 @@ func Parse(data []byte, path string) (*Config, error) {
 // Embedded is the config used without -configPath: the local driver with a
 // per-user state dir.
 func Embedded() (*Config, error) {
-	c := &Config{Driver: DefaultDriver, StateDir: DefaultStateDir()}
+	c := &Config{Driver: DefaultDriver, StateDir: DefaultStateDir(), Sections: map[string]json.RawMessage{}}
 	return c, c.finish()
 }
 
@@ -130,16 +130,61 @@ func DefaultStateDir() string {
 	return filepath.Join(os.TempDir(), "runway-"+strconv.Itoa(os.Getuid()))
 }
 
+// decode reads the core keys strictly and keeps each driver's section.
+func (c *Config) decode(data []byte) error {
+	var top map[string]json.RawMessage
+	if err := DecodeStrict(data, &top); err != nil {
+		return err
+	}
+	if top == nil {
+		return errors.New("must be a JSON object, got null")
+	}
+	core := map[string]json.RawMessage{}
+	c.Sections = map[string]json.RawMessage{}
+	coreKeys := jsonKeys(c)
+	drivers := driver.Names()
+	for k, v := range top {
+		switch {
+		case slices.Contains(coreKeys, k):
+			core[k] = v
+		case slices.Contains(drivers, k):
+			c.Sections[k] = v
+		default:
+			msg := fmt.Sprintf("unknown field %q", k)
+			if best := driver.Closest(k, append(coreKeys, drivers...)); best != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", best)
+			} else {
+				msg += " (neither a config key nor a driver built into this executable: " + strings.Join(drivers, ", ") + ")"
+			}
+			return errors.New(msg)
+		}
+	}
+	b, err := json.Marshal(core)
+	if err != nil {
+		return err
+	}
+	return DecodeStrict(b, c)
+}
+
+// jsonKeys lists the JSON keys of a struct's fields.
+func jsonKeys(v any) []string {
+	t := reflect.TypeOf(v).Elem()
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 func (c *Config) finish() error {
+	drivers := driver.Names()
 	if c.Driver == "" {
-		return &Error{Field: "driver", Msg: "is required (one of " + strings.Join(KnownDrivers, ", ") + ")"}
+		return &Error{Field: "driver", Msg: "is required (one of " + strings.Join(drivers, ", ") + ")"}
 	}
-	known := false
-	for _, d := range KnownDrivers {
-		known = known || d == c.Driver
-	}
-	if !known {
-		return &Error{Field: "driver", Msg: fmt.Sprintf("unknown driver %q (one of %s)", c.Driver, strings.Join(KnownDrivers, ", "))}
+	if !slices.Contains(drivers, c.Driver) {
+		return &Error{Field: "driver", Msg: fmt.Sprintf("unknown driver %q (this executable has: %s)", c.Driver, strings.Join(drivers, ", "))}
 	}
 	if c.StateDir == "" {
 		return &Error{Field: "state_dir", Msg: "is required"}
@@ -186,15 +231,7 @@ func (c *Config) LockTimeout() time.Duration {
 // DriverSection returns the raw section of the selected driver ("{}" when
 // absent).
 func (c *Config) DriverSection() json.RawMessage {
-	var s json.RawMessage
-	switch c.Driver {
-	case "local":
-		s = c.Local
-	case "openstack":
-		s = c.OpenStack
-	case "aws":
-		s = c.AWS
-	}
+	s := c.Sections[c.Driver]
 	if len(bytes.TrimSpace(s)) == 0 || string(bytes.TrimSpace(s)) == "null" {
 		return json.RawMessage("{}")
 	}

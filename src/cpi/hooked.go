@@ -3,6 +3,7 @@ package cpi
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -13,54 +14,12 @@ import (
 	"github.com/runway-cpi/runway/src/rpc"
 )
 
-// argNames names each method's positional arguments, for hook variables.
-var argNames = map[string][]string{
-	"create_stemcell":               {"image_path", "cloud_properties", "env"},
-	"delete_stemcell":               {"stemcell_cid"},
-	"create_vm":                     {"agent_id", "stemcell_cid", "cloud_properties", "networks", "disk_cids", "environment"},
-	"delete_vm":                     {"vm_cid"},
-	"has_vm":                        {"vm_cid"},
-	"reboot_vm":                     {"vm_cid"},
-	"set_vm_metadata":               {"vm_cid", "metadata"},
-	"calculate_vm_cloud_properties": {"desired_instance_size"},
-	"create_disk":                   {"disk_size", "cloud_properties", "vm_cid"},
-	"delete_disk":                   {"disk_cid"},
-	"has_disk":                      {"disk_cid"},
-	"resize_disk":                   {"disk_cid", "new_size"},
-	"update_disk":                   {"disk_cid", "new_size", "cloud_properties"},
-	"attach_disk":                   {"vm_cid", "disk_cid"},
-	"detach_disk":                   {"vm_cid", "disk_cid"},
-	"set_disk_metadata":             {"disk_cid", "metadata"},
-	"get_disks":                     {"vm_cid"},
-	"snapshot_disk":                 {"disk_cid", "metadata"},
-	"delete_snapshot":               {"snapshot_cid"},
-	"configure_networks":            {"vm_cid", "networks"},
-	"list_vms":                      {"tags", "metadata"},
-	"start_vm":                      {"vm_cid"},
-	"stop_vm":                       {"vm_cid"},
-}
-
-func objectType(method string) string {
-	switch {
-	case method == "delete_snapshot":
-		return "snapshot"
-	case strings.HasSuffix(method, "_stemcell"):
-		return "stemcell"
-	case strings.Contains(method, "disk") && method != "get_disks":
-		return "disk"
-	case strings.Contains(method, "vm") || method == "get_disks" || method == "list_vms" || method == "configure_networks":
-		return "vm"
-	}
-	return "none"
-}
-
 // hookCall describes req to hooks with every secret removed: the VM
 // environment is dropped whole, secret-looking keys are redacted, and only
 // whitelisted context keys are passed.
-func hookCall(req *rpc.Request) *hooks.Call {
-	names := argNames[req.Method]
+func hookCall(m *Method, req *rpc.Request) *hooks.Call {
 	c := &hooks.Call{Method: req.Method, RequestID: req.RequestID(), DirectorUUID: req.DirectorUUID(),
-		ObjectType: objectType(req.Method), Scalars: map[string]string{}, Args: []any{},
+		ObjectType: m.Object, Scalars: map[string]string{}, Args: []any{},
 		Context: map[string]any{"director_uuid": req.DirectorUUID()}}
 	if id := req.RequestID(); id != "" {
 		c.Context["request_id"] = id
@@ -72,8 +31,8 @@ func hookCall(req *rpc.Request) *hooks.Call {
 		var v any
 		_ = json.Unmarshal(raw, &v)
 		name := ""
-		if i < len(names) {
-			name = names[i]
+		if i < len(m.Args) {
+			name = m.Args[i].Name
 		}
 		if name == "environment" {
 			v = hookEnvironment(v)
@@ -90,6 +49,35 @@ func hookCall(req *rpc.Request) *hooks.Call {
 		}
 	}
 	return c
+}
+
+// HookVariables lists the CPI_<ARGUMENT> variables a method's scripts get:
+// one per argument that is a string, number, boolean or list of strings
+// (an object reaches scripts through CPI_REQUEST_FILE only), and the VM
+// environment's placement groups.
+func HookVariables(m *Method) []string {
+	var out []string
+	for _, a := range m.Args {
+		if a.Name == "environment" {
+			out = append(out, "CPI_BOSH_GROUP", "CPI_BOSH_GROUPS")
+			continue
+		}
+		t := a.Type
+		if t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		switch t.Kind() {
+		case reflect.String, reflect.Int, reflect.Bool, reflect.Float64:
+		case reflect.Slice:
+			if t.Elem().Kind() != reflect.String {
+				continue
+			}
+		default:
+			continue
+		}
+		out = append(out, "CPI_"+strings.ToUpper(a.Name))
+	}
+	return out
 }
 
 // flatten sets scalars[name] for strings, numbers, booleans and arrays of
@@ -135,10 +123,11 @@ func hookEnvironment(v any) any {
 // Invoke runs req with hooks around it: pre (deny → CloudError; defer →
 // wait within the budget or a retriable error), the method, then post.
 func (s *Service) Invoke(ctx context.Context, req *rpc.Request, runner *hooks.Runner) (any, *rpc.Error) {
-	if runner == nil || !Known(req.Method) {
+	m, ok := methods[req.Method]
+	if runner == nil || !ok {
 		return s.Call(ctx, req)
 	}
-	call := hookCall(req)
+	call := hookCall(m, req)
 	res, werr := s.pre(ctx, req, runner, call)
 	if werr == nil {
 		res, werr = s.Call(ctx, req)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
-	"sort"
 	"strings"
 	"time"
 
@@ -22,24 +21,10 @@ import (
 	"github.com/runway-cpi/runway/src/rpc"
 )
 
-// Deps are what a driver factory gets besides its own config section.
-type Deps struct {
-	StateDir string
-	Logger   logging.Logger
-	Locker   *lock.Locker
-	Retry    retry.Policy
-	// Redact registers values that must never be logged (credentials).
-	Redact func(values ...string)
-}
-
-// Factory builds a driver from its (context-merged) config section.
-type Factory func(section json.RawMessage, deps Deps) (driver.Driver, error)
-
 // Options configure Serve.
 type Options struct {
 	Config    *config.Config
 	ConfigErr error // a config that failed to load is reported as CpiError
-	Drivers   map[string]Factory
 	Stderr    io.Writer
 }
 
@@ -138,7 +123,7 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 	if opts.ConfigErr != nil {
 		return nil, CpiError("%v", opts.ConfigErr)
 	}
-	sess, werr := NewSession(opts.Config, opts.Drivers, req.Context, lc)
+	sess, werr := NewSession(opts.Config, req.Context, lc)
 	if werr != nil {
 		return nil, werr
 	}
@@ -167,10 +152,10 @@ func (s *Session) Close() {
 
 // NewSession builds the driver from cfg (with reqCtx's driver section
 // merged over the file's) and the hooks runner.
-func NewSession(cfg *config.Config, drivers map[string]Factory, reqCtx map[string]any, lc *logging.Call) (*Session, *rpc.Error) {
-	factory, ok := drivers[cfg.Driver]
+func NewSession(cfg *config.Config, reqCtx map[string]any, lc *logging.Call) (*Session, *rpc.Error) {
+	factory, ok := driver.Lookup(cfg.Driver)
 	if !ok {
-		return nil, CpiError("driver %q is not built into this bin/cpi (have: %v)", cfg.Driver, driverNames(drivers))
+		return nil, CpiError("driver %q is not built into this bin/cpi (have: %s)", cfg.Driver, strings.Join(driver.Names(), ", "))
 	}
 	section, err := cfg.MergeContext(reqCtx)
 	if err != nil {
@@ -190,7 +175,7 @@ func NewSession(cfg *config.Config, drivers map[string]Factory, reqCtx map[strin
 		Budget:   time.Duration(cfg.Retry.WaitBudgetSeconds) * time.Second,
 		Logf:     func(f string, a ...any) { lc.Info("retry", f, a...) },
 	}
-	drv, err := factory(section, Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
+	drv, err := factory(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
 	if err != nil {
 		return nil, CpiError("driver %s: %v", cfg.Driver, err)
 	}
@@ -203,15 +188,6 @@ func NewSession(cfg *config.Config, drivers map[string]Factory, reqCtx map[strin
 		sess.Hooks = hooks.New(hc, lc)
 	}
 	return sess, nil
-}
-
-func driverNames(m map[string]Factory) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func mustJSON(v any) string {

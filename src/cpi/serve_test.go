@@ -12,15 +12,8 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
-	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/local"
+	_ "github.com/runway-cpi/runway/src/driver/local"
 )
-
-var drivers = map[string]cpi.Factory{
-	"local": func(section json.RawMessage, deps cpi.Deps) (driver.Driver, error) {
-		return local.New(section, deps.StateDir, deps.Locker, deps.Logger)
-	},
-}
 
 type env struct {
 	t      *testing.T
@@ -63,7 +56,7 @@ type response struct {
 
 func (e *env) raw(in string) (string, response) {
 	var out bytes.Buffer
-	if err := cpi.Serve(context.Background(), strings.NewReader(in), &out, cpi.Options{Config: e.cfg, Drivers: drivers, Stderr: &e.stderr}); err != nil {
+	if err := cpi.Serve(context.Background(), strings.NewReader(in), &out, cpi.Options{Config: e.cfg, Stderr: &e.stderr}); err != nil {
 		e.t.Fatal(err)
 	}
 	var r response
@@ -233,8 +226,13 @@ func TestErrorTypesWhereTheDirectorExpectsThem(t *testing.T) {
 	e.fails("Bosh::Clouds::DiskNotAttached", "detach_disk", 2, vm, disk)
 	e.fails("Bosh::Clouds::NotSupported", "resize_disk", 2, disk, 5)
 	e.fails("Bosh::Clouds::NotSupported", "update_disk", 2, disk, 5, map[string]any{})
-	if got := str(t, e.ok("update_disk", 2, disk, 20, map[string]any{"type": "fast"})); got != disk {
+	if got := str(t, e.ok("update_disk", 2, disk, 20, map[string]any{})); got != disk {
 		t.Errorf("update_disk = %s", got)
+	}
+	// Nothing is silently ignored: the local driver has no disk properties.
+	r = e.fails("Bosh::Clouds::CpiError", "update_disk", 2, disk, 30, map[string]any{"type": "fast"})
+	if !strings.Contains(r.Error.Message, `unknown key "type"`) {
+		t.Errorf("message %q", r.Error.Message)
 	}
 	r = e.fails("Bosh::Clouds::VMCreationFailed", "create_vm", 2, "a", sc, map[string]any{"command": []any{"/nonexistent/binary"}}, map[string]any{}, nil, nil)
 	if *r.Error.OkToRetry {
@@ -281,7 +279,7 @@ func TestBadConfigIsACpiError(t *testing.T) {
 	var out bytes.Buffer
 	_, cfgErr := config.Load("/nonexistent/cpi.json")
 	cpi.Serve(context.Background(), strings.NewReader(`{"method":"has_vm","arguments":["vm-1"],"context":{"director_uuid":"d"}}`), &out,
-		cpi.Options{ConfigErr: cfgErr, Drivers: drivers, Stderr: &bytes.Buffer{}})
+		cpi.Options{ConfigErr: cfgErr, Stderr: &bytes.Buffer{}})
 	if !strings.Contains(out.String(), `"type":"Bosh::Clouds::CpiError"`) || !strings.Contains(out.String(), "/nonexistent/cpi.json") {
 		t.Fatalf("got %s", out.String())
 	}
@@ -330,7 +328,7 @@ func FuzzServe(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var out bytes.Buffer
-		if err := cpi.Serve(context.Background(), bytes.NewReader(in), &out, cpi.Options{Config: c, Drivers: drivers, Stderr: &bytes.Buffer{}}); err != nil {
+		if err := cpi.Serve(context.Background(), bytes.NewReader(in), &out, cpi.Options{Config: c, Stderr: &bytes.Buffer{}}); err != nil {
 			t.Fatal(err)
 		}
 		var r map[string]json.RawMessage

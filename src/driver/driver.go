@@ -36,19 +36,16 @@ func Invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidInput, fmt.Sprintf(format, args...))
 }
 
-// Props are free-form cloud properties.
-type Props map[string]any
-
 // Network is one entry of the BOSH networks hash.
 type Network struct {
-	Type            string         `json:"type,omitempty"` // manual | dynamic | vip
-	IP              string         `json:"ip,omitempty"`
-	Netmask         string         `json:"netmask,omitempty"`
-	Gateway         string         `json:"gateway,omitempty"`
-	DNS             []string       `json:"dns,omitempty"`
-	Default         []string       `json:"default,omitempty"`
-	MAC             string         `json:"mac,omitempty"`
-	CloudProperties map[string]any `json:"cloud_properties,omitempty"`
+	Type            string   `json:"type,omitempty"` // manual | dynamic | vip
+	IP              string   `json:"ip,omitempty"`
+	Netmask         string   `json:"netmask,omitempty"`
+	Gateway         string   `json:"gateway,omitempty"`
+	DNS             []string `json:"dns,omitempty"`
+	Default         []string `json:"default,omitempty"`
+	MAC             string   `json:"mac,omitempty"`
+	CloudProperties Props    `json:"cloud_properties"`
 }
 
 // Networks is the networks hash, by network name.
@@ -110,8 +107,11 @@ type Resources struct {
 	EphemeralDiskSize int `json:"ephemeral_disk_size"` // MiB
 }
 
-// Driver is one IaaS. Methods must be safe to call from concurrent
-// processes against the same IaaS: locks are the driver's business.
+// Driver is one IaaS: what the BOSH Director needs of every CPI. Methods
+// must be safe to call from concurrent processes against the same IaaS:
+// locks are the driver's business. What some IaaS cannot do lives in the
+// small interfaces below; the service answers NotImplemented for a driver
+// that lacks one, so a new IaaS can start with this core.
 type Driver interface {
 	// StemcellFormats lists the stemcell formats the driver accepts.
 	StemcellFormats() []string
@@ -124,13 +124,6 @@ type Driver interface {
 	HasVM(ctx context.Context, cid string) (bool, error)
 	RebootVM(ctx context.Context, cid string) error
 	SetVMMetadata(ctx context.Context, cid string, md map[string]string) error
-	// StopVM powers a VM off, keeping it; StartVM powers it on again
-	// (garm's StopInstance/StartInstance).
-	StopVM(ctx context.Context, cid string) error
-	StartVM(ctx context.Context, cid string) error
-	CalculateVMCloudProperties(ctx context.Context, r Resources) (Props, error)
-	// ListVMs returns the VMs carrying every tag in match.
-	ListVMs(ctx context.Context, match map[string]string) ([]VMInfo, error)
 
 	CreateDisk(ctx context.Context, spec DiskSpec) (string, error)
 	DeleteDisk(ctx context.Context, cid string) error
@@ -139,10 +132,40 @@ type Driver interface {
 	AttachDisk(ctx context.Context, vmCID, diskCID string) (any, error)
 	DetachDisk(ctx context.Context, vmCID, diskCID string) error
 	GetDisks(ctx context.Context, vmCID string) ([]string, error)
+}
+
+// VMSizer answers calculate_vm_cloud_properties.
+type VMSizer interface {
+	CalculateVMCloudProperties(ctx context.Context, r Resources) (Props, error)
+}
+
+// VMLister answers list_vms: the VMs carrying every tag in match (reapers,
+// garm, the orchestrator).
+type VMLister interface {
+	ListVMs(ctx context.Context, match map[string]string) ([]VMInfo, error)
+}
+
+// PowerSwitch powers a VM off, keeping it, and on again (garm's
+// StopInstance/StartInstance).
+type PowerSwitch interface {
+	StopVM(ctx context.Context, cid string) error
+	StartVM(ctx context.Context, cid string) error
+}
+
+// DiskResizer grows disks in place.
+type DiskResizer interface {
 	ResizeDisk(ctx context.Context, cid string, sizeMiB int) error
 	// UpdateDisk returns the disk's CID afterwards (a new one if replaced).
 	UpdateDisk(ctx context.Context, cid string, sizeMiB int, props Props) (string, error)
+}
+
+// DiskMetadata labels disks.
+type DiskMetadata interface {
 	SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error
+}
+
+// Snapshotter snapshots disks.
+type Snapshotter interface {
 	SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error)
 	DeleteSnapshot(ctx context.Context, cid string) error
 }

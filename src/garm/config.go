@@ -17,9 +17,9 @@ type Config struct {
 	// Images maps garm image names to stemcells and cloud properties.
 	Images map[string]Image `json:"images,omitempty"`
 	// Flavors maps garm flavors to cloud properties.
-	Flavors map[string]driver.Props `json:"flavors,omitempty"`
+	Flavors map[string]props `json:"flavors,omitempty"`
 	// CloudProperties are the base VM cloud properties.
-	CloudProperties driver.Props `json:"cloud_properties,omitempty"`
+	CloudProperties props `json:"cloud_properties,omitempty"`
 	// Networks is the BOSH networks hash given to create_vm
 	// (default: one dynamic network).
 	Networks driver.Networks `json:"networks,omitempty"`
@@ -30,14 +30,14 @@ type Config struct {
 
 // Image is one image mapping.
 type Image struct {
-	Stemcell        string       `json:"stemcell"`
-	CloudProperties driver.Props `json:"cloud_properties,omitempty"`
+	Stemcell        string `json:"stemcell"`
+	CloudProperties props  `json:"cloud_properties,omitempty"`
 }
 
 // ExtraSpecs are the pool extra specs Runway understands.
 type ExtraSpecs struct {
 	Stemcell        string          `json:"stemcell,omitempty"`
-	CloudProperties driver.Props    `json:"cloud_properties,omitempty"`
+	CloudProperties props           `json:"cloud_properties,omitempty"`
 	Networks        driver.Networks `json:"networks,omitempty"`
 	// UserData replaces the rendered runner install user data entirely.
 	UserData string `json:"user_data,omitempty"`
@@ -114,3 +114,7 @@ const ExtraSpecsSchema = `{
     "user_data": {"type": "string", "description": "replaces the rendered runner install user data"}
   }
 }`
+
+// props are cloud properties in garm's section: merged (base, image,
+// flavor, extra specs) before create_vm, which checks them.
+type props map[string]any

@@ -64,8 +64,8 @@ func EnvFrom(getenv func(string) string) Env {
 
 // Run executes one garm command and returns the exit status. stdout gets
 // only the JSON result; everything else goes to stderr.
-func Run(ctx context.Context, env Env, stdin io.Reader, stdout, stderr io.Writer, drivers map[string]cpi.Factory) int {
-	out, err := run(ctx, env, stdin, stderr, drivers)
+func Run(ctx context.Context, env Env, stdin io.Reader, stdout, stderr io.Writer) int {
+	out, err := run(ctx, env, stdin, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "runway garm %s: %v\n", env.Command, err)
 		if errors.Is(err, errNotFound) {
@@ -89,7 +89,7 @@ type provider struct {
 	n     int
 }
 
-func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer, drivers map[string]cpi.Factory) (string, error) {
+func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer) (string, error) {
 	switch env.InterfaceVersion {
 	case "", Version010, Version011:
 	default:
@@ -126,7 +126,7 @@ func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer, driver
 	level, _ := logging.ParseLevel(cfg.LogLevel)
 	reqID := "garm-" + strings.ToLower(env.Command)
 	lc := logging.NewCall(level, stderr, reqID)
-	sess, werr := cpi.NewSession(cfg, drivers, map[string]any{}, lc)
+	sess, werr := cpi.NewSession(cfg, map[string]any{}, lc)
 	if werr != nil {
 		return "", werr
 	}
@@ -312,11 +312,11 @@ func (p *provider) create(ctx context.Context, bi params.BootstrapInstance) (str
 
 // resolve picks the stemcell and merges cloud properties: base, image,
 // flavor, extra specs (later wins).
-func (p *provider) resolve(ctx context.Context, image, flavor string, specs *ExtraSpecs) (string, driver.Props, error) {
-	props := driver.Props{}
-	merge := func(m driver.Props) {
+func (p *provider) resolve(ctx context.Context, image, flavor string, specs *ExtraSpecs) (string, props, error) {
+	merged := props{}
+	merge := func(m props) {
 		for k, v := range m {
-			props[k] = v
+			merged[k] = v
 		}
 	}
 	merge(p.garm.CloudProperties)
@@ -345,7 +345,7 @@ func (p *provider) resolve(ctx context.Context, image, flavor string, specs *Ext
 			return "", nil, err
 		}
 	}
-	return stemcell, props, nil
+	return stemcell, merged, nil
 }
 
 // localStemcell makes (once, under a lock) the empty stemcell local VMs

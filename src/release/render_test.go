@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"github.com/runway-cpi/runway/src/config"
+	_ "github.com/runway-cpi/runway/src/driver/aws" // the drivers bin/cpi carries: config knows their sections
+	_ "github.com/runway-cpi/runway/src/driver/local"
+	_ "github.com/runway-cpi/runway/src/driver/openstack"
 	"github.com/runway-cpi/runway/src/orchestrator"
 )
 

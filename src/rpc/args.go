@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 )
 
 // Param names one positional argument and where to decode it.
@@ -16,6 +17,53 @@ type Param struct {
 	Optional bool
 	// Nullable arguments accept JSON null (e.g. create_disk's vm_cid).
 	Nullable bool
+}
+
+// ArgSpec describes one positional argument of a method.
+type ArgSpec struct {
+	Name     string
+	Type     reflect.Type
+	Optional bool
+	Nullable bool
+}
+
+// ArgSpecs reads a method's arguments from its Args struct: each field, in
+// order, is one positional argument, tagged `arg:"name[,optional][,nullable]"`.
+func ArgSpecs(t reflect.Type) []ArgSpec {
+	var out []ArgSpec
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("arg")
+		if tag == "" {
+			panic("rpc: field " + t.String() + "." + f.Name + " has no arg tag")
+		}
+		parts := strings.Split(tag, ",")
+		a := ArgSpec{Name: parts[0], Type: f.Type}
+		for _, o := range parts[1:] {
+			switch o {
+			case "optional":
+				a.Optional = true
+			case "nullable":
+				a.Nullable = true
+			default:
+				panic("rpc: unknown arg tag option " + o)
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// BindArgs decodes the request's positional arguments strictly into the
+// fields of the Args struct args points to (see ArgSpecs).
+func (r *Request) BindArgs(args any) *Error {
+	v := reflect.ValueOf(args).Elem()
+	specs := ArgSpecs(v.Type())
+	params := make([]Param, len(specs))
+	for i, a := range specs {
+		params[i] = Param{Name: a.Name, Into: v.Field(i).Addr().Interface(), Optional: a.Optional, Nullable: a.Nullable}
+	}
+	return r.Bind(params...)
 }
 
 // Bind decodes the request's positional arguments strictly into params.
@@ -40,8 +88,10 @@ func (r *Request) Bind(params ...Param) *Error {
 			if p.Nullable {
 				continue
 			}
-			// Absent maps/slices are common from real callers (cloud_properties: null).
-			if k := reflect.TypeOf(p.Into).Elem().Kind(); k == reflect.Map || k == reflect.Slice {
+			// Absent maps, lists and property objects are common from real
+			// callers (cloud_properties: null): left empty.
+			t := reflect.TypeOf(p.Into)
+			if k := t.Elem().Kind(); k == reflect.Map || k == reflect.Slice || t.Implements(unmarshaler) {
 				continue
 			}
 			return argErr(r.Method, i, p, "null")
@@ -58,6 +108,8 @@ func (r *Request) Bind(params ...Param) *Error {
 	}
 	return nil
 }
+
+var unmarshaler = reflect.TypeFor[json.Unmarshaler]()
 
 func argErr(method string, i int, p Param, got string) *Error {
 	return NewError(TypeCpiError, false, "%s: argument %d (%s) must be %s, got %s",

@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -121,5 +122,24 @@ func TestWriteResponse(t *testing.T) {
 	WriteResponse(&buf, Response{Result: func() {}})
 	if err := json.Unmarshal(buf.Bytes(), &got); err != nil || got["error"].(map[string]any)["type"] != TypeCpiError {
 		t.Fatalf("unencodable result: %s", buf.String())
+	}
+}
+
+func TestBindArgs(t *testing.T) {
+	var a struct {
+		CID   string         `arg:"cid"`
+		Size  int            `arg:"size"`
+		Props map[string]any `arg:"props"`
+		VM    *string        `arg:"vm,optional,nullable"`
+	}
+	if err := req(t, `["a", 3, {"k": 1}]`).BindArgs(&a); err != nil || a.CID != "a" || a.Size != 3 || a.VM != nil {
+		t.Fatalf("bind: %v %+v", err, a)
+	}
+	if err := req(t, `["a", "3", {}]`).BindArgs(&a); err == nil || err.Message != "m: argument 2 (size) must be an integer, got a string" {
+		t.Fatalf("got %v", err)
+	}
+	specs := ArgSpecs(reflect.TypeOf(a))
+	if len(specs) != 4 || specs[3].Name != "vm" || !specs[3].Optional || !specs[3].Nullable || specs[0].Optional {
+		t.Fatalf("specs %+v", specs)
 	}
 }

@@ -31,7 +31,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if os.Getenv("GARM_COMMAND") != "" {
 		ctx, stop := signalContext()
 		defer stop()
-		return garm.Run(ctx, garm.EnvFrom(os.Getenv), stdin, stdout, stderr, drivers)
+		return garm.Run(ctx, garm.EnvFrom(os.Getenv), stdin, stdout, stderr)
 	}
 	fs := flag.NewFlagSet("cpi", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -39,7 +39,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	opts := cpi.Options{Drivers: drivers, Stderr: stderr}
+	opts := cpi.Options{Stderr: stderr}
 	if *configPath != "" {
 		opts.Config, opts.ConfigErr = config.Load(*configPath)
 	} else {

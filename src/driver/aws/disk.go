@@ -18,7 +18,7 @@ import (
 // zone, tagged with the creator, and waits until it is available.
 func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
 	var p volumeProps
-	if err := driver.DecodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
 		return "", err
 	}
 	if spec.SizeMiB <= 0 {
@@ -383,7 +383,7 @@ func (d *Driver) ResizeDisk(ctx context.Context, cid string, sizeMiB int) error 
 // Elastic Volumes allow; encryption, key and zone cannot change.
 func (d *Driver) UpdateDisk(ctx context.Context, cid string, sizeMiB int, props driver.Props) (string, error) {
 	var p volumeProps
-	if err := driver.DecodeProps("cloud_properties", props, &p); err != nil {
+	if err := props.Decode("cloud_properties", &p); err != nil {
 		return "", err
 	}
 	return d.modifyVolume(ctx, cid, sizeMiB, &p)

@@ -92,7 +92,7 @@ func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any)
 }
 
 func stemcellFixture(t *testing.T) (string, driver.Props) {
-	return writeStemcellImage(t, rawImage(), true, true), driver.Props{"name": "bosh-aws-xen-hvm-ubuntu-jammy-go_agent", "version": "1.0", "disk": 3072.0}
+	return writeStemcellImage(t, rawImage(), true, true), driver.PropsOf(map[string]any{"name": "bosh-aws-xen-hvm-ubuntu-jammy-go_agent", "version": "1.0", "disk": 3072.0})
 }
 
 func fixture(ep string, lockDir string) drivertest.Fixture {
@@ -102,7 +102,7 @@ func fixture(ep string, lockDir string) drivertest.Fixture {
 			return d
 		},
 		StemcellImage: stemcellFixture,
-		VMProps:       driver.Props{"instance_type": "t3.micro"},
+		VMProps:       driver.PropsOf(map[string]any{"instance_type": "t3.micro"}),
 		Networks:      driver.Networks{"default": {Type: "dynamic", Default: []string{"dns", "gateway"}}},
 		DiskProps:     driver.Props{},
 		UnknownVM:     "i-0000000000000000f", UnknownDisk: "vol-00000000000000000",
@@ -230,7 +230,7 @@ func TestRetriedCreatesLeaveOneResource(t *testing.T) {
 	ctx := context.Background()
 	ami := registerTestImage(t, d)
 	tags := map[string]string{"director": "dup-test"}
-	vm, err := d.CreateVM(ctx, driver.VMSpec{Name: "vm-dup", StemcellCID: ami, CloudProps: driver.Props{"instance_type": "t3.micro"}, Tags: tags})
+	vm, err := d.CreateVM(ctx, driver.VMSpec{Name: "vm-dup", StemcellCID: ami, CloudProps: driver.PropsOf(map[string]any{"instance_type": "t3.micro"}), Tags: tags})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,11 +347,11 @@ func TestLightStemcell(t *testing.T) {
 	ctx := context.Background()
 	ami := registerTestImage(t, d)
 	defer d.DeleteStemcell(ctx, ami)
-	cid, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"ami": map[string]any{region: ami}}})
+	cid, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"ami": map[string]any{region: ami}})})
 	if err != nil || cid != ami+" light" {
 		t.Fatalf("light stemcell = %q, %v; want %q", cid, err, ami+" light")
 	}
-	vm, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: cid, CloudProps: driver.Props{"instance_type": "t3.micro"}})
+	vm, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: cid, CloudProps: driver.PropsOf(map[string]any{"instance_type": "t3.micro"})})
 	if err != nil {
 		t.Fatalf("create_vm from a light stemcell: %v", err)
 	}
@@ -362,10 +362,10 @@ func TestLightStemcell(t *testing.T) {
 	if _, err := d.image(ctx, ami); err != nil {
 		t.Fatalf("deleting a light stemcell deregistered its AMI: %v", err)
 	}
-	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"ami": map[string]any{"eu-north-9": ami}}}); !errors.Is(err, driver.ErrInvalidInput) {
+	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"ami": map[string]any{"eu-north-9": ami}})}); !errors.Is(err, driver.ErrInvalidInput) {
 		t.Errorf("light stemcell without this region: %v; want ErrInvalidInput", err)
 	}
-	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"ami": map[string]any{region: "ami-0000000000000000f"}}}); !errors.Is(err, driver.ErrStemcellNotFound) {
+	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"ami": map[string]any{region: "ami-0000000000000000f"}})}); !errors.Is(err, driver.ErrStemcellNotFound) {
 		t.Errorf("light stemcell of a missing AMI: %v; want ErrStemcellNotFound", err)
 	}
 }
@@ -388,9 +388,9 @@ func TestCreateVMPlacement(t *testing.T) {
 	prefix := strings.Join(strings.Split(aws.ToString(sn.CidrBlock), ".")[:3], ".")
 	ip := prefix + ".77"
 	spec := driver.VMSpec{Name: "vm-placed", AgentID: "agent-1", StemcellCID: ami,
-		CloudProps: driver.Props{"instance_type": "m6i.large", "ephemeral_disk": map[string]any{"size": 20480}, "root_disk": map[string]any{"size": 10240}},
+		CloudProps: driver.PropsOf(map[string]any{"instance_type": "m6i.large", "ephemeral_disk": map[string]any{"size": 20480}, "root_disk": map[string]any{"size": 10240}}),
 		Networks: driver.Networks{"private": {Type: "manual", IP: ip, Netmask: "255.255.255.0",
-			CloudProperties: map[string]any{"subnet": aws.ToString(sn.SubnetId)}}},
+			CloudProperties: driver.PropsOf(map[string]any{"subnet": aws.ToString(sn.SubnetId)})}},
 		AgentSettings: []byte(`{"agent_id":"agent-1"}`), Tags: map[string]string{"director": "placement", "agent_id": "agent-1"}}
 	vm, err := d.CreateVM(ctx, spec)
 	if err != nil {
@@ -436,13 +436,13 @@ func TestCreateVMPlacement(t *testing.T) {
 	// Bad input is refused before anything is launched.
 	for name, props := range map[string]driver.Props{
 		"no instance type": {},
-		"wrong type":       {"instance_type": 7},
+		"wrong type":       driver.PropsOf(map[string]any{"instance_type": 7}),
 	} {
 		if _, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: ami, CloudProps: props}); !errors.Is(err, driver.ErrInvalidInput) {
 			t.Errorf("%s: %v; want ErrInvalidInput", name, err)
 		}
 	}
-	_, err = d.CreateVM(ctx, driver.VMSpec{StemcellCID: ami, CloudProps: driver.Props{"instance_type": "t3.micro"},
+	_, err = d.CreateVM(ctx, driver.VMSpec{StemcellCID: ami, CloudProps: driver.PropsOf(map[string]any{"instance_type": "t3.micro"}),
 		Networks: driver.Networks{"a": {Type: "dynamic"}, "b": {Type: "dynamic"}}})
 	if !errors.Is(err, driver.ErrInvalidInput) {
 		t.Errorf("two networks: %v; want ErrInvalidInput", err)
@@ -464,7 +464,7 @@ func TestConcurrentAttachesPickDistinctDevices(t *testing.T) {
 	ctx := context.Background()
 	ami := registerTestImage(t, d)
 	defer d.DeleteStemcell(ctx, ami)
-	vm, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: ami, CloudProps: driver.Props{"instance_type": "t3.micro"}})
+	vm, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: ami, CloudProps: driver.PropsOf(map[string]any{"instance_type": "t3.micro"})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,7 +555,7 @@ func TestDiskEdges(t *testing.T) {
 	resetMoto(t, ep)
 	d, _ := newTestDriver(t, ep, "", map[string]any{"default_availability_zone": region + "b"})
 	ctx := context.Background()
-	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1500, CloudProps: driver.Props{"type": "io2", "iops": 3000}})
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1500, CloudProps: driver.PropsOf(map[string]any{"type": "io2", "iops": 3000})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -567,7 +567,7 @@ func TestDiskEdges(t *testing.T) {
 	if err := d.ResizeDisk(ctx, disk, 2048); err != nil {
 		t.Errorf("resize to the same size: %v", err)
 	}
-	cid, err := d.UpdateDisk(ctx, disk, 4096, driver.Props{"type": "gp3"})
+	cid, err := d.UpdateDisk(ctx, disk, 4096, driver.PropsOf(map[string]any{"type": "gp3"}))
 	if err != nil || cid != disk {
 		t.Fatalf("update_disk = %q, %v", cid, err)
 	}
@@ -575,7 +575,7 @@ func TestDiskEdges(t *testing.T) {
 	if aws.ToInt32(v.Size) != 4 {
 		t.Errorf("after update_disk: %d GiB; want 4", aws.ToInt32(v.Size))
 	}
-	if _, err := d.UpdateDisk(ctx, disk, 0, driver.Props{"encrypted": true}); !errors.Is(err, driver.ErrNotSupported) {
+	if _, err := d.UpdateDisk(ctx, disk, 0, driver.PropsOf(map[string]any{"encrypted": true})); !errors.Is(err, driver.ErrNotSupported) {
 		t.Errorf("update_disk to encrypted: %v; want ErrNotSupported", err)
 	}
 	if _, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, VMCID: "i-0000000000000000f"}); !errors.Is(err, driver.ErrVMNotFound) {

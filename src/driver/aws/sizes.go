@@ -45,18 +45,18 @@ var instanceTypes = []instanceType{
 // memory; the ephemeral disk becomes an EBS volume of the asked size.
 func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resources) (driver.Props, error) {
 	if r.CPU < 0 || r.RAM < 0 || r.EphemeralDiskSize < 0 {
-		return nil, driver.Invalid("vm resources must not be negative: %+v", r)
+		return driver.Props{}, driver.Invalid("vm resources must not be negative: %+v", r)
 	}
 	for _, t := range instanceTypes {
 		if t.CPU >= r.CPU && t.RAMMiB >= r.RAM {
-			props := driver.Props{"instance_type": t.Name}
+			props := map[string]any{"instance_type": t.Name}
 			if r.EphemeralDiskSize > 0 {
 				props["ephemeral_disk"] = map[string]any{"size": r.EphemeralDiskSize, "type": "gp3"}
 			}
-			return props, nil
+			return driver.PropsOf(props), nil
 		}
 	}
 	last := instanceTypes[len(instanceTypes)-1]
-	return nil, driver.Invalid("no instance type has %d CPUs and %d MiB (largest known: %s, %d CPUs, %d MiB)",
+	return driver.Props{}, driver.Invalid("no instance type has %d CPUs and %d MiB (largest known: %s, %d CPUs, %d MiB)",
 		r.CPU, r.RAM, last.Name, last.CPU, last.RAMMiB)
 }

@@ -38,7 +38,7 @@ const uploadWorkers = 8
 // ImportImage is not used.
 func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
 	var p stemcellProps
-	if err := driver.DecodeProps("stemcell cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := spec.CloudProps.Decode("stemcell cloud_properties", &p); err != nil {
 		return "", err
 	}
 	if len(p.AMI) > 0 {

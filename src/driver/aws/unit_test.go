@@ -127,12 +127,12 @@ func TestCalculateVMCloudProperties(t *testing.T) {
 		{driver.Resources{CPU: 96, RAM: 400000}, "m6i.32xlarge"},
 	} {
 		p, err := d.CalculateVMCloudProperties(context.Background(), c.r)
-		if err != nil || p["instance_type"] != c.want {
+		if err != nil || p.Map()["instance_type"] != c.want {
 			t.Errorf("%+v → %v, %v; want %s", c.r, p, err, c.want)
 		}
 	}
 	p, _ := d.CalculateVMCloudProperties(context.Background(), driver.Resources{CPU: 1, RAM: 1, EphemeralDiskSize: 10240})
-	if e, _ := p["ephemeral_disk"].(map[string]any); e["size"] != 10240 {
+	if e, _ := p.Map()["ephemeral_disk"].(map[string]any); e["size"] != 10240.0 {
 		t.Errorf("ephemeral disk not carried: %v", p)
 	}
 	if _, err := d.CalculateVMCloudProperties(context.Background(), driver.Resources{CPU: 1000}); !errors.Is(err, driver.ErrInvalidInput) {

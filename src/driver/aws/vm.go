@@ -28,7 +28,7 @@ var retryableLaunch = map[string]bool{
 // every instance carrying this call's token is terminated.
 func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
 	var p vmProps
-	if err := driver.DecodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
 		return driver.VM{}, err
 	}
 	if err := p.validate(); err != nil {
@@ -177,7 +177,7 @@ func (d *Driver) placeNetworks(nets driver.Networks, p *vmProps, in *ec2.RunInst
 		}
 		primary = name
 		var np netProps
-		if err := driver.DecodeProps("networks."+name+".cloud_properties", n.CloudProperties, &np); err != nil {
+		if err := n.CloudProperties.Decode("networks."+name+".cloud_properties", &np); err != nil {
 			return "", "", err
 		}
 		if np.Subnet != "" {

@@ -5,8 +5,10 @@ package drivertest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/runway-cpi/runway/src/driver"
@@ -29,10 +31,17 @@ type Fixture struct {
 	UnknownVM, UnknownDisk string
 }
 
-// Run runs the whole suite.
+// Run runs the whole suite: the core every driver has, and the optional
+// interfaces (listing, power, resizing, disk metadata, snapshots) for the
+// drivers that implement them.
 func Run(t *testing.T, f Fixture) {
 	ctx := context.Background()
 	d := f.New(t)
+	lister, listing := d.(driver.VMLister)
+	power, powered := d.(driver.PowerSwitch)
+	resizer, resizing := d.(driver.DiskResizer)
+	labeler, labeling := d.(driver.DiskMetadata)
+	snapper, snapping := d.(driver.Snapshotter)
 
 	t.Run("stemcell formats", func(t *testing.T) {
 		if len(d.StemcellFormats()) == 0 {
@@ -82,24 +91,37 @@ func Run(t *testing.T, f Fixture) {
 		if err := d.SetVMMetadata(ctx, vm.CID, map[string]string{"deployment": "dt", "name": "dt/0", "index": "0"}); err != nil {
 			t.Fatalf("set_vm_metadata: %v", err)
 		}
-		list, err := d.ListVMs(ctx, map[string]string{"agent_id": "dt-agent", "director": "dt-director"})
-		if err != nil {
-			t.Fatalf("list vms: %v", err)
+		if listing {
+			list, err := lister.ListVMs(ctx, map[string]string{"agent_id": "dt-agent", "director": "dt-director"})
+			if err != nil {
+				t.Fatalf("list vms: %v", err)
+			}
+			i := slices.IndexFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID })
+			if i < 0 {
+				t.Fatalf("list by tag does not find %s: %+v", vm.CID, list)
+			}
+			// garm and reapers read addresses from the listing.
+			for name, n := range vm.Networks {
+				if got := list[i].Networks[name].IP; got != n.IP {
+					t.Errorf("list_vms: network %s has address %q, create_vm answered %q", name, got, n.IP)
+				}
+			}
+			if other, _ := lister.ListVMs(ctx, map[string]string{"director": "someone-else"}); slices.ContainsFunc(other, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
+				t.Fatalf("list with a foreign tag finds %s", vm.CID)
+			}
 		}
-		if !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
-			t.Fatalf("list by tag does not find %s: %+v", vm.CID, list)
-		}
-		if other, _ := d.ListVMs(ctx, map[string]string{"director": "someone-else"}); slices.ContainsFunc(other, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
-			t.Fatalf("list with a foreign tag finds %s", vm.CID)
-		}
-		if err := d.StopVM(ctx, vm.CID); err != nil {
-			t.Fatalf("stop vm: %v", err)
-		}
-		if list, _ := d.ListVMs(ctx, map[string]string{"agent_id": "dt-agent"}); !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID && v.State == "stopped" }) {
-			t.Fatalf("stopped vm not listed as stopped: %+v", list)
-		}
-		if err := d.StartVM(ctx, vm.CID); err != nil {
-			t.Fatalf("start vm: %v", err)
+		if powered {
+			if err := power.StopVM(ctx, vm.CID); err != nil {
+				t.Fatalf("stop vm: %v", err)
+			}
+			if listing {
+				if list, _ := lister.ListVMs(ctx, map[string]string{"agent_id": "dt-agent"}); !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID && v.State == "stopped" }) {
+					t.Fatalf("stopped vm not listed as stopped: %+v", list)
+				}
+			}
+			if err := power.StartVM(ctx, vm.CID); err != nil {
+				t.Fatalf("start vm: %v", err)
+			}
 		}
 		if err := d.RebootVM(ctx, vm.CID); err != nil {
 			t.Fatalf("reboot_vm: %v", err)
@@ -119,20 +141,37 @@ func Run(t *testing.T, f Fixture) {
 	})
 
 	t.Run("unknown vm", func(t *testing.T) {
-		for name, call := range map[string]func() error{
+		calls := map[string]func() error{
 			"delete_vm":       func() error { return d.DeleteVM(ctx, f.UnknownVM) },
 			"reboot_vm":       func() error { return d.RebootVM(ctx, f.UnknownVM) },
 			"set_vm_metadata": func() error { return d.SetVMMetadata(ctx, f.UnknownVM, map[string]string{"a": "b"}) },
 			"get_disks":       func() error { _, err := d.GetDisks(ctx, f.UnknownVM); return err },
-			"stop_vm":         func() error { return d.StopVM(ctx, f.UnknownVM) },
-			"start_vm":        func() error { return d.StartVM(ctx, f.UnknownVM) },
-		} {
+		}
+		if powered {
+			calls["stop_vm"] = func() error { return power.StopVM(ctx, f.UnknownVM) }
+			calls["start_vm"] = func() error { return power.StartVM(ctx, f.UnknownVM) }
+		}
+		for name, call := range calls {
 			if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
 				t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
 			}
 		}
 		if ok, err := d.HasVM(ctx, f.UnknownVM); err != nil || ok {
 			t.Errorf("has_vm on unknown vm = %v, %v; want false, nil", ok, err)
+		}
+	})
+
+	// Nothing is silently ignored: a cloud property no driver knows is an
+	// input error naming it.
+	t.Run("unknown cloud property", func(t *testing.T) {
+		bad := map[string]any{"no_such_key": true}
+		_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "dt-agent", StemcellCID: sc, CloudProps: merge(f.VMProps, bad), Networks: f.Networks, Tags: tags})
+		if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "no_such_key") {
+			t.Errorf("create_vm with an unknown cloud property: %v; want ErrInvalidInput naming it", err)
+		}
+		_, err = d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: merge(f.DiskProps, bad), Tags: tags})
+		if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "no_such_key") {
+			t.Errorf("create_disk with an unknown cloud property: %v; want ErrInvalidInput naming it", err)
 		}
 	})
 
@@ -153,8 +192,10 @@ func Run(t *testing.T, f Fixture) {
 		if ok, err := d.HasDisk(ctx, disk); err != nil || !ok {
 			t.Fatalf("has_disk = %v, %v", ok, err)
 		}
-		if err := d.SetDiskMetadata(ctx, disk, map[string]string{"deployment": "dt"}); err != nil {
-			t.Fatalf("set_disk_metadata: %v", err)
+		if labeling {
+			if err := labeler.SetDiskMetadata(ctx, disk, map[string]string{"deployment": "dt"}); err != nil {
+				t.Fatalf("set_disk_metadata: %v", err)
+			}
 		}
 		if err := d.DetachDisk(ctx, vm.CID, disk); !errors.Is(err, driver.ErrDiskNotAttached) {
 			t.Fatalf("detach of an unattached disk: %v; want ErrDiskNotAttached", err)
@@ -170,12 +211,14 @@ func Run(t *testing.T, f Fixture) {
 		if err != nil || !slices.Equal(disks, []string{disk}) {
 			t.Fatalf("get_disks = %v, %v; want [%s]", disks, err, disk)
 		}
-		snap, err := d.SnapshotDisk(ctx, disk, map[string]string{"deployment": "dt"})
-		if err != nil {
-			t.Fatalf("snapshot_disk: %v", err)
-		}
-		if err := d.DeleteSnapshot(ctx, snap); err != nil {
-			t.Fatalf("delete_snapshot: %v", err)
+		if snapping {
+			snap, err := snapper.SnapshotDisk(ctx, disk, map[string]string{"deployment": "dt"})
+			if err != nil {
+				t.Fatalf("snapshot_disk: %v", err)
+			}
+			if err := snapper.DeleteSnapshot(ctx, snap); err != nil {
+				t.Fatalf("delete_snapshot: %v", err)
+			}
 		}
 		if err := d.DetachDisk(ctx, vm.CID, disk); err != nil {
 			t.Fatalf("detach_disk: %v", err)
@@ -183,11 +226,13 @@ func Run(t *testing.T, f Fixture) {
 		if disks, _ := d.GetDisks(ctx, vm.CID); len(disks) != 0 {
 			t.Fatalf("get_disks after detach = %v", disks)
 		}
-		if err := d.ResizeDisk(ctx, disk, 2048); err != nil {
-			t.Fatalf("resize_disk grow: %v", err)
-		}
-		if err := d.ResizeDisk(ctx, disk, 1024); !errors.Is(err, driver.ErrNotSupported) {
-			t.Fatalf("resize_disk shrink: %v; want ErrNotSupported", err)
+		if resizing {
+			if err := resizer.ResizeDisk(ctx, disk, 2048); err != nil {
+				t.Fatalf("resize_disk grow: %v", err)
+			}
+			if err := resizer.ResizeDisk(ctx, disk, 1024); !errors.Is(err, driver.ErrNotSupported) {
+				t.Fatalf("resize_disk shrink: %v; want ErrNotSupported", err)
+			}
 		}
 		if err := d.DeleteDisk(ctx, disk); err != nil {
 			t.Fatalf("delete_disk: %v", err)
@@ -224,14 +269,21 @@ func Run(t *testing.T, f Fixture) {
 	t.Run("unknown disk", func(t *testing.T) {
 		vm := createVM(t, "")
 		t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
-		for name, call := range map[string]func() error{
-			"delete_disk":       func() error { return d.DeleteDisk(ctx, f.UnknownDisk) },
-			"attach_disk":       func() error { _, err := d.AttachDisk(ctx, vm.CID, f.UnknownDisk); return err },
-			"detach_disk":       func() error { return d.DetachDisk(ctx, vm.CID, f.UnknownDisk) },
-			"resize_disk":       func() error { return d.ResizeDisk(ctx, f.UnknownDisk, 4096) },
-			"set_disk_metadata": func() error { return d.SetDiskMetadata(ctx, f.UnknownDisk, map[string]string{"a": "b"}) },
-			"snapshot_disk":     func() error { _, err := d.SnapshotDisk(ctx, f.UnknownDisk, nil); return err },
-		} {
+		calls := map[string]func() error{
+			"delete_disk": func() error { return d.DeleteDisk(ctx, f.UnknownDisk) },
+			"attach_disk": func() error { _, err := d.AttachDisk(ctx, vm.CID, f.UnknownDisk); return err },
+			"detach_disk": func() error { return d.DetachDisk(ctx, vm.CID, f.UnknownDisk) },
+		}
+		if resizing {
+			calls["resize_disk"] = func() error { return resizer.ResizeDisk(ctx, f.UnknownDisk, 4096) }
+		}
+		if labeling {
+			calls["set_disk_metadata"] = func() error { return labeler.SetDiskMetadata(ctx, f.UnknownDisk, map[string]string{"a": "b"}) }
+		}
+		if snapping {
+			calls["snapshot_disk"] = func() error { _, err := snapper.SnapshotDisk(ctx, f.UnknownDisk, nil); return err }
+		}
+		for name, call := range calls {
 			if err := call(); !errors.Is(err, driver.ErrDiskNotFound) {
 				t.Errorf("%s on unknown disk: %v; want ErrDiskNotFound", name, err)
 			}
@@ -251,4 +303,14 @@ func Run(t *testing.T, f Fixture) {
 			}
 		}
 	})
+}
+
+// merge is p with extra keys added.
+func merge(p driver.Props, extra map[string]any) driver.Props {
+	m := map[string]any{}
+	_ = json.Unmarshal(p.Raw(), &m)
+	for k, v := range extra {
+		m[k] = v
+	}
+	return driver.PropsOf(m)
 }

@@ -64,6 +64,9 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 			return "", err
 		}
 	}
+	if err := checkDiskProps(spec.CloudProps); err != nil {
+		return "", err
+	}
 	if err := d.checkSpace(spec.SizeMiB); err != nil {
 		return "", err
 	}
@@ -257,13 +260,22 @@ func (d *Driver) ResizeDisk(ctx context.Context, cid string, size int) error {
 // UpdateDisk implements driver.Driver: size (grow only) and cloud
 // properties change in place, so the CID stays.
 func (d *Driver) UpdateDisk(ctx context.Context, cid string, size int, props driver.Props) (string, error) {
-	if props == nil {
-		props = driver.Props{}
+	if err := checkDiskProps(props); err != nil {
+		return "", err
 	}
-	return d.update(ctx, cid, size, props)
+	return d.update(ctx, cid, size, &props)
 }
 
-func (d *Driver) update(ctx context.Context, cid string, size int, props driver.Props) (string, error) {
+// diskProps: the local driver takes no disk cloud properties.
+type diskProps struct{}
+
+func checkDiskProps(p driver.Props) error {
+	var v diskProps
+	return p.Decode("cloud_properties", &v)
+}
+
+// update grows a disk and, when props is given, records new properties.
+func (d *Driver) update(ctx context.Context, cid string, size int, props *driver.Props) (string, error) {
 	if err := checkCID("disk", cid); err != nil {
 		return "", err
 	}
@@ -286,7 +298,7 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props driver.
 	}
 	rec.SizeMiB = size
 	if props != nil {
-		rec.CloudProps = props
+		rec.CloudProps = *props
 	}
 	return cid, d.saveDisk(rec)
 }

@@ -60,7 +60,21 @@ type Driver struct {
 	log    logging.Logger
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.VMSizer      = (*Driver)(nil)
+	_ driver.VMLister     = (*Driver)(nil)
+	_ driver.PowerSwitch  = (*Driver)(nil)
+	_ driver.DiskResizer  = (*Driver)(nil)
+	_ driver.DiskMetadata = (*Driver)(nil)
+	_ driver.Snapshotter  = (*Driver)(nil)
+)
+
+func init() {
+	driver.Register("local", func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
+		return New(section, deps.StateDir, deps.Locker, deps.Logger)
+	})
+}
 
 // New builds the driver from its config section.
 func New(section json.RawMessage, stateDir string, locks *lock.Locker, log logging.Logger) (*Driver, error) {
@@ -203,5 +217,5 @@ func now() string { return time.Now().UTC().Format(time.RFC3339) }
 // CalculateVMCloudProperties implements driver.Driver: the local driver
 // does not size VMs, it records what was asked.
 func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resources) (driver.Props, error) {
-	return driver.Props{"cpu": r.CPU, "ram": r.RAM, "ephemeral_disk_size": r.EphemeralDiskSize}, nil
+	return driver.PropsOf(vmProps{CPU: r.CPU, RAM: r.RAM, EphemeralDiskSize: r.EphemeralDiskSize}), nil
 }

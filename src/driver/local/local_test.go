@@ -69,7 +69,7 @@ func TestConformance(t *testing.T) {
 		StemcellImage: func(t *testing.T) (string, driver.Props) {
 			return writeImage(t, map[string]string{"root.img": "disk image"}), driver.Props{}
 		},
-		VMProps:     driver.Props{"command": "exec sleep 300"},
+		VMProps:     driver.PropsOf(map[string]any{"command": "exec sleep 300"}),
 		Networks:    driver.Networks{"default": {Type: "dynamic"}},
 		UnknownVM:   "vm-00000000-0000-0000-0000-000000000000",
 		UnknownDisk: "disk-00000000-0000-0000-0000-000000000000",
@@ -116,7 +116,7 @@ sleep 300 & wait
 `
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-7", StemcellCID: sc,
 		Env: map[string]any{"user_data": script}, AgentSettings: []byte(`{"agent_id":"agent-7"}`),
-		CloudProps: driver.Props{"env": map[string]any{"EXTRA": "yes"}}})
+		CloudProps: driver.PropsOf(map[string]any{"env": map[string]any{"EXTRA": "yes"}})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestRebootRestartsTheProcess(t *testing.T) {
 	d := newDriver(t, root)
 	sc := stemcell(t, d)
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc,
-		CloudProps: driver.Props{"command": []any{"/bin/sh", "-c", `echo boot >> "$RUNWAY_VM_DIR/boots"; exec sleep 300`}}})
+		CloudProps: driver.PropsOf(map[string]any{"command": []any{"/bin/sh", "-c", `echo boot >> "$RUNWAY_VM_DIR/boots"; exec sleep 300`}})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestCommandThatCannotStartLeavesNothing(t *testing.T) {
 	root := t.TempDir()
 	d := newDriver(t, root)
 	sc := stemcell(t, d)
-	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc, CloudProps: driver.Props{"command": 42}})
+	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"command": 42})})
 	if !errors.Is(err, driver.ErrInvalidInput) {
 		t.Fatalf("bad command type: %v; want ErrInvalidInput", err)
 	}
@@ -322,7 +322,7 @@ func TestLockFilesDoNotPileUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vm, err := d.CreateVM(ctx, driver.VMSpec{Name: "vm-locks", AgentID: "a", StemcellCID: sc, CloudProps: driver.Props{"command": "exec sleep 300"}})
+	vm, err := d.CreateVM(ctx, driver.VMSpec{Name: "vm-locks", AgentID: "a", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"command": "exec sleep 300"})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,9 +23,30 @@ type stemcellRecord struct {
 	CreatedAt  string            `json:"created_at"`
 }
 
+// stemcellProps: what stemcell.MF files carry in cloud_properties,
+// recorded; the local driver needs none of it.
+type stemcellProps struct {
+	Name            string `json:"name"`
+	Version         string `json:"version"`
+	Infrastructure  string `json:"infrastructure"`
+	Architecture    string `json:"architecture"`
+	Hypervisor      string `json:"hypervisor"`
+	OSType          string `json:"os_type"`
+	OSDistro        string `json:"os_distro"`
+	Disk            int    `json:"disk"`
+	DiskFormat      string `json:"disk_format"`
+	ContainerFormat string `json:"container_format"`
+	RootDeviceName  string `json:"root_device_name"`
+	AutoDiskConfig  bool   `json:"auto_disk_config"`
+}
+
 // CreateStemcell implements driver.Driver: the image tarball (tar or
 // tar.gz) is unpacked into stemcells/<cid>/image.
 func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
+	var props stemcellProps
+	if err := spec.CloudProps.Decode("stemcell cloud_properties", &props); err != nil {
+		return "", err
+	}
 	if spec.ImagePath == "" || !filepath.IsAbs(spec.ImagePath) {
 		return "", driver.Invalid("image_path must be an absolute path, got %q", spec.ImagePath)
 	}

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -68,7 +69,16 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 			return driver.VM{}, err
 		}
 	}
-	argv, userData, err := d.command(spec)
+	props, err := decodeVMProps(spec.CloudProps)
+	if err != nil {
+		return driver.VM{}, err
+	}
+	for name, n := range spec.Networks {
+		if !n.CloudProperties.Empty() {
+			return driver.VM{}, driver.Invalid("networks.%s.cloud_properties: the local driver takes none, got %s", name, n.CloudProperties.Raw())
+		}
+	}
+	argv, userData, err := d.command(spec, props)
 	if err != nil {
 		return driver.VM{}, err
 	}
@@ -128,7 +138,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		return fail(err, true)
 	}
 	if len(argv) > 0 {
-		if err := startProcess(d.vmDir(cid), argv, d.processEnv(rec, spec)); err != nil {
+		if err := startProcess(d.vmDir(cid), argv, d.processEnv(rec, props)); err != nil {
 			// Leave nothing behind: the VM never ran.
 			_ = d.deleteLocked(ctx, cid)
 			return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
@@ -138,45 +148,57 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	return driver.VM{CID: cid, Networks: nets}, nil
 }
 
+// vmProps are the local driver's VM cloud properties.
+type vmProps struct {
+	// Command is an argv array or a shell string.
+	Command  json.RawMessage   `json:"command,omitempty"`
+	UserData *string           `json:"user_data,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	// What calculate_vm_cloud_properties answers comes back here: recorded.
+	CPU               int `json:"cpu,omitempty"`
+	RAM               int `json:"ram,omitempty"`
+	EphemeralDiskSize int `json:"ephemeral_disk_size,omitempty"`
+}
+
+func decodeVMProps(p driver.Props) (vmProps, error) {
+	var v vmProps
+	return v, p.Decode("cloud_properties", &v)
+}
+
 // command resolves what the VM runs: cloud_properties.command (argv array
 // or shell string), else a user-data script from cloud_properties.user_data
 // or environment.user_data. No command: a VM with no process.
-func (d *Driver) command(spec driver.VMSpec) ([]string, string, error) {
+func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error) {
 	var userData string
-	for _, src := range []map[string]any{spec.CloudProps, spec.Env} {
-		if v, ok := src["user_data"]; ok && userData == "" {
-			s, ok := v.(string)
-			if !ok {
-				return nil, "", driver.Invalid("user_data must be a string")
-			}
-			userData = s
+	if p.UserData != nil {
+		userData = *p.UserData
+	} else if v, ok := spec.Env["user_data"]; ok {
+		s, ok := v.(string)
+		if !ok {
+			return nil, "", driver.Invalid("environment.user_data must be a string")
 		}
+		userData = s
 	}
-	switch c := spec.CloudProps["command"].(type) {
-	case nil:
-	case string:
-		if c == "" {
-			return nil, "", driver.Invalid("cloud_properties.command must not be empty")
-		}
-		return []string{d.cfg.Shell, "-c", c}, userData, nil
-	case []any:
+	if len(p.Command) > 0 && string(p.Command) != "null" {
+		var shell string
 		var argv []string
-		for i, a := range c {
-			s, ok := a.(string)
-			if !ok {
-				return nil, "", driver.Invalid("cloud_properties.command[%d] must be a string", i)
+		switch {
+		case json.Unmarshal(p.Command, &shell) == nil:
+			if shell == "" {
+				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
 			}
-			argv = append(argv, s)
+			return []string{d.cfg.Shell, "-c", shell}, userData, nil
+		case json.Unmarshal(p.Command, &argv) == nil:
+			if len(argv) == 0 || argv[0] == "" {
+				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
+			}
+			if err := findExecutable(argv[0]); err != nil {
+				return nil, "", &driver.CreationError{Err: err}
+			}
+			return argv, userData, nil
+		default:
+			return nil, "", driver.Invalid("cloud_properties.command must be a string or an array of strings")
 		}
-		if len(argv) == 0 || argv[0] == "" {
-			return nil, "", driver.Invalid("cloud_properties.command must not be empty")
-		}
-		if err := findExecutable(argv[0]); err != nil {
-			return nil, "", &driver.CreationError{Err: err}
-		}
-		return argv, userData, nil
-	default:
-		return nil, "", driver.Invalid("cloud_properties.command must be a string or an array of strings")
 	}
 	if userData != "" {
 		if strings.HasPrefix(userData, "#!") {
@@ -189,7 +211,7 @@ func (d *Driver) command(spec driver.VMSpec) ([]string, string, error) {
 
 // processEnv is the VM process's whole environment: nothing of bin/cpi's
 // own environment (which may hold credentials) is inherited.
-func (d *Driver) processEnv(rec vmRecord, spec driver.VMSpec) []string {
+func (d *Driver) processEnv(rec vmRecord, p vmProps) []string {
 	dir := d.vmDir(rec.CID)
 	env := map[string]string{
 		"PATH":                  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -202,11 +224,9 @@ func (d *Driver) processEnv(rec vmRecord, spec driver.VMSpec) []string {
 		"RUNWAY_STEMCELL_DIR":   filepath.Join(d.dir("stemcells", rec.StemcellCID), "image"),
 		"RUNWAY_AGENT_SETTINGS": filepath.Join(dir, "agent-settings.json"),
 	}
-	if m, ok := spec.CloudProps["env"].(map[string]any); ok {
-		for k, v := range m {
-			if s, ok := v.(string); ok && k != envMarker && k != "RUNWAY_VM_DIR" {
-				env[k] = s
-			}
+	for k, v := range p.Env {
+		if k != envMarker && k != "RUNWAY_VM_DIR" {
+			env[k] = v
 		}
 	}
 	out := make([]string, 0, len(env))
@@ -339,7 +359,11 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		return err
 	}
 	if start && len(rec.Command) > 0 {
-		env := d.processEnv(*rec, driver.VMSpec{CloudProps: rec.CloudProps})
+		props, err := decodeVMProps(rec.CloudProps)
+		if err != nil {
+			return err
+		}
+		env := d.processEnv(*rec, props)
 		if err := startProcess(dir, rec.Command, env); err != nil {
 			return err
 		}

@@ -90,7 +90,7 @@ func rawImage(t *testing.T) (string, driver.Props) {
 	if err := os.WriteFile(p, bytes.Repeat([]byte{0}, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return p, driver.Props{"name": "bosh-openstack-kvm-ubuntu-jammy-go_agent", "version": "1.0", "disk_format": "raw"}
+	return p, driver.PropsOf(map[string]any{"name": "bosh-openstack-kvm-ubuntu-jammy-go_agent", "version": "1.0", "disk_format": "raw"})
 }
 
 func fixture(c cloud, authURL string) drivertest.Fixture {
@@ -100,9 +100,9 @@ func fixture(c cloud, authURL string) drivertest.Fixture {
 			return d
 		},
 		StemcellImage: rawImage,
-		VMProps:       driver.Props{"instance_type": "runway.tiny"},
+		VMProps:       driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
 		Networks: driver.Networks{"default": {Type: "dynamic", Default: []string{"dns", "gateway"},
-			CloudProperties: map[string]any{"net_id": c.netID}}},
+			CloudProperties: driver.PropsOf(map[string]any{"net_id": c.netID})}},
 		DiskProps: driver.Props{},
 		UnknownVM: uuid.NewString(), UnknownDisk: uuid.NewString(),
 	}
@@ -135,7 +135,7 @@ func TestNetworksNoneAndManual(t *testing.T) {
 	sc := createStemcell(t, d)
 	tags := map[string]string{"created_by": "os-test", "director": "os-test-director"}
 
-	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-none", StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"},
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-none", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
 		Tags: tags, AgentSettings: []byte(`{"agent_id":"agent-none"}`)})
 	if err != nil {
 		t.Fatalf("create_vm with no networks: %v", err)
@@ -148,8 +148,8 @@ func TestNetworksNoneAndManual(t *testing.T) {
 	}
 
 	nets := driver.Networks{"private": {Type: "manual", IP: "10.20.0.77", Netmask: "255.255.255.0", Gateway: "10.20.0.1",
-		Default: []string{"gateway"}, CloudProperties: map[string]any{"net_id": c.netID}}}
-	vm, err = d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-manual", StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"},
+		Default: []string{"gateway"}, CloudProperties: driver.PropsOf(map[string]any{"net_id": c.netID})}}
+	vm, err = d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-manual", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
 		Networks: nets, Tags: tags})
 	if err != nil {
 		t.Fatalf("create_vm on a manual network: %v", err)
@@ -209,20 +209,20 @@ func TestErrorPaths(t *testing.T) {
 	t.Cleanup(func() { assertNoLeftovers(t, c, "os-errors") })
 	sc := createStemcell(t, d)
 	tags := map[string]string{"created_by": "os-errors"}
-	dyn := driver.Networks{"default": {Type: "dynamic", CloudProperties: map[string]any{"net_id": c.netID}}}
+	dyn := driver.Networks{"default": {Type: "dynamic", CloudProperties: driver.PropsOf(map[string]any{"net_id": c.netID})}}
 	for name, tc := range map[string]struct {
 		spec driver.VMSpec
 		want string
 	}{
-		"unknown flavor": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.Props{"instance_type": "no-such-flavor"}, Networks: dyn, Tags: tags},
+		"unknown flavor": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "no-such-flavor"}), Networks: dyn, Tags: tags},
 			`flavor "no-such-flavor" not found`},
-		"unknown image": {driver.VMSpec{StemcellCID: uuid.NewString(), CloudProps: driver.Props{"instance_type": "runway.tiny"}, Networks: dyn, Tags: tags},
+		"unknown image": {driver.VMSpec{StemcellCID: uuid.NewString(), CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}), Networks: dyn, Tags: tags},
 			"mage"},
-		"unknown network": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"}, Tags: tags,
-			Networks: driver.Networks{"default": {Type: "dynamic", CloudProperties: map[string]any{"net_id": uuid.NewString()}}}},
+		"unknown network": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}), Tags: tags,
+			Networks: driver.Networks{"default": {Type: "dynamic", CloudProperties: driver.PropsOf(map[string]any{"net_id": uuid.NewString()})}}},
 			"etwork"},
-		"unknown network, manual": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.Props{"instance_type": "runway.tiny"}, Tags: tags,
-			Networks: driver.Networks{"default": {Type: "manual", IP: "10.20.0.78", CloudProperties: map[string]any{"net_id": uuid.NewString()}}}},
+		"unknown network, manual": {driver.VMSpec{StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}), Tags: tags,
+			Networks: driver.Networks{"default": {Type: "manual", IP: "10.20.0.78", CloudProperties: driver.PropsOf(map[string]any{"net_id": uuid.NewString()})}}},
 			"etwork"},
 	} {
 		_, err := d.CreateVM(ctx, tc.spec)
@@ -277,7 +277,7 @@ func TestLightStemcell(t *testing.T) {
 	ctx := context.Background()
 	d, _ := newTestDriver(t, c, "", "", nil)
 	img := testenv.Need(t, "fixtures.env of scripts/openstack-dev", "RUNWAY_OS_IMAGE_ID")[0]
-	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"image_id": img}})
+	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image_id": img})})
 	if err != nil || sc != img+" light" {
 		t.Fatalf("light stemcell = %q, %v", sc, err)
 	}
@@ -287,7 +287,7 @@ func TestLightStemcell(t *testing.T) {
 	if _, err := newAdmin(t, c).get(t, "image", "v2/images/"+img); err != nil {
 		t.Fatalf("deleting a light stemcell touched the image: %v", err)
 	}
-	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.Props{"image_id": uuid.NewString()}}); !errors.Is(err, driver.ErrStemcellNotFound) {
+	if _, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image_id": uuid.NewString()})}); !errors.Is(err, driver.ErrStemcellNotFound) {
 		t.Fatalf("light stemcell of a missing image: %v", err)
 	}
 }
@@ -296,10 +296,11 @@ func TestCalculateVMCloudProperties(t *testing.T) {
 	c := devCloud(t)
 	d, _ := newTestDriver(t, c, "", "", nil)
 	ctx := context.Background()
-	got, err := d.CalculateVMCloudProperties(ctx, driver.Resources{CPU: 2, RAM: 256, EphemeralDiskSize: 1024})
+	props, err := d.CalculateVMCloudProperties(ctx, driver.Resources{CPU: 2, RAM: 256, EphemeralDiskSize: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := props.Map()
 	// runway.small (2 vCPU, 512 MiB, 2 GiB disk) is the smallest fit, but
 	// its disk cannot hold 1 GiB + 3 GiB: boot from a 4 GiB volume.
 	if got["instance_type"] != "runway.small" || got["boot_from_volume"] != true {

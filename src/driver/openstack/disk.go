@@ -19,7 +19,7 @@ import (
 // else the VM's zone) and waits until it is available.
 func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
 	var p volumeProps
-	if err := driver.DecodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
 		return "", err
 	}
 	if spec.SizeMiB <= 0 {
@@ -457,7 +457,7 @@ func (d *Driver) UpdateDisk(ctx context.Context, cid string, sizeMiB int, props 
 		return "", err
 	}
 	var p volumeProps
-	if err := driver.DecodeProps("cloud_properties", props, &p); err != nil {
+	if err := props.Decode("cloud_properties", &p); err != nil {
 		return "", err
 	}
 	v, err := d.volume(ctx, id)

@@ -148,11 +148,11 @@ func writeAtomic(dir, path string, data []byte) error {
 // volume sized for it.
 func (d *Driver) CalculateVMCloudProperties(ctx context.Context, r driver.Resources) (driver.Props, error) {
 	if r.CPU <= 0 || r.RAM <= 0 || r.EphemeralDiskSize < 0 {
-		return nil, driver.Invalid("desired_instance_size needs positive cpu and ram, got cpu=%d ram=%d ephemeral_disk_size=%d", r.CPU, r.RAM, r.EphemeralDiskSize)
+		return driver.Props{}, driver.Invalid("desired_instance_size needs positive cpu and ram, got cpu=%d ram=%d ephemeral_disk_size=%d", r.CPU, r.RAM, r.EphemeralDiskSize)
 	}
 	list, err := d.listFlavors(ctx)
 	if err != nil {
-		return nil, err
+		return driver.Props{}, err
 	}
 	sort.Slice(list, func(i, j int) bool {
 		a, b := list[i], list[j]
@@ -176,12 +176,12 @@ func (d *Driver) CalculateVMCloudProperties(ctx context.Context, r driver.Resour
 			fits = f
 		}
 		if f.Disk >= needGiB || f.Ephemeral*1024 >= r.EphemeralDiskSize && f.Ephemeral > 0 {
-			return driver.Props{"instance_type": f.Name}, nil
+			return driver.PropsOf(map[string]any{"instance_type": f.Name}), nil
 		}
 	}
 	if fits == nil {
-		return nil, fmt.Errorf("openstack (%s): no flavor has %d vCPUs and %d MiB of RAM", d.cfg.AuthURL, r.CPU, r.RAM)
+		return driver.Props{}, fmt.Errorf("openstack (%s): no flavor has %d vCPUs and %d MiB of RAM", d.cfg.AuthURL, r.CPU, r.RAM)
 	}
-	return driver.Props{"instance_type": fits.Name, "boot_from_volume": true,
-		"root_disk": map[string]any{"size": needGiB * 1024}}, nil
+	return driver.PropsOf(map[string]any{"instance_type": fits.Name, "boot_from_volume": true,
+		"root_disk": map[string]any{"size": needGiB * 1024}}), nil
 }

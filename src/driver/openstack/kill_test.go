@@ -297,8 +297,8 @@ func TestLostCreateAnswersAreResolvedByLookup(t *testing.T) {
 	defer d.DeleteStemcell(ctx, sc)
 	tags := map[string]string{"created_by": who, "director": who}
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "lost-agent", StemcellCID: sc, Tags: tags,
-		CloudProps: driver.Props{"instance_type": "runway.tiny"},
-		Networks:   driver.Networks{"private": {Type: "manual", IP: "10.20.0.93", CloudProperties: map[string]any{"net_id": c.netID}}}})
+		CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
+		Networks:   driver.Networks{"private": {Type: "manual", IP: "10.20.0.93", CloudProperties: driver.PropsOf(map[string]any{"net_id": c.netID})}}})
 	if err != nil {
 		t.Fatal(err)
 	}

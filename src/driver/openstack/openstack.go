@@ -39,7 +39,21 @@ type Driver struct {
 	initErr error
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.VMSizer      = (*Driver)(nil)
+	_ driver.VMLister     = (*Driver)(nil)
+	_ driver.PowerSwitch  = (*Driver)(nil)
+	_ driver.DiskResizer  = (*Driver)(nil)
+	_ driver.DiskMetadata = (*Driver)(nil)
+	_ driver.Snapshotter  = (*Driver)(nil)
+)
+
+func init() {
+	driver.Register("openstack", func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
+		return New(section, deps.StateDir, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
+	})
+}
 
 // New builds the driver from its config section. No network I/O happens
 // until a method needs OpenStack.

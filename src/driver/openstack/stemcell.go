@@ -23,7 +23,7 @@ import (
 // checks the image exists and answers "<id> light".
 func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
 	var p stemcellProps
-	if err := driver.DecodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
 		return "", err
 	}
 	if p.ImageID != "" {

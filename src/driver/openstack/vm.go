@@ -35,7 +35,7 @@ const (
 // the server(s) and ports this call made are deleted.
 func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
 	var p vmProps
-	if err := driver.DecodeProps("cloud_properties", spec.CloudProps, &p); err != nil {
+	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
 		return driver.VM{}, err
 	}
 	if err := p.validate(); err != nil {
@@ -280,7 +280,7 @@ func planNetworks(in driver.Networks) ([]plannedNet, error) {
 			return nil, &driver.CreationError{Err: driver.Invalid("%s: unknown network type", describeNet(name, n))}
 		}
 		var np netProps
-		if err := driver.DecodeProps("networks."+name+".cloud_properties", n.CloudProperties, &np); err != nil {
+		if err := n.CloudProperties.Decode("networks."+name+".cloud_properties", &np); err != nil {
 			return nil, &driver.CreationError{Err: err}
 		}
 		if np.NetID == "" {

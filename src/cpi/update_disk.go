@@ -1,0 +1,26 @@
+package cpi
+
+import (
+	"context"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/rpc"
+)
+
+type updateDiskArgs struct {
+	Disk       string       `arg:"disk_cid"`
+	NewSize    int          `arg:"new_size"` // MiB
+	CloudProps driver.Props `arg:"cloud_properties"`
+}
+
+var _ = method("update_disk", "disk", func(s *Service, ctx context.Context, req *rpc.Request, a *updateDiskArgs) (any, error) {
+	if a.NewSize <= 0 {
+		return nil, CpiError("update_disk: argument 2 (new_size) must be a positive number of MiB, got %d", a.NewSize)
+	}
+	r, ok := s.Driver.(driver.DiskResizer)
+	if !ok {
+		return nil, s.lacks(req.Method)
+	}
+	s.Logger.Info("cpi", "updating disk %s to %d MiB", a.Disk, a.NewSize)
+	return r.UpdateDisk(ctx, a.Disk, a.NewSize, a.CloudProps)
+})
