@@ -24,16 +24,26 @@ var _ = method("list_vms", "vm", func(s *Service, ctx context.Context, req *rpc.
 	if err != nil {
 		return nil, err
 	}
-	out := []map[string]any{}
+	out := []ListedVM{}
 	for _, vm := range vms {
 		ok := true
 		for k, v := range a.Metadata {
 			ok = ok && vm.Metadata[k] == v
 		}
 		if ok {
-			out = append(out, map[string]any{"cid": vm.CID, "agent_id": vm.AgentID, "state": vm.State,
-				"tags": vm.Tags, "metadata": vm.Metadata, "networks": vm.Networks})
+			out = append(out, ListedVM{CID: vm.CID, AgentID: vm.AgentID, State: vm.State, Tags: vm.Tags,
+				Metadata: vm.Metadata, Networks: vm.Networks})
 		}
 	}
 	return out, nil
 })
+
+// ListedVM is one VM in list_vms' answer.
+type ListedVM struct {
+	CID      string            `json:"cid"`
+	AgentID  string            `json:"agent_id"`
+	State    string            `json:"state"` // running | stopped | error | unknown
+	Tags     map[string]string `json:"tags"`
+	Metadata map[string]string `json:"metadata"`
+	Networks driver.Networks   `json:"networks"`
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
+	"github.com/runway-cpi/runway/src/rpc"
 	_ "github.com/runway-cpi/runway/src/driver/local"
 )
 
@@ -44,33 +45,18 @@ func newEnv(t testing.TB, extra string) *env {
 	return e
 }
 
-type response struct {
-	Result json.RawMessage `json:"result"`
-	Error  *struct {
-		Type      string `json:"type"`
-		Message   string `json:"message"`
-		OkToRetry *bool  `json:"ok_to_retry"`
-	} `json:"error"`
-	Log *string `json:"log"`
-}
+type response = rpc.Reply
 
 func (e *env) raw(in string) (string, response) {
 	var out bytes.Buffer
 	if err := cpi.Serve(context.Background(), strings.NewReader(in), &out, cpi.Options{Config: e.cfg, Stderr: &e.stderr}); err != nil {
 		e.t.Fatal(err)
 	}
-	var r response
-	dec := json.NewDecoder(bytes.NewReader(out.Bytes()))
-	if err := dec.Decode(&r); err != nil || r.Log == nil {
-		e.t.Fatalf("not a response: %q (%v)", out.String(), err)
+	r, err := rpc.ParseReply(out.Bytes())
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	if dec.More() {
-		e.t.Fatalf("more than one document on stdout: %q", out.String())
-	}
-	if r.Error != nil && r.Error.OkToRetry == nil {
-		e.t.Fatalf("error without ok_to_retry: %q", out.String())
-	}
-	return out.String(), r
+	return out.String(), *r
 }
 
 func (e *env) call(method string, api int, stemcellAPI int, args ...any) response {
@@ -78,12 +64,9 @@ func (e *env) call(method string, api int, stemcellAPI int, args ...any) respons
 	if stemcellAPI > 0 {
 		ctx["vm"] = map[string]any{"stemcell": map[string]any{"api_version": stemcellAPI}}
 	}
-	if args == nil {
-		args = []any{}
-	}
-	req := map[string]any{"method": method, "arguments": args, "context": ctx}
-	if api > 0 {
-		req["api_version"] = api
+	req, err := rpc.NewRequest(method, api, ctx, args...)
+	if err != nil {
+		e.t.Fatal(err)
 	}
 	b, _ := json.Marshal(req)
 	_, r := e.raw(string(b))
@@ -212,7 +195,7 @@ func TestErrorTypesWhereTheDirectorExpectsThem(t *testing.T) {
 		t.Errorf("message %q", r.Error.Message)
 	}
 	r = e.fails("Bosh::Clouds::NoDiskSpace", "create_disk", 2, 1<<50, map[string]any{}, nil)
-	if !*r.Error.OkToRetry {
+	if !r.Error.OkToRetry {
 		t.Error("NoDiskSpace without ok_to_retry")
 	}
 	e.fails("Bosh::Clouds::CloudError", "create_vm", 2, "a", "sc-missing", map[string]any{}, map[string]any{}, []string{}, nil)
@@ -235,7 +218,7 @@ func TestErrorTypesWhereTheDirectorExpectsThem(t *testing.T) {
 		t.Errorf("message %q", r.Error.Message)
 	}
 	r = e.fails("Bosh::Clouds::VMCreationFailed", "create_vm", 2, "a", sc, map[string]any{"command": []any{"/nonexistent/binary"}}, map[string]any{}, nil, nil)
-	if *r.Error.OkToRetry {
+	if r.Error.OkToRetry {
 		t.Error("a missing command is not worth retrying")
 	}
 }
@@ -259,8 +242,8 @@ func TestSecretsNeverReachTheLog(t *testing.T) {
 	if strings.Contains(out, canary) || strings.Contains(e.stderr.String(), canary) {
 		t.Fatalf("secret leaked:\nstdout: %s\nstderr: %s", out, e.stderr.String())
 	}
-	if !strings.Contains(*r.Log, "<redacted>") {
-		t.Errorf("debug trace does not show the redacted request: %s", *r.Log)
+	if !strings.Contains(r.Log, "<redacted>") {
+		t.Errorf("debug trace does not show the redacted request: %s", r.Log)
 	}
 }
 
@@ -268,7 +251,7 @@ func TestRequestIDOnEveryLine(t *testing.T) {
 	e := newEnv(t, "")
 	e.t = t
 	r := e.call("has_vm", 2, 2, "vm-1")
-	for _, line := range strings.Split(strings.TrimSpace(*r.Log), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(r.Log), "\n") {
 		if !strings.Contains(line, "[cpi-777]") {
 			t.Errorf("line without request id: %q", line)
 		}

@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"syscall"
 	"time"
+
+	"github.com/runway-cpi/runway/src/rpc"
 )
 
 // Client runs one CPI executable.
@@ -29,31 +31,17 @@ type Client struct {
 	Env []string
 }
 
-// Error is a CPI error response.
-type Error struct {
-	Type      string `json:"type"`
-	Message   string `json:"message"`
-	OkToRetry bool   `json:"ok_to_retry"`
-}
-
-func (e *Error) Error() string { return e.Type + ": " + e.Message }
-
-// Response is one decoded answer.
+// Response is one decoded answer (rpc.Reply) and how the call went.
 type Response struct {
-	Result   json.RawMessage `json:"result"`
-	Error    *Error          `json:"error"`
-	Log      string          `json:"log"`
-	Stderr   string          `json:"-"`
-	Duration time.Duration   `json:"-"`
+	rpc.Reply
+	Stderr   string
+	Duration time.Duration
 }
 
 // Call runs method with args. err is set for transport failures (the
 // process could not run, timed out, or wrote no valid response); a CPI
-// error answer is returned in Response.Error and as *Error.
+// error answer is returned in Response.Error and as *rpc.Error.
 func (c *Client) Call(ctx context.Context, method, requestID string, args ...any) (*Response, error) {
-	if args == nil {
-		args = []any{}
-	}
 	reqCtx := map[string]any{"director_uuid": c.DirectorUUID}
 	if requestID != "" {
 		reqCtx["request_id"] = requestID
@@ -61,9 +49,9 @@ func (c *Client) Call(ctx context.Context, method, requestID string, args ...any
 	if c.StemcellAPIVersion > 0 {
 		reqCtx["vm"] = map[string]any{"stemcell": map[string]any{"api_version": c.StemcellAPIVersion}}
 	}
-	req := map[string]any{"method": method, "arguments": args, "context": reqCtx}
-	if c.APIVersion > 0 {
-		req["api_version"] = c.APIVersion
+	req, err := rpc.NewRequest(method, c.APIVersion, reqCtx, args...)
+	if err != nil {
+		return nil, err
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -98,18 +86,13 @@ func (c *Client) Call(ctx context.Context, method, requestID string, args ...any
 	if ctx.Err() != nil {
 		return resp, fmt.Errorf("cpi %s: %w after %s", method, ctx.Err(), resp.Duration.Round(time.Millisecond))
 	}
-	if err := json.Unmarshal(stdout.Bytes(), resp); err != nil {
-		return resp, fmt.Errorf("cpi %s: no valid response (exit: %v): %q", method, runErr, clip(stdout.String()))
+	reply, err := rpc.ParseReply(stdout.Bytes())
+	if err != nil {
+		return resp, fmt.Errorf("cpi %s: no valid response (exit: %v): %w", method, runErr, err)
 	}
+	resp.Reply = *reply
 	if resp.Error != nil {
 		return resp, resp.Error
 	}
 	return resp, nil
-}
-
-func clip(s string) string {
-	if len(s) > 200 {
-		return s[:200] + "..."
-	}
-	return s
 }

@@ -20,7 +20,6 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
-	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/rpc"
 )
@@ -166,45 +165,32 @@ func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer) (strin
 	return "", fmt.Errorf("unknown GARM_COMMAND %q", env.Command)
 }
 
-// call runs one CPI method through the shared service, hooks included.
-func (p *provider) call(ctx context.Context, method string, into any, args ...any) *rpc.Error {
+// call runs one CPI method through the shared service, hooks included,
+// in this process: the result is the handler's own value.
+func (p *provider) call(ctx context.Context, method string, args ...any) (any, *rpc.Error) {
 	p.n++
-	req := &rpc.Request{Method: method, APIVersion: 2,
-		Context: map[string]any{"director_uuid": "garm-" + p.env.ControllerID, "request_id": fmt.Sprintf("%s-%d", p.reqID, p.n)}}
-	for _, a := range args {
-		b, err := json.Marshal(a)
-		if err != nil {
-			return cpi.CpiError("%s: %v", method, err)
-		}
-		req.Arguments = append(req.Arguments, b)
+	req, err := rpc.NewRequest(method, 2, map[string]any{"director_uuid": "garm-" + p.env.ControllerID,
+		"request_id": fmt.Sprintf("%s-%d", p.reqID, p.n)}, args...)
+	if err != nil {
+		return nil, cpi.CpiError("%v", err)
 	}
-	res, werr := p.sess.Service.Invoke(ctx, req, p.sess.Hooks)
-	if werr != nil {
-		return werr
-	}
-	if into != nil {
-		b, _ := json.Marshal(res)
-		if err := json.Unmarshal(b, into); err != nil {
-			return cpi.CpiError("%s: unexpected result %s", method, b)
-		}
-	}
-	return nil
+	return p.sess.Service.Invoke(ctx, req, p.sess.Hooks)
 }
 
-type vmInfo struct {
-	CID      string            `json:"cid"`
-	State    string            `json:"state"`
-	Tags     map[string]string `json:"tags"`
-	Networks driver.Networks   `json:"networks"`
+// listVMs answers list_vms for tags.
+func (p *provider) listVMs(ctx context.Context, tags map[string]string) ([]cpi.ListedVM, *rpc.Error) {
+	res, werr := p.call(ctx, "list_vms", tags)
+	vms, _ := res.([]cpi.ListedVM)
+	return vms, werr
 }
 
 // find lists this controller's VMs whose cid or instance name is id.
-func (p *provider) find(ctx context.Context, id string) ([]vmInfo, error) {
-	var vms []vmInfo
-	if werr := p.call(ctx, "list_vms", &vms, map[string]string{TagController: p.env.ControllerID}); werr != nil {
+func (p *provider) find(ctx context.Context, id string) ([]cpi.ListedVM, error) {
+	vms, werr := p.listVMs(ctx, map[string]string{TagController: p.env.ControllerID})
+	if werr != nil {
 		return nil, werr
 	}
-	var out []vmInfo
+	var out []cpi.ListedVM
 	for _, vm := range vms {
 		if id != "" && (vm.CID == id || vm.Tags[TagName] == id) {
 			out = append(out, vm)
@@ -213,7 +199,7 @@ func (p *provider) find(ctx context.Context, id string) ([]vmInfo, error) {
 	return out, nil
 }
 
-func instance(vm vmInfo) params.ProviderInstance {
+func instance(vm cpi.ListedVM) params.ProviderInstance {
 	status := params.InstanceStatusUnknown
 	switch vm.State {
 	case "running":
@@ -295,8 +281,7 @@ func (p *provider) create(ctx context.Context, bi params.BootstrapInstance) (str
 		TagOSType: string(bi.OSType), TagOSArch: string(bi.OSArch)}
 	env := map[string]any{"bosh": map[string]any{"tags": tags}, "user_data": userData}
 
-	var res []json.RawMessage
-	if werr := p.call(ctx, "create_vm", &res, bi.Name, stemcell, props, nets, []string{}, env); werr != nil {
+	if _, werr := p.call(ctx, "create_vm", bi.Name, stemcell, props, nets, []string{}, env); werr != nil {
 		// Leave nothing behind: whatever carries this name goes.
 		if derr := p.delete(context.WithoutCancel(ctx), bi.Name); derr != nil {
 			p.log.Error("garm", "cleaning up after a failed create of %s: %v", bi.Name, derr)
@@ -378,10 +363,11 @@ func (p *provider) localStemcell(ctx context.Context) (string, error) {
 	if err := os.WriteFile(image, buf.Bytes(), 0o600); err != nil {
 		return "", err
 	}
-	var cid string
-	if werr := p.call(ctx, "create_stemcell", &cid, image, map[string]any{}); werr != nil {
+	res, werr := p.call(ctx, "create_stemcell", image, map[string]any{})
+	if werr != nil {
 		return "", werr
 	}
+	cid, _ := res.(string)
 	return cid, os.WriteFile(record, []byte(cid+"\n"), 0o600)
 }
 
@@ -424,10 +410,10 @@ func (p *provider) delete(ctx context.Context, id string) error {
 	return p.deleteAll(ctx, vms)
 }
 
-func (p *provider) deleteAll(ctx context.Context, vms []vmInfo) error {
+func (p *provider) deleteAll(ctx context.Context, vms []cpi.ListedVM) error {
 	var errs []error
 	for _, vm := range vms {
-		if werr := p.call(ctx, "delete_vm", nil, vm.CID); werr != nil && werr.Type != rpc.TypeVMNotFound {
+		if _, werr := p.call(ctx, "delete_vm", vm.CID); werr != nil && werr.Type != rpc.TypeVMNotFound {
 			errs = append(errs, fmt.Errorf("%s: %w", vm.CID, werr))
 			continue
 		}
@@ -442,8 +428,8 @@ func (p *provider) list(ctx context.Context) (string, error) {
 	if p.env.PoolID == "" {
 		return "", errors.New("GARM_POOL_ID is not set")
 	}
-	var vms []vmInfo
-	if werr := p.call(ctx, "list_vms", &vms, map[string]string{TagController: p.env.ControllerID, TagPool: p.env.PoolID}); werr != nil {
+	vms, werr := p.listVMs(ctx, map[string]string{TagController: p.env.ControllerID, TagPool: p.env.PoolID})
+	if werr != nil {
 		return "", werr
 	}
 	out := []params.ProviderInstance{}
@@ -454,8 +440,8 @@ func (p *provider) list(ctx context.Context) (string, error) {
 }
 
 func (p *provider) removeAll(ctx context.Context) error {
-	var vms []vmInfo
-	if werr := p.call(ctx, "list_vms", &vms, map[string]string{TagController: p.env.ControllerID}); werr != nil {
+	vms, werr := p.listVMs(ctx, map[string]string{TagController: p.env.ControllerID})
+	if werr != nil {
 		return werr
 	}
 	p.log.Info("garm", "removing %d instances of controller %s", len(vms), p.env.ControllerID)
@@ -470,7 +456,7 @@ func (p *provider) power(ctx context.Context, id, method string) error {
 	if len(vms) == 0 {
 		return fmt.Errorf("%w: %q (controller %s)", errNotFound, id, p.env.ControllerID)
 	}
-	if werr := p.call(ctx, method, nil, vms[0].CID); werr != nil {
+	if _, werr := p.call(ctx, method, vms[0].CID); werr != nil {
 		return werr
 	}
 	return nil

@@ -77,7 +77,7 @@ var _ = describeLocal("the hook examples in docs/examples/hooks", func() {
 		r := h.createVM(sc, envWithGroups("dep-a"))
 		Expect(r.Error).NotTo(BeNil())
 		Expect(r.Error.Type).To(Equal("Bosh::Clouds::VMCreationFailed"))
-		Expect(*r.Error.OkToRetry).To(BeTrue())
+		Expect(r.Error.OkToRetry).To(BeTrue())
 		Expect(r.Error.Message).To(ContainSubstring("retry after 45s"))
 		Expect(h.vms()).To(Equal(1))
 		for _, vm := range listVMs(h) {

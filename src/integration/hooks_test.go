@@ -217,7 +217,7 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		b, err := os.ReadFile(filepath.Join(h.dir, "post.out"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("error Bosh::Clouds::CloudError\n"))
-		Expect(*r.Log).To(ContainSubstring("pre create_vm script create_vm-pre.d/10-quota: deny (exit 3"))
+		Expect(r.Log).To(ContainSubstring("pre create_vm script create_vm-pre.d/10-quota: deny (exit 3"))
 	})
 
 	It("scripts run sorted with the CPI_ environment only; names and executability filter them", func() {
@@ -325,8 +325,8 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		Expect(string(saw)).To(ContainSubstring("CPI_AGENT_ID=agent-h"))
 		Expect(string(saw)).To(ContainSubstring(`"method":"create_vm"`))
 		Expect(string(saw)).NotTo(ContainSubstring(canary))
-		Expect(*r.Log).NotTo(ContainSubstring(canary))
-		Expect(*r.Log).To(ContainSubstring("pre create_vm http quota: success (http 200"))
+		Expect(r.Log).NotTo(ContainSubstring(canary))
+		Expect(r.Log).To(ContainSubstring("pre create_vm http quota: success (http 200"))
 	})
 
 	It("redacts keys naming a secret in any spelling: stderr, response log, hook env, CPI_REQUEST_FILE, extension bodies, audit", func() {
@@ -419,12 +419,12 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		sc := h.stemcell()
 		r := h.createVM(sc, nil)
 		Expect(r.Error.Type).To(Equal("Bosh::Clouds::VMCreationFailed"))
-		Expect(*r.Error.OkToRetry).To(BeTrue())
+		Expect(r.Error.OkToRetry).To(BeTrue())
 		Expect(r.Error.Message).To(ContainSubstring("retry after 30s"))
 		Expect(h.vms()).To(Equal(0))
 		r = h.run("create_disk", 64, map[string]any{}, nil)
 		Expect(r.Error.Type).To(Equal("Bosh::Clouds::NoDiskSpace"))
-		Expect(*r.Error.OkToRetry).To(BeTrue())
+		Expect(r.Error.OkToRetry).To(BeTrue())
 	})
 
 	It("defer with a budget waits and asks again; the lowest retry-after of several wins", func() {
@@ -445,7 +445,7 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		h := newHookEnv(map[string]any{"defer_wait_budget_seconds": 5, "extensions": []any{ext(e, "Fail", nil), ext(slow, "Fail", map[string]any{"name": "second"})}})
 		r := h.run("create_disk", 64, map[string]any{}, nil)
 		Expect(r.Error).To(BeNil())
-		Expect(*r.Log).To(ContainSubstring("deferred by hook extension quota for 1s"))
+		Expect(r.Log).To(ContainSubstring("deferred by hook extension quota for 1s"))
 		var outcomes []string
 		for _, l := range h.auditLines() {
 			outcomes = append(outcomes, fmt.Sprintf("%s/%s/%s", l["phase"], l["name"], l["outcome"]))

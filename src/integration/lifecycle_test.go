@@ -186,7 +186,7 @@ var _ = Describe("error paths", func() {
 
 	It("request_id is on every log line, in the response and on stderr", func() {
 		r := runRaw(request("has_vm", 2, fx.UnknownVM))
-		for _, out := range []string{*r.Log, r.Stderr} {
+		for _, out := range []string{r.Log, r.Stderr} {
 			lines := strings.Split(strings.TrimSpace(out), "\n")
 			Expect(lines).NotTo(BeEmpty())
 			for _, l := range lines {
@@ -207,7 +207,7 @@ var _ = Describe("error paths", func() {
 		Expect(fx.Secret).NotTo(BeEmpty(), "the fixture of a cloud driver names its secret")
 		for _, cfg := range []string{fx.ConfigPath, fx.UnreachableConfig} {
 			r := runWith(cfg, request("has_vm", 2, fx.UnknownVM))
-			Expect(*r.Log + r.Stderr).NotTo(ContainSubstring(fx.Secret))
+			Expect(r.Log + r.Stderr).NotTo(ContainSubstring(fx.Secret))
 			if r.Error != nil {
 				Expect(r.Error.Message).NotTo(ContainSubstring(fx.Secret))
 			}

@@ -20,6 +20,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
+
+	"github.com/runway-cpi/runway/src/rpc"
 )
 
 func TestIntegration(t *testing.T) {
@@ -165,15 +167,11 @@ func makeImage(dir string) string {
 }
 
 // Response is the wire response as the Director reads it.
+// Response is one answer of the real bin/cpi: the wire reply (validated by
+// rpc.ParseReply as the Director would) and what went to stderr.
 type Response struct {
-	Result json.RawMessage `json:"result"`
-	Error  *struct {
-		Type      string `json:"type"`
-		Message   string `json:"message"`
-		OkToRetry *bool  `json:"ok_to_retry"`
-	} `json:"error"`
-	Log    *string `json:"log"`
-	Stderr string  `json:"-"`
+	rpc.Reply
+	Stderr string
 }
 
 // directorEnv is the environment the Director gives a CPI.
@@ -194,29 +192,17 @@ func runWith(configPath, stdin string) Response {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	ExpectWithOffset(3, err).NotTo(HaveOccurred(), "bin/cpi exited non-zero; stderr:\n%s", stderr.String())
-	dec := json.NewDecoder(bytes.NewReader(stdout.Bytes()))
-	var r Response
-	ExpectWithOffset(3, dec.Decode(&r)).To(Succeed(), "stdout is not a JSON response: %q", stdout.String())
-	ExpectWithOffset(3, dec.More()).To(BeFalse(), "stdout carries more than the response: %q", stdout.String())
-	ExpectWithOffset(3, r.Log).NotTo(BeNil(), "log missing or not a string: %q", stdout.String())
-	if r.Error != nil {
-		ExpectWithOffset(3, r.Error.OkToRetry).NotTo(BeNil(), "ok_to_retry missing: %q", stdout.String())
-		ExpectWithOffset(3, string(r.Result)).To(Equal("null"), "result alongside an error")
-	}
+	reply, err := rpc.ParseReply(stdout.Bytes())
+	ExpectWithOffset(3, err).NotTo(HaveOccurred(), "stdout is not exactly one valid response")
+	r := Response{Reply: *reply}
 	r.Stderr = stderr.String()
 	return r
 }
 
 func request(method string, api int, args ...any) string {
-	if args == nil {
-		args = []any{}
-	}
-	req := map[string]any{"method": method, "arguments": args,
-		"context": map[string]any{"director_uuid": "it-director", "request_id": "cpi-424242",
-			"vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
-	if api > 0 {
-		req["api_version"] = api
-	}
+	req, err := rpc.NewRequest(method, api, map[string]any{"director_uuid": "it-director", "request_id": "cpi-424242",
+		"vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}, args...)
+	Expect(err).NotTo(HaveOccurred())
 	b, err := json.Marshal(req)
 	Expect(err).NotTo(HaveOccurred())
 	return string(b)
@@ -229,7 +215,7 @@ func call(method string, args ...any) json.RawMessage {
 
 func callV(api int, method string, args ...any) json.RawMessage {
 	r := runRaw(request(method, api, args...))
-	ExpectWithOffset(1, r.Error).To(BeNil(), "%s failed: %+v\nlog:\n%s", method, r.Error, *r.Log)
+	ExpectWithOffset(1, r.Error).To(BeNil(), "%s failed: %+v\nlog:\n%s", method, r.Error, r.Log)
 	return r.Result
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/forge/gitea"
+	"github.com/runway-cpi/runway/src/rpc"
 )
 
 // BenchmarkReconcilePass is the CPU of one full pass over 100 groups and
@@ -80,16 +81,16 @@ func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpi
 		n := c.n
 		c.mu.Unlock()
 		if c.failCreate {
-			e := &cpiclient.Error{Type: "Bosh::Clouds::VMCreationFailed", Message: "no capacity", OkToRetry: true}
-			return &cpiclient.Response{Error: e}, e
+			e := &rpc.Error{Type: rpc.TypeVMCreationFailed, Message: "no capacity", OkToRetry: true}
+			return &cpiclient.Response{Reply: rpc.Reply{Error: e}}, e
 		}
-		return &cpiclient.Response{Result: json.RawMessage(fmt.Sprintf(`["vm-%d",{}]`, n))}, nil
+		return &cpiclient.Response{Reply: rpc.Reply{Result: json.RawMessage(fmt.Sprintf(`["vm-%d",{}]`, n))}}, nil
 	case "list_vms":
-		return &cpiclient.Response{Result: json.RawMessage(`[]`)}, nil
+		return &cpiclient.Response{Reply: rpc.Reply{Result: json.RawMessage(`[]`)}}, nil
 	case "has_vm":
-		return &cpiclient.Response{Result: json.RawMessage(`true`)}, nil
+		return &cpiclient.Response{Reply: rpc.Reply{Result: json.RawMessage(`true`)}}, nil
 	}
-	return &cpiclient.Response{Result: json.RawMessage(`null`)}, nil
+	return &cpiclient.Response{Reply: rpc.Reply{Result: json.RawMessage(`null`)}}, nil
 }
 
 func benchOrchestrator(b testing.TB, srv *forgetest.Gitea, poll, sweep time.Duration, cpi *recordingCPI) (*Orchestrator, *recordingCPI, *httptest.Server, context.CancelFunc) {

@@ -421,7 +421,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 	}
 	for _, cid := range cids {
 		_, err := g.call(ctx, "delete_vm", cid)
-		var ce *cpiclient.Error
+		var ce *rpc.Error
 		if err != nil && !(errors.As(err, &ce) && ce.Type == rpc.TypeVMNotFound) {
 			return g.keepError(r, fmt.Errorf("delete_vm %s of %s: %w", cid, r.Name, err))
 		}
@@ -472,7 +472,7 @@ func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclien
 	g.o.metrics.cpiDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	if err != nil {
 		kind := "transport"
-		var ce *cpiclient.Error
+		var ce *rpc.Error
 		if errors.As(err, &ce) {
 			kind = ce.Type
 		}
@@ -767,7 +767,7 @@ func (g *group) sweep(ctx context.Context) error {
 		}
 		o.log.Warn("deleting a VM no runner accounts for", "group", g.cfg.Name, "vm", vm.CID, "agent_id", vm.AgentID)
 		_, err := g.call(ctx, "delete_vm", vm.CID)
-		var ce *cpiclient.Error
+		var ce *rpc.Error
 		if err != nil && !(errors.As(err, &ce) && ce.Type == rpc.TypeVMNotFound) {
 			errs = append(errs, err)
 		}
@@ -811,7 +811,7 @@ func (g *group) hasVM(ctx context.Context, cid string) (bool, error) {
 // has no list_vms).
 func (g *group) listVMs(ctx context.Context) ([]listedVM, error) {
 	resp, err := g.call(ctx, "list_vms", map[string]string{"director": g.o.cfg.CPI.DirectorUUID, "runway_group": g.cfg.Name})
-	var ce *cpiclient.Error
+	var ce *rpc.Error
 	if errors.As(err, &ce) && ce.Type == rpc.TypeNotImplemented {
 		return nil, nil
 	}

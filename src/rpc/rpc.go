@@ -50,7 +50,21 @@ type Request struct {
 	Arguments []json.RawMessage `json:"arguments"`
 	Context   map[string]any    `json:"context"`
 	// APIVersion is 0 when absent (the Director's first info call).
-	APIVersion int `json:"api_version"`
+	APIVersion int `json:"api_version,omitempty"`
+}
+
+// NewRequest builds a request as a caller sends it. ctx must hold
+// director_uuid; args are encoded in order.
+func NewRequest(method string, apiVersion int, ctx map[string]any, args ...any) (*Request, error) {
+	r := &Request{Method: method, APIVersion: apiVersion, Context: ctx, Arguments: []json.RawMessage{}}
+	for i, a := range args {
+		b, err := json.Marshal(a)
+		if err != nil {
+			return nil, fmt.Errorf("%s: argument %d: %w", method, i+1, err)
+		}
+		r.Arguments = append(r.Arguments, b)
+	}
+	return r, nil
 }
 
 // DirectorUUID returns context.director_uuid.
@@ -143,6 +157,47 @@ func WriteResponse(out io.Writer, resp Response) error {
 	return err
 }
 
+// Reply is a response as a caller reads it: the result left raw for the
+// caller's own type.
+type Reply struct {
+	Result json.RawMessage `json:"result"`
+	Error  *Error          `json:"error"`
+	Log    string          `json:"log"`
+}
+
+// ParseReply validates one response document the way the Director does:
+// one JSON object, a string log, and an error (when present) with a type,
+// a message and a boolean ok_to_retry, and no result beside it.
+func ParseReply(data []byte) (*Reply, error) {
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&raw); err != nil || raw == nil {
+		return nil, fmt.Errorf("not a CPI response: %q", clip(string(data)))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("more than one document: %q", clip(string(data)))
+	}
+	r := &Reply{Result: raw["result"]}
+	if err := json.Unmarshal(raw["log"], &r.Log); err != nil || raw["log"] == nil {
+		return nil, fmt.Errorf("response log missing or not a string: %q", clip(string(data)))
+	}
+	if e, ok := raw["error"]; ok && !isNull(e) {
+		var we struct {
+			Type      *string `json:"type"`
+			Message   *string `json:"message"`
+			OkToRetry *bool   `json:"ok_to_retry"`
+		}
+		if err := json.Unmarshal(e, &we); err != nil || we.Type == nil || we.Message == nil || we.OkToRetry == nil {
+			return nil, fmt.Errorf("response error needs type, message and a boolean ok_to_retry: %s", clip(string(e)))
+		}
+		if len(r.Result) > 0 && !isNull(r.Result) {
+			return nil, fmt.Errorf("response has a result beside its error: %q", clip(string(data)))
+		}
+		r.Error = &Error{Type: *we.Type, Message: *we.Message, OkToRetry: *we.OkToRetry}
+	}
+	return r, nil
+}
+
 func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
 
 func jsonErr(err error) string {
@@ -161,8 +216,8 @@ func jsonErr(err error) string {
 }
 
 func clip(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "..."
+	if len(s) > 200 {
+		return s[:200] + "..."
 	}
 	return strings.TrimSpace(s)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/cpiclient"
+	"github.com/runway-cpi/runway/src/rpc"
 )
 
 // defaultCPI is bin/cpi next to this executable.
@@ -49,7 +50,7 @@ func callCmd(args []string) error {
 	if resp != nil && *showLog {
 		fmt.Fprint(os.Stderr, resp.Log)
 	}
-	var cpiErr *cpiclient.Error
+	var cpiErr *rpc.Error
 	if errors.As(err, &cpiErr) {
 		b, _ := json.MarshalIndent(cpiErr, "", "  ")
 		fmt.Println(string(b))
