@@ -12,8 +12,8 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/cpi"
-	"github.com/runway-cpi/runway/src/rpc"
 	_ "github.com/runway-cpi/runway/src/driver/local"
+	"github.com/runway-cpi/runway/src/rpc"
 )
 
 type env struct {
