@@ -20,6 +20,7 @@ import (
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/formats"
 )
 
 // Config is the whole file.
@@ -36,8 +37,8 @@ type Config struct {
 	Garm  json.RawMessage `json:"garm,omitempty"`
 
 	// Sections are the drivers' own sections, by driver name, decoded by
-	// the driver (any key that is not one of the above must name a driver
-	// built into this executable: typos surface at load time).
+	// the driver (any key that is not one of the above must name a
+	// driver: typos surface at load time).
 	Sections map[string]json.RawMessage `json:"-"`
 
 	// Path the config was read from, for messages.
@@ -142,7 +143,7 @@ func (c *Config) decode(data []byte) error {
 	core := map[string]json.RawMessage{}
 	c.Sections = map[string]json.RawMessage{}
 	coreKeys := jsonKeys(c)
-	drivers := driver.Names()
+	drivers := formats.Drivers
 	for k, v := range top {
 		switch {
 		case slices.Contains(coreKeys, k):
@@ -154,7 +155,7 @@ func (c *Config) decode(data []byte) error {
 			if best := driver.Closest(k, append(coreKeys, drivers...)); best != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", best)
 			} else {
-				msg += " (neither a config key nor a driver built into this executable: " + strings.Join(drivers, ", ") + ")"
+				msg += " (neither a config key nor a driver: " + strings.Join(drivers, ", ") + ")"
 			}
 			return errors.New(msg)
 		}
@@ -179,12 +180,12 @@ func jsonKeys(v any) []string {
 }
 
 func (c *Config) finish() error {
-	drivers := driver.Names()
+	drivers := formats.Drivers
 	if c.Driver == "" {
 		return &Error{Field: "driver", Msg: "is required (one of " + strings.Join(drivers, ", ") + ")"}
 	}
 	if !slices.Contains(drivers, c.Driver) {
-		return &Error{Field: "driver", Msg: fmt.Sprintf("unknown driver %q (this executable has: %s)", c.Driver, strings.Join(drivers, ", "))}
+		return &Error{Field: "driver", Msg: fmt.Sprintf("unknown driver %q (one of %s)", c.Driver, strings.Join(drivers, ", "))}
 	}
 	if c.StateDir == "" {
 		return &Error{Field: "state_dir", Msg: "is required"}

@@ -6,16 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/runway-cpi/runway/src/driver"
 )
-
-func init() {
-	// What an executable registers by importing its drivers.
-	for _, name := range []string{"local", "openstack", "aws"} {
-		driver.Register(name, nil)
-	}
-}
 
 func TestSmallestConfigGetsDefaults(t *testing.T) {
 	c, err := Parse([]byte(`{"driver": "local", "state_dir": "/some/dir"}`), "cpi.json")

@@ -155,7 +155,7 @@ func (s *Session) Close() {
 func NewSession(cfg *config.Config, reqCtx map[string]any, lc *logging.Call) (*Session, *rpc.Error) {
 	factory, ok := driver.Lookup(cfg.Driver)
 	if !ok {
-		return nil, CpiError("driver %q is not built into this bin/cpi (have: %s)", cfg.Driver, strings.Join(driver.Names(), ", "))
+		return nil, CpiError("driver %q is not built into this executable (it has: %s): run bin/cpi, which runs the executable of the driver the config names", cfg.Driver, strings.Join(driver.Names(), ", "))
 	}
 	section, err := cfg.MergeContext(reqCtx)
 	if err != nil {

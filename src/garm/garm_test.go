@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cloudbase/garm-provider-common/params"
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
 // The harness plays garm: it builds bin/cpi once and runs it with exactly
@@ -27,10 +28,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	cpiBin = filepath.Join(dir, "cpi")
-	build := exec.Command("go", "build", "-o", cpiBin, "github.com/runway-cpi/runway/src/cmd/cpi")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if cpiBin, err = cpibin.Path("local"); err != nil {
 		panic(err)
 	}
 	code := m.Run()

@@ -19,9 +19,9 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"github.com/onsi/gomega/gexec"
 
 	"github.com/runway-cpi/runway/src/rpc"
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
 func TestIntegration(t *testing.T) {
@@ -109,15 +109,17 @@ func itCloud(text string, body func()) {
 }
 
 var _ = SynchronizedBeforeSuite(func() []byte {
-	bin, err := gexec.Build("github.com/runway-cpi/runway/src/cmd/cpi")
+	driver := os.Getenv("RUNWAY_IT_DRIVER")
+	if driver == "" {
+		driver = "local"
+	}
+	bin, err := cpibin.Path(driver, "local") // the examples and hook specs use local
 	Expect(err).NotTo(HaveOccurred())
 	return []byte(bin)
 }, func(bin []byte) {
 	cpiBin = string(bin)
 	fx = loadFixture()
 })
-
-var _ = SynchronizedAfterSuite(func() {}, func() { gexec.CleanupBuildArtifacts() })
 
 // loadFixture: for local, everything is made here; for other drivers,
 // RUNWAY_IT_CONFIG names the CPI config and RUNWAY_IT_FIXTURE a JSON file

@@ -10,8 +10,9 @@ import (
 )
 
 // Binaries are the executables the runway_cpi package carries, by their
-// main package.
-var Binaries = map[string]string{"cpi": "./src/cmd/cpi", "runway": "./src/cmd/runway"}
+// main package: bin/cpi, the driver executables it runs, the orchestrator.
+var Binaries = map[string]string{"cpi": "./src/cmd/cpi", "cpi-local": "./src/cmd/cpi-local",
+	"cpi-openstack": "./src/cmd/cpi-openstack", "cpi-aws": "./src/cmd/cpi-aws", "runway": "./src/cmd/runway"}
 
 // StageDir is where Stage puts them: the runway_cpi package's files
 // (src/runway_cpi/bin/*, git-ignored).

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,13 +23,16 @@ func main() {
 	cpiPath := flag.String("cpi", "bin/cpi", "bin/cpi to measure")
 	n := flag.Int("n", 200, "calls per measurement")
 	procs := flag.Int("procs", 32, "concurrent processes for the throughput run")
-	suite := flag.String("suite", "local", "local (driver timings), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
+	suite := flag.String("suite", "local", "local (driver timings), startup (info beside an empty program), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
 	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
+	drivers := flag.String("drivers", "local,openstack,aws", "configs -suite startup measures info with")
 	flag.Parse()
 	runSuite := run
 	switch *suite {
 	case "hooks":
 		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
+	case "startup":
+		runSuite = func(cpi string, n, _ int) error { return runStartup(cpi, n, strings.Split(*drivers, ",")) }
 	case "aws", "openstack":
 		runSuite = func(cpi string, n, _ int) error {
 			s, err := awsSuite(*endpoint)

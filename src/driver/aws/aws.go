@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/formats"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -81,7 +82,7 @@ const (
 
 // StemcellFormats: raw images uploaded through the EBS direct API, and
 // light stemcells naming an existing AMI.
-func (d *Driver) StemcellFormats() []string { return []string{"aws-raw", "aws-light"} }
+func (d *Driver) StemcellFormats() []string { return formats.AWS }
 
 // call runs one API call inside the retry budget. The CPI's policy is the
 // only one that retries (the SDK's retryer is off): every attempt is

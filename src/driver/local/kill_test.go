@@ -11,24 +11,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
-// cpiBin builds bin/cpi once for the tests that kill it.
-var cpiBin = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "runway-local-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "cpi")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/cmd/cpi").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v: %s", err, out)
-	}
-	return bin, nil
-})
+// cpiBin builds bin/cpi (with cpi-local) once for the tests that kill it.
+func cpiBin() (string, error) { return cpibin.Path("local") }
 
 type cpiEnv struct {
 	t     *testing.T

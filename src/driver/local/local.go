@@ -18,6 +18,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/formats"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -41,7 +42,7 @@ type Config struct {
 
 // Defaults.
 var (
-	DefaultStemcellFormats = []string{"runway-local", "warden-tar", "general-tar"}
+	DefaultStemcellFormats = formats.Local
 )
 
 const (

@@ -70,10 +70,30 @@ type procInfo struct {
 	marked    bool
 }
 
-// scan lists live (non-zombie) processes that carry cid's marker, or are
-// in one of groups. Zombies do not count: where PID 1 does not reap, they
-// stay forever. Linux-only: it reads /proc.
-func scan(cid string, groups ...int) []procInfo {
+// procStat reads a process's state and group; zombies (which stay forever
+// where PID 1 does not reap) count as gone.
+func procStat(pid string) (pgid int, alive bool) {
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the parenthesised command: state ppid pgrp ...
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	g, _ := strconv.Atoi(f[2])
+	return g, true
+}
+
+// scan lists live processes that carry cid's marker (when withMarker), or
+// are in one of groups. Reading every process's environment is the costly
+// part: polls after the first look at groups only. Linux-only: /proc.
+func scan(cid string, withMarker bool, groups ...int) []procInfo {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -85,23 +105,17 @@ func scan(cid string, groups ...int) []procInfo {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
+		g, alive := procStat(e.Name())
+		if !alive {
 			continue
 		}
-		// Fields after the parenthesised command: state ppid pgrp ...
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
+		inGroup := g > 1 && slices.Contains(groups, g)
+		marked := false
+		if withMarker {
+			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+			marked = err == nil && bytes.Contains(append(env, 0), marker)
 		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		g, _ := strconv.Atoi(f[2])
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		marked := err == nil && bytes.Contains(append(env, 0), marker)
-		if marked || (g > 1 && slices.Contains(groups, g)) {
+		if marked || inGroup {
 			out = append(out, procInfo{pid: pid, pgid: g, marked: marked})
 		}
 	}
@@ -118,7 +132,7 @@ func liveMembers(pgid int, cid string) []int {
 		return nil
 	}
 	var out []int
-	for _, p := range scan(cid) {
+	for _, p := range scan(cid, true, pgid) {
 		if p.marked && p.pgid == pgid {
 			out = append(out, p.pid)
 		}
@@ -131,7 +145,7 @@ func liveMembers(pgid int, cid string) []int {
 // their group). A group with no marked member is never signalled.
 func vmTargets(cid string) (pids, groups []int) {
 	seen := map[int]bool{}
-	for _, p := range scan(cid) {
+	for _, p := range scan(cid, true) {
 		if !p.marked {
 			continue
 		}
@@ -145,11 +159,22 @@ func vmTargets(cid string) (pids, groups []int) {
 }
 
 // stopVM ends every process of the VM: SIGTERM, grace, SIGKILL. It returns
-// only when none is left ("deletion must be certain"). It finds processes
-// by marker, so a VM whose group was never recorded (bin/cpi killed while
-// starting it) is stopped too.
-func stopVM(ctx context.Context, cid string, grace time.Duration) error {
-	pids, groups := vmTargets(cid)
+// only when none is left ("deletion must be certain"). With its group
+// recorded, the VM's processes are that group's members that carry the
+// marker (a cheap check while the group is empty); without (bin/cpi killed
+// while starting the VM), every process carrying the marker, and their
+// groups.
+func stopVM(ctx context.Context, cid string, pgid int, grace time.Duration) error {
+	find := func() ([]int, []int) { return vmTargets(cid) }
+	if pgid > 1 {
+		find = func() ([]int, []int) {
+			if pids := liveMembers(pgid, cid); len(pids) > 0 {
+				return pids, []int{pgid}
+			}
+			return nil, nil
+		}
+	}
+	pids, groups := find()
 	if len(pids) == 0 {
 		return nil
 	}
@@ -161,29 +186,45 @@ func stopVM(ctx context.Context, cid string, grace time.Duration) error {
 			_ = syscall.Kill(p, sig)
 		}
 	}
+	// With the group known, its members are all there is to wait for;
+	// found by marker, a last look makes sure none forked away.
+	done := func() bool {
+		if pgid > 1 {
+			return true
+		}
+		p, _ := find()
+		return len(p) == 0
+	}
 	signal(syscall.SIGTERM)
-	if waitGone(ctx, cid, groups, grace) {
+	if waitGone(ctx, pids, groups, grace) && done() {
 		return nil
 	}
-	// Processes may have forked meanwhile: look again before killing.
+	// Processes may have forked or left their group meanwhile: look again
+	// before killing.
 	for range 3 {
-		pids, groups = vmTargets(cid)
-		signal(syscall.SIGKILL)
-		if waitGone(ctx, cid, groups, 10*time.Second/3) {
+		pids, groups = find()
+		if len(pids) == 0 {
 			return nil
 		}
+		signal(syscall.SIGKILL)
+		if waitGone(ctx, pids, groups, 10*time.Second/3) && done() {
+			return nil
+		}
+	}
+	if pids, _ = find(); len(pids) == 0 {
+		return nil
 	}
 	return fmt.Errorf("processes of vm %s still alive after SIGKILL", cid)
 }
 
-// waitGone polls with a growing interval until no marked process and no
-// live member of groups is left: processes that honour SIGTERM are usually gone
-// within a millisecond or two.
-func waitGone(ctx context.Context, cid string, groups []int, limit time.Duration) bool {
+// waitGone polls with a growing interval until none of pids is alive and
+// groups have no live member: processes that honour SIGTERM are usually
+// gone within a millisecond or two.
+func waitGone(ctx context.Context, pids, groups []int, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	step := 500 * time.Microsecond
 	for {
-		if len(scan(cid, groups...)) == 0 {
+		if !anyAlive(pids, groups) {
 			return true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -194,4 +235,27 @@ func waitGone(ctx context.Context, cid string, groups []int, limit time.Duration
 			step *= 2
 		}
 	}
+}
+
+// anyAlive reports whether a process of pids or a member of groups still
+// runs. kill(0) answers at once for what is gone; only a group that still
+// has members (maybe zombies, which do not count) needs a /proc scan.
+func anyAlive(pids, groups []int) bool {
+	var busy []int
+	for _, g := range groups {
+		if err := syscall.Kill(-g, 0); !errors.Is(err, syscall.ESRCH) {
+			busy = append(busy, g)
+		}
+	}
+	if len(busy) > 0 && len(scan("", false, busy...)) > 0 {
+		return true
+	}
+	for _, p := range pids {
+		if err := syscall.Kill(p, 0); !errors.Is(err, syscall.ESRCH) {
+			if _, ok := procStat(strconv.Itoa(p)); ok {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -289,15 +289,18 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 // is VMNotFound.
 func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 	defer d.sweep("vms")
-	if _, err := d.loadVM(cid); err != nil {
-		if serr := stopVM(ctx, cid, d.grace()); serr != nil {
+	rec, err := d.loadVM(cid)
+	if err != nil {
+		if serr := stopVM(ctx, cid, 0, d.grace()); serr != nil {
 			return serr
 		}
 		return err
 	}
 	dir := d.vmDir(cid)
-	if err := stopVM(ctx, cid, d.grace()); err != nil {
-		return err
+	if len(rec.Command) > 0 { // a VM without a command never had a process
+		if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
+			return err
+		}
 	}
 	links, _ := os.ReadDir(filepath.Join(dir, "disks"))
 	for _, l := range links {
@@ -351,7 +354,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		return err
 	}
 	dir := d.vmDir(cid)
-	if err := stopVM(ctx, cid, d.grace()); err != nil {
+	if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
 		return err
 	}
 	rec.Stopped = !start

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 )
 
@@ -27,9 +28,9 @@ func TestKilledCreateVM(t *testing.T) {
 	const director = "kill9-director"
 	t.Cleanup(func() { assertNoneTagged(t, c, "director", director) })
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "cpi")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/cmd/cpi").CombinedOutput(); err != nil {
-		t.Fatalf("building bin/cpi: %v\n%s", err, out)
+	bin, err := cpibin.Path("openstack")
+	if err != nil {
+		t.Fatal(err)
 	}
 	// Through a proxy that resets every server POST, a create_vm stays
 	// alive with its port made and no server: the first kill point,
@@ -163,9 +164,9 @@ func TestPortOfACreateInFlightIsKept(t *testing.T) {
 	const director, ip = "inflight-director", "10.20.0.92"
 	t.Cleanup(func() { assertNoneTagged(t, c, "director", director) })
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "cpi")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/cmd/cpi").CombinedOutput(); err != nil {
-		t.Fatalf("building bin/cpi: %v\n%s", err, out)
+	bin, err := cpibin.Path("openstack")
+	if err != nil {
+		t.Fatal(err)
 	}
 	release := make(chan struct{})
 	var held atomic.Int32

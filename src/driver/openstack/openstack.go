@@ -20,6 +20,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/formats"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -75,9 +76,7 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 
 // StemcellFormats: images Glance stores (qcow2, raw) and light stemcells
 // naming an existing image.
-func (d *Driver) StemcellFormats() []string {
-	return []string{"openstack-qcow2", "openstack-raw", "openstack-light"}
-}
+func (d *Driver) StemcellFormats() []string { return formats.OpenStack }
 
 // client returns the service client of one kind.
 func (d *Driver) client(ctx context.Context, kind string) (*gophercloud.ServiceClient, error) {

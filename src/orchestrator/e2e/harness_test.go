@@ -24,6 +24,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator"
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
 var bins struct{ cpi, runway, testrunner, stemcell string }
@@ -33,10 +34,12 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	bins.cpi = filepath.Join(dir, "cpi")
+	if bins.cpi, err = cpibin.Path("local"); err != nil {
+		panic(err)
+	}
 	bins.runway = filepath.Join(dir, "runway")
 	bins.testrunner = filepath.Join(dir, "testrunner")
-	for out, pkg := range map[string]string{bins.cpi: "src/cmd/cpi", bins.runway: "src/cmd/runway", bins.testrunner: "src/forge/forgetest/testrunner"} {
+	for out, pkg := range map[string]string{bins.runway: "src/cmd/runway", bins.testrunner: "src/forge/forgetest/testrunner"} {
 		b := exec.Command("go", "build", "-o", out, "github.com/runway-cpi/runway/"+pkg)
 		b.Stdout, b.Stderr = os.Stderr, os.Stderr
 		if err := b.Run(); err != nil {

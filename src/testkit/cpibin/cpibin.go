@@ -1,0 +1,50 @@
+// Package cpibin builds the CPI executables for tests that run bin/cpi as
+// a subprocess: bin/cpi and the driver executables it runs, in one
+// directory, once per test binary.
+package cpibin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+)
+
+var (
+	mu    sync.Mutex
+	built = map[string]string{}
+)
+
+// Path builds (once per set of drivers) bin/cpi and cpi-<driver> for each
+// driver named (all of them when none is) into one directory, and returns
+// bin/cpi's path.
+func Path(drivers ...string) (string, error) {
+	if len(drivers) == 0 {
+		drivers = []string{"aws", "local", "openstack"}
+	}
+	sort.Strings(drivers)
+	key := strings.Join(drivers, ",")
+	mu.Lock()
+	defer mu.Unlock()
+	if p, ok := built[key]; ok {
+		return p, nil
+	}
+	dir, err := os.MkdirTemp("", "runway-cpibin-")
+	if err != nil {
+		return "", err
+	}
+	args := []string{"build", "-o", dir + "/", "github.com/runway-cpi/runway/src/cmd/cpi"}
+	for _, d := range drivers {
+		args = append(args, "github.com/runway-cpi/runway/src/cmd/cpi-"+d)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the CPI executables: %v\n%s", err, out)
+	}
+	built[key] = filepath.Join(dir, "cpi")
+	return built[key], nil
+}
