@@ -22,8 +22,11 @@ func Network(err error) Verdict {
 	if Misconfigured(err) {
 		return Verdict{Class: Permanent}
 	}
+	// A peer's reset can also surface as "use of closed network
+	// connection" (net.ErrClosed): the transport's own reader saw the RST
+	// first and closed the socket under the body read.
 	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "connection reset") {
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "connection reset") {
 		return Verdict{Class: Transient}
 	}
 	// A request timeout (http.Client.Timeout, "awaiting headers") wraps

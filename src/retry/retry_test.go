@@ -3,6 +3,7 @@ package retry
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -193,6 +194,23 @@ func TestNetworkVerdicts(t *testing.T) {
 	_, err = http.Get(url)
 	if v := Network(err); v.Class != Permanent {
 		t.Errorf("refused %q: %v, want permanent", err, v.Class)
+	}
+	// A reset the transport saw first: its read ends in net.ErrClosed.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err = c.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read on a closed conn: %v", err)
+	}
+	if v := Network(err); v.Class != Transient {
+		t.Errorf("closed under a read %q: %v, want transient", err, v.Class)
 	}
 }
 

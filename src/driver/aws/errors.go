@@ -54,9 +54,10 @@ func classify(err error) retry.Verdict {
 		return retry.Verdict{Class: retry.Transient}
 	case httpStatus(err) == 429:
 		return retry.Verdict{Class: retry.Throttle}
-	case code != "" || httpStatus(err) != 0:
+	case code != "" || httpStatus(err) >= 300:
 		return retry.Verdict{Class: retry.Permanent}
 	}
+	// No answer, or a 2xx whose body broke off: the transport's verdict.
 	return retry.Network(err)
 }
 

@@ -87,6 +87,10 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("dial: %w", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}), retry.Permanent},
 		{fmt.Errorf("dial: %w", &net.DNSError{Err: "no such host", Name: "ec2.example", IsNotFound: true}), retry.Permanent},
 		{errors.New("something else"), retry.Permanent},
+		// A 200 whose body broke off (the SDK's deserialization error).
+		{&smithy.OperationError{ServiceID: "EC2", OperationName: "X", Err: &awshttp.ResponseError{
+			ResponseError: &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 200}},
+				Err: &smithy.DeserializationError{Err: &net.OpError{Op: "read", Err: net.ErrClosed}}}}}, retry.Transient},
 	} {
 		if got := classify(c.err).Class; got != c.want {
 			t.Errorf("classify(%v) = %s; want %s", c.err, got, c.want)
