@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -110,11 +110,10 @@ func Classify(err error) retry.Verdict {
 		}
 		return retry.Verdict{Class: retry.Permanent}
 	}
-	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		return retry.Verdict{Class: retry.Transient}
-	}
-	return retry.Verdict{Class: retry.Permanent}
+	// No answer: the same rule as every other HTTP client here (a refused
+	// or unresolvable endpoint is a wrong URL; the reconcile loop, not
+	// this call, comes back to it).
+	return retry.Network(err)
 }
 
 // redactURLError drops the query string from a transport error's URL.
@@ -135,11 +134,7 @@ func message(b []byte) string {
 	if json.Unmarshal(b, &m) == nil && m.Message != "" {
 		return m.Message
 	}
-	s := strings.TrimSpace(string(b))
-	if len(s) > 200 {
-		s = s[:200] + "..."
-	}
-	return s
+	return clip.Quote(string(b), 200)
 }
 
 // NextPage reads a RFC 5988 Link header's rel="next" page number (0: none).

@@ -190,30 +190,3 @@ func (j JobJSON) Job(repo string) Job {
 	return Job{ID: j.ID, RunID: j.RunID, Repo: repo, Name: j.Name, Labels: j.Labels, Status: j.Status,
 		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
 }
-
-// RunnersJSON is a runners listing as both forges spell it.
-type RunnersJSON struct {
-	Runners []struct {
-		ID     int64  `json:"id"`
-		Name   string `json:"name"`
-		Status string `json:"status"`
-		Busy   bool   `json:"busy"`
-		Labels []struct {
-			Name string `json:"name"`
-		} `json:"labels"`
-	} `json:"runners"`
-	TotalCount int `json:"total_count"`
-}
-
-// List converts the page.
-func (r RunnersJSON) List() []Runner {
-	out := make([]Runner, 0, len(r.Runners))
-	for _, x := range r.Runners {
-		fr := Runner{ID: x.ID, Name: x.Name, Status: x.Status, Busy: x.Busy}
-		for _, l := range x.Labels {
-			fr.Labels = append(fr.Labels, l.Name)
-		}
-		out = append(out, fr)
-	}
-	return out
-}

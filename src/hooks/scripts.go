@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/runway-cpi/runway/src/clip"
 )
 
 // scripts lists <dir>/<method>-<phase>.d in order. Names must match
@@ -80,11 +82,7 @@ func (c *cappedWriter) lastLine() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	lines := strings.Split(strings.TrimSpace(string(c.tail)), "\n")
-	s := strings.TrimSpace(lines[len(lines)-1])
-	if len(s) > 200 {
-		s = s[:200] + "..."
-	}
-	return s
+	return clip.Quote(lines[len(lines)-1], 200)
 }
 
 // logFile opens the call's script log (shared by its scripts, capped).

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+
+	"github.com/runway-cpi/runway/src/clip"
 )
 
 // Param names one positional argument and where to decode it.
@@ -172,7 +174,7 @@ func kindOf(raw json.RawMessage) string {
 		return "null"
 	}
 	if bytes.ContainsAny(b, ".eE") {
-		return "a non-integer number " + clip(string(b))
+		return "a non-integer number " + clip.Quote(string(b), 200)
 	}
-	return "a number " + clip(string(b))
+	return "a number " + clip.Quote(string(b), 200)
 }

@@ -8,7 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
+
+	"github.com/runway-cpi/runway/src/clip"
 )
 
 // MaxRequestBytes caps what is read from stdin. Real requests are a few KiB;
@@ -129,7 +130,7 @@ func ParseRequest(data []byte) (*Request, *Error) {
 	}
 	if v, ok := raw["api_version"]; ok && !isNull(v) {
 		if err := json.Unmarshal(v, &req.APIVersion); err != nil || req.APIVersion < 1 {
-			return nil, NewError(TypeCpiError, false, "%s: 'api_version' must be a positive integer, got %s", req.Method, clip(string(v)))
+			return nil, NewError(TypeCpiError, false, "%s: 'api_version' must be a positive integer, got %s", req.Method, clip.Quote(string(v), 200))
 		}
 	}
 	return req, nil
@@ -172,14 +173,14 @@ func ParseReply(data []byte) (*Reply, error) {
 	var raw map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&raw); err != nil || raw == nil {
-		return nil, fmt.Errorf("not a CPI response: %q", clip(string(data)))
+		return nil, fmt.Errorf("not a CPI response: %q", clip.Quote(string(data), 200))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("more than one document: %q", clip(string(data)))
+		return nil, fmt.Errorf("more than one document: %q", clip.Quote(string(data), 200))
 	}
 	r := &Reply{Result: raw["result"]}
 	if err := json.Unmarshal(raw["log"], &r.Log); err != nil || raw["log"] == nil {
-		return nil, fmt.Errorf("response log missing or not a string: %q", clip(string(data)))
+		return nil, fmt.Errorf("response log missing or not a string: %q", clip.Quote(string(data), 200))
 	}
 	if e, ok := raw["error"]; ok && !isNull(e) {
 		var we struct {
@@ -188,10 +189,10 @@ func ParseReply(data []byte) (*Reply, error) {
 			OkToRetry *bool   `json:"ok_to_retry"`
 		}
 		if err := json.Unmarshal(e, &we); err != nil || we.Type == nil || we.Message == nil || we.OkToRetry == nil {
-			return nil, fmt.Errorf("response error needs type, message and a boolean ok_to_retry: %s", clip(string(e)))
+			return nil, fmt.Errorf("response error needs type, message and a boolean ok_to_retry: %s", clip.Quote(string(e), 200))
 		}
 		if len(r.Result) > 0 && !isNull(r.Result) {
-			return nil, fmt.Errorf("response has a result beside its error: %q", clip(string(data)))
+			return nil, fmt.Errorf("response has a result beside its error: %q", clip.Quote(string(data), 200))
 		}
 		r.Error = &Error{Type: *we.Type, Message: *we.Message, OkToRetry: *we.OkToRetry}
 	}
@@ -213,11 +214,4 @@ func jsonErr(err error) string {
 		return "request must be a JSON object, got " + te.Value
 	}
 	return err.Error()
-}
-
-func clip(s string) string {
-	if len(s) > 200 {
-		return s[:200] + "..."
-	}
-	return strings.TrimSpace(s)
 }

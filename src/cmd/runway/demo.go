@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/cpiclient"
 )
 
@@ -99,11 +100,7 @@ func demoCmd(args []string) error {
 }
 
 func short(raw json.RawMessage) string {
-	s := string(raw)
-	if len(s) > 100 {
-		return s[:97] + "..."
-	}
-	return s
+	return clip.Quote(string(raw), 100)
 }
 
 // demoImage writes a tiny stemcell image tarball.

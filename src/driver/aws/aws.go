@@ -8,16 +8,15 @@ package aws
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
+	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/formats"
 	"github.com/runway-cpi/runway/src/lock"
@@ -78,6 +77,9 @@ const (
 	tagName  = "Name"
 	// tagSnapshot on an AMI names the snapshot its stemcell was uploaded to.
 	tagSnapshot = "runway:snapshot"
+	// tagNetworks maps each BOSH network of an instance to the address it
+	// holds, "private" or "public" (driver.EncodeNames), for list_vms.
+	tagNetworks = "runway:networks"
 )
 
 // StemcellFormats: raw images uploaded through the EBS direct API, and
@@ -126,31 +128,11 @@ func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx contex
 	return out, sent, err
 }
 
-// waitFor polls check until it reports done: first after 250 ms, then
-// 1.5× longer each time up to poll_max_ms, for at most wait_timeout.
+// waitFor checks at once (EC2 states are often reached already), then
+// after 250 ms, 1.5× longer each time up to poll_max_ms.
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
-	defer cancel()
-	start := time.Now()
-	interval := firstPoll
-	for polls := 0; ; polls++ {
-		if polls > 0 {
-			if err := retry.SleepContext(ctx, interval); err != nil {
-				return fmt.Errorf("aws: timed out after %s waiting for %s: %w", time.Since(start).Round(time.Millisecond), what, err)
-			}
-			interval = min(interval*3/2, d.cfg.pollMax())
-		}
-		done, err := check(ctx)
-		if err != nil {
-			return err
-		}
-		if done {
-			if polls > 0 {
-				d.log.Debug("aws", "%s after %s (%d polls)", what, time.Since(start).Round(time.Millisecond), polls)
-			}
-			return nil
-		}
-	}
+	how := driver.Poll{Name: "aws", First: firstPoll, Factor: 15, CheckFirst: true}
+	return d.cfg.WaitFor(ctx, how, what, func(f string, a ...any) { d.log.Debug("aws", f, a...) }, check)
 }
 
 // cidKinds: the EC2 id prefix of each kind of CID.
@@ -187,16 +169,9 @@ func ec2Tags(m map[string]string) []types.Tag {
 		if k == "" || len(k) >= 4 && k[:4] == "aws:" {
 			continue
 		}
-		out = append(out, types.Tag{Key: aws.String(truncate(k, 128)), Value: aws.String(truncate(v, 256))})
+		out = append(out, types.Tag{Key: aws.String(clip.To(k, 128)), Value: aws.String(clip.To(v, 256))})
 	}
 	return out
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }
 
 func tagMap(tags []types.Tag) map[string]string {
@@ -218,15 +193,4 @@ func tagFilters(match map[string]string) []types.Filter {
 
 func tagSpec(rt types.ResourceType, m map[string]string) types.TagSpecification {
 	return types.TagSpecification{ResourceType: rt, Tags: ec2Tags(m)}
-}
-
-func withTags(base map[string]string, extra map[string]string) map[string]string {
-	out := make(map[string]string, len(base)+len(extra))
-	for k, v := range base {
-		out[k] = v
-	}
-	for k, v := range extra {
-		out[k] = v
-	}
-	return out
 }

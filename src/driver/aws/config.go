@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/driver"
 )
 
 // Config is the "aws" section of the CPI config.
@@ -51,18 +52,14 @@ type Config struct {
 	// API call sits out (default 8); throttles are waited out within the
 	// CPI's retry budget.
 	MaxAttempts int `json:"max_attempts,omitempty"`
-	// PollMaxMilli caps the interval between state checks (default 2000).
-	PollMaxMilli int `json:"poll_max_ms,omitempty"`
-	// WaitTimeoutSeconds bounds each wait for a state (default 900).
-	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+	// poll_max_ms and wait_timeout_seconds.
+	driver.Polling
 	// RequestTimeoutSeconds bounds each HTTP request (default 60).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 }
 
 const (
 	DefaultMaxAttempts    = 8
-	DefaultPollMax        = 2 * time.Second
-	DefaultWaitTimeout    = 15 * time.Minute
 	DefaultRequestTimeout = time.Minute
 	firstPoll             = 250 * time.Millisecond
 )
@@ -107,20 +104,6 @@ func parseConfig(section json.RawMessage) (Config, error) {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
 	return c, nil
-}
-
-func (c Config) pollMax() time.Duration {
-	if c.PollMaxMilli > 0 {
-		return time.Duration(c.PollMaxMilli) * time.Millisecond
-	}
-	return DefaultPollMax
-}
-
-func (c Config) waitTimeout() time.Duration {
-	if c.WaitTimeoutSeconds > 0 {
-		return time.Duration(c.WaitTimeoutSeconds) * time.Second
-	}
-	return DefaultWaitTimeout
 }
 
 // clients builds the SDK clients once per process, on first use (info and

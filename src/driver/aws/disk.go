@@ -29,7 +29,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		return "", err
 	}
 	token := uuid.NewString()
-	tags := withTags(spec.Tags, map[string]string{tagToken: token})
+	tags := driver.MergeTags(spec.Tags, map[string]string{tagToken: token})
 	in := &ec2.CreateVolumeInput{
 		AvailabilityZone: aws.String(az), Size: aws.Int32(mibToGiB(spec.SizeMiB)),
 		VolumeType: types.VolumeType(firstNonEmpty(p.Type, "gp3")), ClientToken: aws.String(token),
@@ -473,7 +473,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	tags := tagMap(v.Tags)
 	delete(tags, tagName)
 	token := uuid.NewString()
-	tags = withTags(tags, md)
+	tags = driver.MergeTags(tags, md)
 	tags[tagToken] = token
 	desc := "runway snapshot of " + cid
 	if dep, job := md["deployment"], md["job"]; dep != "" {

@@ -103,7 +103,7 @@ func fixture(ep string, lockDir string) drivertest.Fixture {
 		},
 		StemcellImage: stemcellFixture,
 		VMProps:       driver.PropsOf(map[string]any{"instance_type": "t3.micro"}),
-		Networks:      driver.Networks{"default": {Type: "dynamic", Default: []string{"dns", "gateway"}}},
+		Networks:      driver.Networks{"runners": {Type: "dynamic", Default: []string{"dns", "gateway"}}},
 		DiskProps:     driver.Props{},
 		UnknownVM:     "i-0000000000000000f", UnknownDisk: "vol-00000000000000000",
 	}

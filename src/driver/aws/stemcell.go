@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/google/uuid"
 
+	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 )
 
@@ -55,7 +56,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		return ami + " light", nil
 	}
 	token := uuid.NewString()
-	tags := withTags(spec.Tags, map[string]string{tagToken: token})
+	tags := driver.MergeTags(spec.Tags, map[string]string{tagToken: token})
 	snap, err := d.uploadImage(ctx, spec.ImagePath, p.DiskMiB, tags)
 	if err != nil {
 		return "", err
@@ -288,12 +289,12 @@ func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps
 	}
 	root := firstNonEmpty(p.RootDeviceName, "/dev/xvda")
 	in := &ec2.RegisterImageInput{
-		Name: aws.String(truncate(name, 128)), Architecture: types.ArchitectureValues(firstNonEmpty(p.Architecture, "x86_64")),
+		Name: aws.String(clip.To(name, 128)), Architecture: types.ArchitectureValues(firstNonEmpty(p.Architecture, "x86_64")),
 		RootDeviceName: aws.String(root), VirtualizationType: aws.String(firstNonEmpty(p.VirtualizationType, "hvm")),
 		EnaSupport: aws.Bool(true), SriovNetSupport: aws.String("simple"),
 		BlockDeviceMappings: []types.BlockDeviceMapping{{DeviceName: aws.String(root),
 			Ebs: &types.EbsBlockDevice{SnapshotId: aws.String(snap), DeleteOnTermination: aws.Bool(true), VolumeType: types.VolumeTypeGp3}}},
-		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeImage, withTags(tags, map[string]string{tagSnapshot: snap}))},
+		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeImage, driver.MergeTags(tags, map[string]string{tagSnapshot: snap}))},
 	}
 	if p.BootMode != "" {
 		in.BootMode = types.BootModeValues(p.BootMode)
@@ -317,7 +318,7 @@ func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps
 	// Tag again explicitly: some EC2-compatible APIs (moto among them)
 	// ignore RegisterImage's TagSpecifications, and the snapshot tag is
 	// how delete_stemcell finds what it uploaded.
-	itags := withTags(tags, map[string]string{tagSnapshot: snap})
+	itags := driver.MergeTags(tags, map[string]string{tagSnapshot: snap})
 	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
 		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{ami}, Tags: ec2Tags(itags)})
 	}); err != nil {

@@ -39,7 +39,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	}
 	ami := strings.Fields(spec.StemcellCID)[0]
 	token := uuid.NewString()
-	tags := withTags(p.Tags, spec.Tags)
+	tags := driver.MergeTags(p.Tags, spec.Tags)
 	tags[tagToken] = token
 	if spec.Name != "" {
 		tags[tagName] = spec.Name
@@ -65,6 +65,10 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	primary, vip, err := d.placeNetworks(spec.Networks, &p, in)
 	if err != nil {
 		return driver.VM{}, err
+	}
+	if names := nameAddresses(primary, vip); names != "" {
+		// The instance's only: its volumes were tagged above.
+		in.TagSpecifications[0] = tagSpec(types.ResourceTypeInstance, driver.MergeTags(tags, map[string]string{tagNetworks: names}))
 	}
 	groups := p.SecurityGroups
 	if len(groups) == 0 {
@@ -135,6 +139,19 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		nets[primary] = n
 	}
 	return driver.VM{CID: id, Networks: nets}, nil
+}
+
+// nameAddresses is tagNetworks' value: which BOSH network holds the
+// instance's private address and which its public (elastic) one.
+func nameAddresses(primary, vip string) string {
+	m := map[string]string{}
+	if primary != "" {
+		m[primary] = "private"
+	}
+	if vip != "" {
+		m[vip] = "public"
+	}
+	return driver.EncodeNames(m, 256)
 }
 
 func firstNonEmpty(s ...string) string {
@@ -463,7 +480,9 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err := validCID("vm", cid); err != nil {
 		return err
 	}
-	tags := withTags(md, nil)
+	tags := driver.MergeTags(md, nil)
+	delete(tags, tagToken) // the driver's own tags are not the caller's to change
+	delete(tags, tagNetworks)
 	if n := md["name"]; n != "" {
 		tags[tagName] = n
 	} else if md["job"] != "" && md["index"] != "" {
@@ -504,8 +523,17 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 			state = "stopped"
 		}
 		info := driver.VMInfo{CID: aws.ToString(i.InstanceId), AgentID: tags["agent_id"], Tags: tags, Metadata: tags, State: state}
-		if ip := aws.ToString(i.PrivateIpAddress); ip != "" {
-			info.Networks = driver.Networks{"default": {Type: "dynamic", IP: ip}}
+		for name, which := range driver.DecodeNames(tags[tagNetworks]) {
+			ip := aws.ToString(i.PrivateIpAddress)
+			if which == "public" {
+				ip = aws.ToString(i.PublicIpAddress)
+			}
+			if ip != "" {
+				if info.Networks == nil {
+					info.Networks = driver.Networks{}
+				}
+				info.Networks[name] = driver.Network{IP: ip}
+			}
 		}
 		out = append(out, info)
 	}

@@ -23,25 +23,7 @@ type diskRecord struct {
 	CreatedAt  string            `json:"created_at"`
 }
 
-func (d *Driver) diskDir(cid string) string { return d.dir("disks", cid) }
-
-func (d *Driver) loadDisk(cid string) (*diskRecord, error) {
-	if err := checkCID("disk", cid); err != nil {
-		return nil, err
-	}
-	var r diskRecord
-	if err := readJSON(filepath.Join(d.diskDir(cid), "disk.json"), &r); err != nil {
-		if isNotExist(err) {
-			return nil, fmt.Errorf("%w: %s", driver.ErrDiskNotFound, cid)
-		}
-		return nil, err
-	}
-	return &r, nil
-}
-
-func (d *Driver) saveDisk(r *diskRecord) error {
-	return writeJSON(filepath.Join(d.diskDir(r.CID), "disk.json"), r)
-}
+func (d *Driver) loadDisk(cid string) (*diskRecord, error) { return load[diskRecord](d, disks, cid) }
 
 // checkSpace answers NoDiskSpace when the state dir's file system cannot
 // hold sizeMiB more.
@@ -74,24 +56,18 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err != nil {
 		return "", err
 	}
-	unlock, err := d.lock(ctx, "disk", cid)
+	unlock, err := d.lock(ctx, disks, cid)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	d.sweep("disks")
-	tmp := filepath.Join(d.root, "disks", ".creating-"+cid)
-	if err := os.MkdirAll(filepath.Join(tmp, "data"), 0o700); err != nil {
+	tmp, err := d.stage(disks, cid, "data")
+	if err != nil {
 		return "", err
 	}
 	rec := diskRecord{CID: cid, SizeMiB: spec.SizeMiB, CloudProps: spec.CloudProps, Tags: spec.Tags,
 		Metadata: map[string]string{}, NearVM: spec.VMCID, CreatedAt: now()}
-	if err := writeJSON(filepath.Join(tmp, "disk.json"), rec); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", err
-	}
-	if err := publish(tmp, d.diskDir(cid)); err != nil {
-		_ = os.RemoveAll(tmp)
+	if err := d.publish(disks, cid, tmp, rec); err != nil {
 		return "", err
 	}
 	return cid, nil
@@ -102,7 +78,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if err := checkCID("disk", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "disk", cid)
+	unlock, err := d.lock(ctx, disks, cid)
 	if err != nil {
 		return err
 	}
@@ -114,20 +90,13 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if rec.AttachedTo != "" {
 		return fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 	}
-	defer d.sweep("disks")
-	return d.remove("disks", cid)
+	defer d.sweep(disks)
+	return d.remove(disks, cid)
 }
 
 // HasDisk implements driver.Driver.
 func (d *Driver) HasDisk(_ context.Context, cid string) (bool, error) {
-	if err := checkCID("disk", cid); err != nil {
-		return false, err
-	}
-	_, err := os.Stat(filepath.Join(d.diskDir(cid), "disk.json"))
-	if isNotExist(err) {
-		return false, nil
-	}
-	return err == nil, err
+	return d.has(disks, cid)
 }
 
 // lockPair takes the VM lock, then the disk lock: always in that order, so
@@ -139,11 +108,11 @@ func (d *Driver) lockPair(ctx context.Context, vm, disk string) (func(), error) 
 	if err := checkCID("disk", disk); err != nil {
 		return nil, err
 	}
-	uv, err := d.lock(ctx, "vm", vm)
+	uv, err := d.lock(ctx, vms, vm)
 	if err != nil {
 		return nil, err
 	}
-	ud, err := d.lock(ctx, "disk", disk)
+	ud, err := d.lock(ctx, disks, disk)
 	if err != nil {
 		uv()
 		return nil, err
@@ -151,7 +120,9 @@ func (d *Driver) lockPair(ctx context.Context, vm, disk string) (func(), error) 
 	return func() { ud(); uv() }, nil
 }
 
-func (d *Driver) linkPath(vm, disk string) string { return filepath.Join(d.vmDir(vm), "disks", disk) }
+func (d *Driver) linkPath(vm, disk string) string {
+	return filepath.Join(d.path(vms, vm), "disks", disk)
+}
 
 // AttachDisk implements driver.Driver; the hint is the path where the disk
 // appears inside the VM's directory.
@@ -173,10 +144,10 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 	}
 	link := d.linkPath(vm, disk)
 	rec.AttachedTo = vm
-	if err := d.saveDisk(rec); err != nil {
+	if err := d.save(disks, rec.CID, rec); err != nil {
 		return nil, err
 	}
-	target := filepath.Join(d.diskDir(disk), "data")
+	target := filepath.Join(d.path(disks, disk), "data")
 	if cur, err := os.Readlink(link); err != nil || cur != target {
 		_ = os.Remove(link)
 		if err := os.Symlink(target, link); err != nil {
@@ -204,7 +175,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 		return fmt.Errorf("%w: disk %s is not attached to vm %s", driver.ErrDiskNotAttached, disk, vm)
 	}
 	rec.AttachedTo = ""
-	if err := d.saveDisk(rec); err != nil {
+	if err := d.save(disks, rec.CID, rec); err != nil {
 		return err
 	}
 	if err := os.Remove(d.linkPath(vm, disk)); err != nil && !isNotExist(err) {
@@ -218,7 +189,7 @@ func (d *Driver) clearAttachment(ctx context.Context, vm, disk string) error {
 	if checkCID("disk", disk) != nil {
 		return os.Remove(d.linkPath(vm, disk))
 	}
-	unlock, err := d.lock(ctx, "disk", disk)
+	unlock, err := d.lock(ctx, disks, disk)
 	if err != nil {
 		return err
 	}
@@ -226,7 +197,7 @@ func (d *Driver) clearAttachment(ctx context.Context, vm, disk string) error {
 	rec, err := d.loadDisk(disk)
 	if err == nil && rec.AttachedTo == vm {
 		rec.AttachedTo = ""
-		if err := d.saveDisk(rec); err != nil {
+		if err := d.save(disks, rec.CID, rec); err != nil {
 			return err
 		}
 	}
@@ -238,7 +209,7 @@ func (d *Driver) GetDisks(_ context.Context, vm string) ([]string, error) {
 	if _, err := d.loadVM(vm); err != nil {
 		return nil, err
 	}
-	links, err := os.ReadDir(filepath.Join(d.vmDir(vm), "disks"))
+	links, err := os.ReadDir(filepath.Join(d.path(vms, vm), "disks"))
 	if err != nil && !isNotExist(err) {
 		return nil, err
 	}
@@ -279,7 +250,7 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 	if err := checkCID("disk", cid); err != nil {
 		return "", err
 	}
-	unlock, err := d.lock(ctx, "disk", cid)
+	unlock, err := d.lock(ctx, disks, cid)
 	if err != nil {
 		return "", err
 	}
@@ -300,7 +271,7 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 	if props != nil {
 		rec.CloudProps = *props
 	}
-	return cid, d.saveDisk(rec)
+	return cid, d.save(disks, rec.CID, rec)
 }
 
 // SetDiskMetadata implements driver.Driver.
@@ -308,7 +279,7 @@ func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]
 	if err := checkCID("disk", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "disk", cid)
+	unlock, err := d.lock(ctx, disks, cid)
 	if err != nil {
 		return err
 	}
@@ -323,7 +294,7 @@ func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]
 	for k, v := range md {
 		rec.Metadata[k] = v
 	}
-	return d.saveDisk(rec)
+	return d.save(disks, rec.CID, rec)
 }
 
 // snapshotRecord is snapshots/<cid>/snapshot.json.
@@ -341,7 +312,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if err := checkCID("disk", cid); err != nil {
 		return "", err
 	}
-	unlock, err := d.lock(ctx, "disk", cid)
+	unlock, err := d.lock(ctx, disks, cid)
 	if err != nil {
 		return "", err
 	}
@@ -354,13 +325,12 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if err != nil {
 		return "", err
 	}
-	unlockSnap, err := d.lock(ctx, "snapshot", snap)
+	unlockSnap, err := d.lock(ctx, snapshots, snap)
 	if err != nil {
 		return "", err
 	}
 	defer unlockSnap()
-	d.sweep("snapshots")
-	src := filepath.Join(d.diskDir(cid), "data")
+	src := filepath.Join(d.path(disks, cid), "data")
 	size, err := treeSize(src)
 	if err != nil {
 		return "", fmt.Errorf("reading disk %s: %w", cid, err)
@@ -373,8 +343,8 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 		return "", fmt.Errorf("snapshot of disk %s (%d MiB of data): %w", cid, size>>20, err)
 	}
 	budget.used = 0 // charged again file by file: the disk may change meanwhile
-	tmp := filepath.Join(d.root, "snapshots", ".creating-"+snap)
-	if err := os.MkdirAll(tmp, 0o700); err != nil {
+	tmp, err := d.stage(snapshots, snap)
+	if err != nil {
 		return "", err
 	}
 	if err := copyTree(ctx, src, filepath.Join(tmp, "data"), budget); err != nil {
@@ -382,12 +352,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 		return "", fmt.Errorf("copying disk %s: %w", cid, err)
 	}
 	sr := snapshotRecord{CID: snap, DiskCID: cid, SizeMiB: rec.SizeMiB, Metadata: md, CreatedAt: now()}
-	if err := writeJSON(filepath.Join(tmp, "snapshot.json"), sr); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", err
-	}
-	if err := publish(tmp, d.dir("snapshots", snap)); err != nil {
-		_ = os.RemoveAll(tmp)
+	if err := d.publish(snapshots, snap, tmp, sr); err != nil {
 		return "", err
 	}
 	return snap, nil
@@ -399,15 +364,17 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
 	if err := checkCID("snapshot", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "snapshot", cid)
+	unlock, err := d.lock(ctx, snapshots, cid)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	defer d.sweep("snapshots")
-	if _, err := os.Stat(filepath.Join(d.dir("snapshots", cid), "snapshot.json")); isNotExist(err) {
+	defer d.sweep(snapshots)
+	if ok, err := d.has(snapshots, cid); err != nil {
+		return err
+	} else if !ok {
 		d.log.Info("local", "snapshot %s already gone", cid)
 		return nil
 	}
-	return d.remove("snapshots", cid)
+	return d.remove(snapshots, cid)
 }

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -94,45 +93,12 @@ func (d *Driver) release(ctx context.Context, cid string) {
 // The checks follow the publishing rename (.creating-<cid> → <cid>): looked
 // at in the other order, a VM published between the two looks dead.
 func (d *Driver) ownerAlive(cid string) bool {
-	for _, p := range []string{filepath.Join(d.root, "vms", ".creating-"+cid), d.vmDir(cid)} {
+	for _, p := range []string{filepath.Join(d.root, "vms", ".creating-"+cid), d.path(vms, cid)} {
 		if _, err := os.Stat(p); err == nil {
 			return true
 		}
 	}
 	return false
-}
-
-// sweep removes the half-built (.creating-<cid>) and half-deleted
-// (.deleting-<cid>) directories of one kind that killed calls left. Such a
-// directory is removed only when its resource's lock is free: creators and
-// deleters hold it throughout, so a free lock proves the call is dead —
-// whatever its age. None holds a running process (processes start only
-// after a VM is published, and are stopped before it is renamed away).
-func (d *Driver) sweep(kind string) {
-	entries, err := os.ReadDir(filepath.Join(d.root, kind))
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		n := e.Name()
-		cid, ok := strings.CutPrefix(n, ".creating-")
-		if !ok {
-			if cid, ok = strings.CutPrefix(n, ".deleting-"); !ok {
-				continue
-			}
-		}
-		name := strings.TrimSuffix(kind, "s") + "-" + cid
-		release, free, err := d.locks.TryLock(name)
-		if err != nil || !free {
-			continue // in flight
-		}
-		if err := os.RemoveAll(filepath.Join(d.root, kind, n)); err != nil {
-			d.log.Warn("local", "removing %s left by a killed call: %v", n, err)
-		} else {
-			d.log.Info("local", "removed %s/%s, left by a killed call", kind, n)
-		}
-		d.locks.Release(name, release, true)
-	}
 }
 
 func netmask(p netip.Prefix) string {

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -149,69 +148,6 @@ func newCID(prefix string) (string, error) {
 	}
 	return prefix + id.String(), nil
 }
-
-func (d *Driver) dir(kind, cid string) string { return filepath.Join(d.root, kind, cid) }
-
-// lock takes the lock of one resource and returns its release, which
-// prunes the lock file when the resource is gone by then (deleted, or
-// never there), so lock files do not pile up per CID.
-func (d *Driver) lock(ctx context.Context, kind, cid string) (func(), error) {
-	name := kind + "-" + cid
-	release, err := d.locks.Lock(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		_, err := os.Stat(d.dir(kind+"s", cid))
-		d.locks.Release(name, release, isNotExist(err))
-	}, nil
-}
-
-// readJSON reads a record; a missing file is reported as fs.ErrNotExist.
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("corrupt record %s: %w", path, err)
-	}
-	return nil
-}
-
-// writeJSON replaces a record atomically (temp file + rename), so a reader
-// or a crash never sees half a record.
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, b)
-}
-
-// writeFileAtomic writes through a temporary file and a rename.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-// publish moves a fully built directory into place.
-func publish(tmp, final string) error { return os.Rename(tmp, final) }
-
-// remove takes a directory out of view first, then deletes it, so a crash
-// mid-delete never leaves a half resource that looks whole.
-func (d *Driver) remove(kind, cid string) error {
-	trash := filepath.Join(d.root, kind, ".deleting-"+cid)
-	if err := os.Rename(d.dir(kind, cid), trash); err != nil {
-		return err
-	}
-	return os.RemoveAll(trash)
-}
-
-func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
 
 func now() string { return time.Now().UTC().Format(time.RFC3339) }
 

@@ -70,7 +70,7 @@ func TestConformance(t *testing.T) {
 			return writeImage(t, map[string]string{"root.img": "disk image"}), driver.Props{}
 		},
 		VMProps:     driver.PropsOf(map[string]any{"command": "exec sleep 300"}),
-		Networks:    driver.Networks{"default": {Type: "dynamic"}},
+		Networks:    driver.Networks{"runners": {Type: "dynamic"}},
 		UnknownVM:   "vm-00000000-0000-0000-0000-000000000000",
 		UnknownDisk: "disk-00000000-0000-0000-0000-000000000000",
 	})

@@ -60,14 +60,13 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	if err != nil {
 		return "", err
 	}
-	unlock, err := d.lock(ctx, "stemcell", cid)
+	unlock, err := d.lock(ctx, stemcells, cid)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	d.sweep("stemcells")
-	tmp := filepath.Join(d.root, "stemcells", ".creating-"+cid)
-	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
+	tmp, err := d.stage(stemcells, cid, "image")
+	if err != nil {
 		return "", err
 	}
 	fail := func(err error) (string, error) { _ = os.RemoveAll(tmp); return "", err }
@@ -79,11 +78,8 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		return fail(fmt.Errorf("unpacking stemcell image %s: %w", spec.ImagePath, err))
 	}
 	rec := stemcellRecord{CID: cid, CloudProps: spec.CloudProps, Tags: spec.Tags, Source: spec.ImagePath, CreatedAt: now()}
-	if err := writeJSON(filepath.Join(tmp, "stemcell.json"), rec); err != nil {
-		return fail(err)
-	}
-	if err := publish(tmp, d.dir("stemcells", cid)); err != nil {
-		return fail(err)
+	if err := d.publish(stemcells, cid, tmp, rec); err != nil {
+		return "", err
 	}
 	return cid, nil
 }
@@ -94,17 +90,19 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 	if err := checkCID("stemcell", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "stemcell", cid)
+	unlock, err := d.lock(ctx, stemcells, cid)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	defer d.sweep("stemcells")
-	if _, err := os.Stat(filepath.Join(d.dir("stemcells", cid), "stemcell.json")); isNotExist(err) {
+	defer d.sweep(stemcells)
+	if ok, err := d.has(stemcells, cid); err != nil {
+		return err
+	} else if !ok {
 		d.log.Info("local", "stemcell %s already gone", cid)
 		return nil
 	}
-	return d.remove("stemcells", cid)
+	return d.remove(stemcells, cid)
 }
 
 // untar unpacks src into dst, refusing entries that would land outside dst

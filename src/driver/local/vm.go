@@ -28,22 +28,8 @@ type vmRecord struct {
 	CreatedAt   string            `json:"created_at"`
 }
 
-func (d *Driver) vmDir(cid string) string { return d.dir("vms", cid) }
-
 // loadVM reads a VM record; a missing VM is ErrVMNotFound.
-func (d *Driver) loadVM(cid string) (*vmRecord, error) {
-	if err := checkCID("vm", cid); err != nil {
-		return nil, err
-	}
-	var r vmRecord
-	if err := readJSON(filepath.Join(d.vmDir(cid), "vm.json"), &r); err != nil {
-		if isNotExist(err) {
-			return nil, fmt.Errorf("%w: %s", driver.ErrVMNotFound, cid)
-		}
-		return nil, err
-	}
-	return &r, nil
-}
+func (d *Driver) loadVM(cid string) (*vmRecord, error) { return load[vmRecord](d, vms, cid) }
 
 // CreateVM implements driver.Driver.
 func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
@@ -60,8 +46,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err := checkCID("stemcell", spec.StemcellCID); err != nil {
 		return driver.VM{}, err
 	}
-	stemcellDir := d.dir("stemcells", spec.StemcellCID)
-	if _, err := os.Stat(filepath.Join(stemcellDir, "stemcell.json")); err != nil {
+	if ok, err := d.has(stemcells, spec.StemcellCID); !ok || err != nil {
 		return driver.VM{}, fmt.Errorf("%w: %s", driver.ErrStemcellNotFound, spec.StemcellCID)
 	}
 	for _, disk := range spec.DiskCIDs {
@@ -89,15 +74,14 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	// The VM's lock is held from the first directory to the started
 	// process: delete_vm waits for a create in flight, and a sweeper that
 	// can take the lock knows the create is dead.
-	unlock, err := d.lock(ctx, "vm", cid)
+	unlock, err := d.lock(ctx, vms, cid)
 	if err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
 	defer unlock()
-	d.sweep("vms")
 	// Build the VM out of view, then publish it with one rename.
-	tmp := filepath.Join(d.root, "vms", ".creating-"+cid)
-	if err := os.MkdirAll(filepath.Join(tmp, "disks"), 0o700); err != nil {
+	tmp, err := d.stage(vms, cid, "disks", "ephemeral")
+	if err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
 	allocated := false
@@ -107,9 +91,6 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		}
 		_ = os.RemoveAll(tmp)
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: retryable}
-	}
-	if err := os.Mkdir(filepath.Join(tmp, "ephemeral"), 0o700); err != nil {
-		return fail(err, true)
 	}
 	nets, err := d.allocate(ctx, cid, spec.Networks)
 	if err != nil {
@@ -131,14 +112,11 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 			return fail(err, true)
 		}
 	}
-	if err := writeJSON(filepath.Join(tmp, "vm.json"), rec); err != nil {
-		return fail(err, true)
-	}
-	if err := publish(tmp, d.vmDir(cid)); err != nil {
+	if err := d.publish(vms, cid, tmp, rec); err != nil {
 		return fail(err, true)
 	}
 	if len(argv) > 0 {
-		if err := startProcess(d.vmDir(cid), argv, d.processEnv(rec, props)); err != nil {
+		if err := startProcess(d.path(vms, cid), argv, d.processEnv(rec, props)); err != nil {
 			// Leave nothing behind: the VM never ran.
 			_ = d.deleteLocked(ctx, cid)
 			return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
@@ -212,7 +190,7 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 // processEnv is the VM process's whole environment: nothing of bin/cpi's
 // own environment (which may hold credentials) is inherited.
 func (d *Driver) processEnv(rec vmRecord, p vmProps) []string {
-	dir := d.vmDir(rec.CID)
+	dir := d.path(vms, rec.CID)
 	env := map[string]string{
 		"PATH":                  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME":                  dir,
@@ -221,7 +199,7 @@ func (d *Driver) processEnv(rec vmRecord, p vmProps) []string {
 		"RUNWAY_AGENT_ID":       rec.AgentID,
 		"RUNWAY_DISKS_DIR":      filepath.Join(dir, "disks"),
 		"RUNWAY_EPHEMERAL_DIR":  filepath.Join(dir, "ephemeral"),
-		"RUNWAY_STEMCELL_DIR":   filepath.Join(d.dir("stemcells", rec.StemcellCID), "image"),
+		"RUNWAY_STEMCELL_DIR":   filepath.Join(d.path(stemcells, rec.StemcellCID), "image"),
 		"RUNWAY_AGENT_SETTINGS": filepath.Join(dir, "agent-settings.json"),
 	}
 	for k, v := range p.Env {
@@ -275,7 +253,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 	if err := checkCID("vm", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "vm", cid)
+	unlock, err := d.lock(ctx, vms, cid)
 	if err != nil {
 		return err
 	}
@@ -288,7 +266,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 // create killed at the wrong moment may have left some) before the answer
 // is VMNotFound.
 func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
-	defer d.sweep("vms")
+	defer d.sweep(vms)
 	rec, err := d.loadVM(cid)
 	if err != nil {
 		if serr := stopVM(ctx, cid, 0, d.grace()); serr != nil {
@@ -296,7 +274,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 		}
 		return err
 	}
-	dir := d.vmDir(cid)
+	dir := d.path(vms, cid)
 	if len(rec.Command) > 0 { // a VM without a command never had a process
 		if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
 			return err
@@ -309,7 +287,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 		}
 	}
 	d.release(ctx, cid)
-	if err := d.remove("vms", cid); err != nil {
+	if err := d.remove(vms, cid); err != nil {
 		return fmt.Errorf("removing vm %s: %w", cid, err)
 	}
 	d.log.Info("local", "vm %s deleted", cid)
@@ -318,14 +296,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 
 // HasVM implements driver.Driver.
 func (d *Driver) HasVM(_ context.Context, cid string) (bool, error) {
-	if err := checkCID("vm", cid); err != nil {
-		return false, err
-	}
-	_, err := os.Stat(filepath.Join(d.vmDir(cid), "vm.json"))
-	if isNotExist(err) {
-		return false, nil
-	}
-	return err == nil, err
+	return d.has(vms, cid)
 }
 
 // RebootVM implements driver.Driver: the process group is stopped and the
@@ -344,7 +315,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 	if err := checkCID("vm", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "vm", cid)
+	unlock, err := d.lock(ctx, vms, cid)
 	if err != nil {
 		return err
 	}
@@ -353,12 +324,12 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 	if err != nil {
 		return err
 	}
-	dir := d.vmDir(cid)
+	dir := d.path(vms, cid)
 	if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
 		return err
 	}
 	rec.Stopped = !start
-	if err := writeJSON(filepath.Join(dir, "vm.json"), rec); err != nil {
+	if err := d.save(vms, cid, rec); err != nil {
 		return err
 	}
 	if start && len(rec.Command) > 0 {
@@ -380,7 +351,7 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err := checkCID("vm", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, "vm", cid)
+	unlock, err := d.lock(ctx, vms, cid)
 	if err != nil {
 		return err
 	}
@@ -395,7 +366,7 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	for k, v := range md {
 		rec.Metadata[k] = v
 	}
-	return writeJSON(filepath.Join(d.vmDir(cid), "vm.json"), rec)
+	return d.save(vms, cid, rec)
 }
 
 // ListVMs implements driver.Driver.
@@ -428,7 +399,7 @@ func (d *Driver) ListVMs(_ context.Context, match map[string]string) ([]driver.V
 // state: running while a process lives (or when there is none to run),
 // stopped when stopped or the command exited 0, error on a failed exit.
 func (d *Driver) state(rec *vmRecord) string {
-	dir := d.vmDir(rec.CID)
+	dir := d.path(vms, rec.CID)
 	if rec.Stopped {
 		return "stopped"
 	}

@@ -101,7 +101,7 @@ func fixture(c cloud, authURL string) drivertest.Fixture {
 		},
 		StemcellImage: rawImage,
 		VMProps:       driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
-		Networks: driver.Networks{"default": {Type: "dynamic", Default: []string{"dns", "gateway"},
+		Networks: driver.Networks{"runners": {Type: "dynamic", Default: []string{"dns", "gateway"},
 			CloudProperties: driver.PropsOf(map[string]any{"net_id": c.netID})}},
 		DiskProps: driver.Props{},
 		UnknownVM: uuid.NewString(), UnknownDisk: uuid.NewString(),

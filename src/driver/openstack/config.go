@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/driver"
 )
 
 // Config is the "openstack" section of the CPI config.
@@ -57,10 +58,8 @@ type Config struct {
 	// HumanReadableVMNames names servers after their job/index metadata.
 	HumanReadableVMNames bool `json:"human_readable_vm_names,omitempty"`
 
-	// PollMaxMilli caps the interval between state checks (default 2000).
-	PollMaxMilli int `json:"poll_max_ms,omitempty"`
-	// WaitTimeoutSeconds bounds each wait for a state (default 900).
-	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+	// poll_max_ms and wait_timeout_seconds.
+	driver.Polling
 	// RequestTimeoutSeconds bounds each HTTP request (default 60).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 	// TokenCache keeps the Keystone token in the state dir for the next
@@ -69,8 +68,6 @@ type Config struct {
 }
 
 const (
-	DefaultPollMax        = 2 * time.Second
-	DefaultWaitTimeout    = 15 * time.Minute
 	DefaultRequestTimeout = time.Minute
 	firstPoll             = 250 * time.Millisecond
 )
@@ -146,20 +143,6 @@ func parseConfig(section json.RawMessage) (Config, error) {
 		}
 	}
 	return c, nil
-}
-
-func (c Config) pollMax() time.Duration {
-	if c.PollMaxMilli > 0 {
-		return time.Duration(c.PollMaxMilli) * time.Millisecond
-	}
-	return DefaultPollMax
-}
-
-func (c Config) waitTimeout() time.Duration {
-	if c.WaitTimeoutSeconds > 0 {
-		return time.Duration(c.WaitTimeoutSeconds) * time.Second
-	}
-	return DefaultWaitTimeout
 }
 
 func (c Config) tokenCache() bool { return c.TokenCache == nil || *c.TokenCache }

@@ -10,15 +10,13 @@ package openstack
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"sync"
-	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
 
+	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/formats"
 	"github.com/runway-cpi/runway/src/lock"
@@ -145,29 +143,12 @@ func (d *Driver) doCreate(ctx context.Context, kind, op string, post func(ctx co
 
 func is409(err error) bool { return status(err) == 409 }
 
-// waitFor polls check until it reports done: first after 250 ms, then
-// 1.4× longer each time up to poll_max_ms, for at most wait_timeout
-// (1.4 rather than 1.5: Nova's ~1.5 s builds are caught by the 4th
-// poll instead of the 5th; measured in docs/benchmarks.md).
+// waitFor sleeps 250 ms first, then 1.4× longer each time up to
+// poll_max_ms (1.4 rather than 1.5: Nova's ~1.5 s builds are caught by
+// the 4th poll instead of the 5th; measured in docs/benchmarks.md).
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
-	defer cancel()
-	start := time.Now()
-	interval := firstPoll
-	for polls := 1; ; polls++ {
-		if err := retry.SleepContext(ctx, interval); err != nil {
-			return fmt.Errorf("openstack: timed out after %s waiting for %s: %w", time.Since(start).Round(time.Millisecond), what, err)
-		}
-		interval = min(interval*7/5, d.cfg.pollMax())
-		done, err := check(ctx)
-		if err != nil {
-			return err
-		}
-		if done {
-			d.log.Debug("openstack", "%s after %s (%d polls)", what, time.Since(start).Round(time.Millisecond), polls)
-			return nil
-		}
-	}
+	how := driver.Poll{Name: "openstack", First: firstPoll, Factor: 14}
+	return d.cfg.WaitFor(ctx, how, what, func(f string, a ...any) { d.log.Debug("openstack", f, a...) }, check)
 }
 
 // validCID refuses anything but an OpenStack UUID (a stemcell may end
@@ -190,18 +171,6 @@ const (
 	tagSep = "="
 )
 
-// truncate to OpenStack's metadata limits (255 characters per key and
-// value); cuts at a rune boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
 // metadata clips a map to Nova/Cinder limits.
 func metadata(m map[string]string) map[string]string {
 	out := make(map[string]string, len(m))
@@ -209,7 +178,7 @@ func metadata(m map[string]string) map[string]string {
 		if k == "" {
 			continue
 		}
-		out[truncate(k, 255)] = truncate(v, 255)
+		out[clip.To(k, 255)] = clip.To(v, 255)
 	}
 	return out
 }
@@ -222,7 +191,7 @@ func serverTags(m map[string]string) []string {
 		if k == "" {
 			continue
 		}
-		t := truncate(sanitizeTag(k+tagSep+v), 60)
+		t := clip.To(sanitizeTag(k+tagSep+v), 60)
 		out = append(out, t)
 	}
 	return out
@@ -236,15 +205,4 @@ func sanitizeTag(s string) string {
 		}
 	}
 	return string(b)
-}
-
-func withTags(base, extra map[string]string) map[string]string {
-	out := make(map[string]string, len(base)+len(extra))
-	for k, v := range base {
-		out[k] = v
-	}
-	for k, v := range extra {
-		out[k] = v
-	}
-	return out
 }

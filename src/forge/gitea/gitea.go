@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -133,19 +134,22 @@ func (c *Client) Register(ctx context.Context, s forge.Scope, _ string, _ []stri
 	if ok && time.Since(t.at) < tokenTTL {
 		return forge.Registration{Token: t.token}, nil
 	}
-	var body struct {
-		Token string `json:"token"`
-	}
-	if _, err := c.API.Do(ctx, "POST", base+"/actions/runners/registration-token", nil, nil, &body); err != nil {
+	token, err := c.API.RegistrationToken(ctx, base)
+	if err != nil {
 		return forge.Registration{}, err
 	}
-	if body.Token == "" {
-		return forge.Registration{}, fmt.Errorf("gitea: %s: empty registration token", s)
-	}
 	c.mu.Lock()
-	c.tokens[base] = cachedToken{token: body.Token, at: time.Now()}
+	c.tokens[base] = cachedToken{token: token, at: time.Now()}
 	c.mu.Unlock()
-	return forge.Registration{Token: body.Token}, nil
+	return forge.Registration{Token: token}, nil
+}
+
+// paging: page and limit, ended by a short page or total_count.
+var paging = forge.Paging{
+	Query: func(page int) url.Values {
+		return url.Values{"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
+	},
+	Last: func(_ http.Header, total, got, onPage int) bool { return onPage < PageLimit || got >= total },
 }
 
 // Runners implements forge.Client.
@@ -154,19 +158,7 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 	if err != nil {
 		return nil, err
 	}
-	var out []forge.Runner
-	for page := 1; page < 10000; page++ {
-		var body forge.RunnersJSON
-		q := url.Values{"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
-		if _, err := c.API.Do(ctx, "GET", base+"/actions/runners", q, nil, &body); err != nil {
-			return nil, err
-		}
-		out = append(out, body.List()...)
-		if len(body.Runners) < PageLimit || len(out) >= body.TotalCount {
-			break
-		}
-	}
-	return out, nil
+	return c.API.ListRunners(ctx, base, paging)
 }
 
 // DeleteRunner implements forge.Client.
@@ -175,9 +167,5 @@ func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) erro
 	if err != nil {
 		return err
 	}
-	_, err = c.API.Do(ctx, "DELETE", fmt.Sprintf("%s/actions/runners/%d", base, id), nil, nil, nil)
-	if errors.Is(err, forge.ErrNotFound) {
-		return nil
-	}
-	return err
+	return c.API.DeleteRunner(ctx, base, id)
 }

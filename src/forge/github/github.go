@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -178,16 +179,19 @@ func (c *Client) Register(ctx context.Context, s forge.Scope, name string, label
 	if err != nil && !(errors.As(err, &ae) && (ae.Status == 403 || ae.Status == 404 || ae.Status == 422)) {
 		return forge.Registration{}, err
 	}
-	var tok struct {
-		Token string `json:"token"`
-	}
-	if _, err := c.API.Do(ctx, "POST", base+"/actions/runners/registration-token", nil, nil, &tok); err != nil {
+	token, err := c.API.RegistrationToken(ctx, base)
+	if err != nil {
 		return forge.Registration{}, err
 	}
-	if tok.Token == "" {
-		return forge.Registration{}, fmt.Errorf("github: %s: empty registration token", s)
-	}
-	return forge.Registration{Token: tok.Token}, nil
+	return forge.Registration{Token: token}, nil
+}
+
+// paging: per_page, ended by the Link header's lack of a next page.
+var paging = forge.Paging{
+	Query: func(page int) url.Values {
+		return url.Values{"per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
+	},
+	Last: func(h http.Header, _, _, _ int) bool { return forge.NextPage(h) == 0 },
 }
 
 // Runners implements forge.Client.
@@ -196,20 +200,7 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 	if err != nil {
 		return nil, err
 	}
-	var out []forge.Runner
-	for page := 1; page < 1000; page++ {
-		var body forge.RunnersJSON
-		q := url.Values{"per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
-		h, err := c.API.Do(ctx, "GET", base+"/actions/runners", q, nil, &body)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, body.List()...)
-		if forge.NextPage(h) == 0 {
-			break
-		}
-	}
-	return out, nil
+	return c.API.ListRunners(ctx, base, paging)
 }
 
 // DeleteRunner implements forge.Client.
@@ -218,9 +209,5 @@ func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) erro
 	if err != nil {
 		return err
 	}
-	_, err = c.API.Do(ctx, "DELETE", fmt.Sprintf("%s/actions/runners/%d", base, id), nil, nil, nil)
-	if errors.Is(err, forge.ErrNotFound) {
-		return nil
-	}
-	return err
+	return c.API.DeleteRunner(ctx, base, id)
 }

@@ -1,0 +1,139 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Polling is the config every cloud driver has for waiting on a state:
+// `poll_max_ms` and `wait_timeout_seconds` (embedded in its config).
+type Polling struct {
+	// PollMaxMilli caps the interval between state checks (default 2000).
+	PollMaxMilli int `json:"poll_max_ms,omitempty"`
+	// WaitTimeoutSeconds bounds each wait for a state (default 900).
+	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+}
+
+// Polling defaults.
+const (
+	DefaultPollMax     = 2 * time.Second
+	DefaultWaitTimeout = 15 * time.Minute
+)
+
+// PollMax is the configured cap, or the default.
+func (p Polling) PollMax() time.Duration {
+	if p.PollMaxMilli > 0 {
+		return time.Duration(p.PollMaxMilli) * time.Millisecond
+	}
+	return DefaultPollMax
+}
+
+// WaitTimeout is the configured bound, or the default.
+func (p Polling) WaitTimeout() time.Duration {
+	if p.WaitTimeoutSeconds > 0 {
+		return time.Duration(p.WaitTimeoutSeconds) * time.Second
+	}
+	return DefaultWaitTimeout
+}
+
+// Poll is how a driver waits: the first interval, how it grows (Factor,
+// in tenths: 15 is ×1.5), and whether to check before the first sleep
+// (worth it where a state is often reached at once).
+type Poll struct {
+	// Name prefixes the time-out error ("openstack").
+	Name       string
+	First      time.Duration
+	Factor     int
+	CheckFirst bool
+}
+
+// WaitFor polls check until it reports done, growing the interval up to
+// the config's cap, for at most its timeout. log gets one line per wait.
+func (p Polling) WaitFor(ctx context.Context, how Poll, what string, log func(format string, a ...any), check func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, p.WaitTimeout())
+	defer cancel()
+	start := time.Now()
+	interval := how.First
+	for polls := 0; ; polls++ {
+		if polls > 0 || !how.CheckFirst {
+			t := time.NewTimer(interval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("%s: timed out after %s waiting for %s: %w", how.Name, time.Since(start).Round(time.Millisecond), what, ctx.Err())
+			case <-t.C:
+			}
+			interval = min(interval*time.Duration(how.Factor)/10, p.PollMax())
+		}
+		done, err := check(ctx)
+		if err != nil {
+			return err
+		}
+		if done {
+			if log != nil && (polls > 0 || !how.CheckFirst) {
+				log("%s after %s (%d polls)", what, time.Since(start).Round(time.Millisecond), polls+1)
+			}
+			return nil
+		}
+	}
+}
+
+// MergeTags returns one map with every map's entries, later ones winning.
+func MergeTags(maps ...map[string]string) map[string]string {
+	n := 0
+	for _, m := range maps {
+		n += len(m)
+	}
+	out := make(map[string]string, n)
+	for _, m := range maps {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// EncodeNames packs name → value pairs into one tag or metadata value,
+// "a=x,b=y" sorted by name, at most limit bytes: cloud drivers keep each
+// BOSH network's name on the VM this way, so list_vms can answer by it.
+// Pairs that hold ',' or '=' or do not fit are left out.
+func EncodeNames(m map[string]string, limit int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		v := m[k]
+		if k == "" || strings.ContainsAny(k+v, ",=") {
+			continue
+		}
+		n := len(k) + 1 + len(v)
+		if b.Len() > 0 {
+			n++
+		}
+		if b.Len()+n > limit {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k + "=" + v)
+	}
+	return b.String()
+}
+
+// DecodeNames reads what EncodeNames wrote.
+func DecodeNames(s string) map[string]string {
+	out := map[string]string{}
+	for _, pair := range strings.Split(s, ",") {
+		if k, v, ok := strings.Cut(pair, "="); ok && k != "" {
+			out[k] = v
+		}
+	}
+	return out
+}

@@ -1,0 +1,187 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// kind is one resource kind's place in the state dir: <dir>/<cid>/<record>,
+// built in <dir>/.creating-<cid>, published with one rename, deleted by
+// renaming to <dir>/.deleting-<cid> first, locked as "<name>-<cid>".
+type kind struct {
+	name, dir, record string
+	// notFound is the typed error for a missing resource (nil: only
+	// deletes look, and a missing one is not an error there).
+	notFound error
+}
+
+var (
+	vms       = kind{"vm", "vms", "vm.json", driver.ErrVMNotFound}
+	disks     = kind{"disk", "disks", "disk.json", driver.ErrDiskNotFound}
+	stemcells = kind{"stemcell", "stemcells", "stemcell.json", nil}
+	snapshots = kind{"snapshot", "snapshots", "snapshot.json", nil}
+)
+
+func (d *Driver) path(k kind, cid string) string { return filepath.Join(d.root, k.dir, cid) }
+
+func (d *Driver) recordPath(k kind, cid string) string {
+	return filepath.Join(d.path(k, cid), k.record)
+}
+
+// load checks cid and reads its record; a missing one is k.notFound.
+func load[T any](d *Driver, k kind, cid string) (*T, error) {
+	if err := checkCID(k.name, cid); err != nil {
+		return nil, err
+	}
+	var r T
+	if err := readJSON(d.recordPath(k, cid), &r); err != nil {
+		if isNotExist(err) && k.notFound != nil {
+			return nil, fmt.Errorf("%w: %s", k.notFound, cid)
+		}
+		return nil, err
+	}
+	return &r, nil
+}
+
+// save replaces an existing resource's record.
+func (d *Driver) save(k kind, cid string, rec any) error {
+	return writeJSON(d.recordPath(k, cid), rec)
+}
+
+// has checks cid and reports whether its record is there.
+func (d *Driver) has(k kind, cid string) (bool, error) {
+	if err := checkCID(k.name, cid); err != nil {
+		return false, err
+	}
+	_, err := os.Stat(d.recordPath(k, cid))
+	if isNotExist(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// stage makes the out-of-view directory a new resource is built in (and
+// its subdirectories), after sweeping what killed calls left.
+func (d *Driver) stage(k kind, cid string, sub ...string) (string, error) {
+	d.sweep(k)
+	tmp := filepath.Join(d.root, k.dir, ".creating-"+cid)
+	for _, s := range append([]string{""}, sub...) {
+		if err := os.MkdirAll(filepath.Join(tmp, s), 0o700); err != nil {
+			_ = os.RemoveAll(tmp)
+			return "", err
+		}
+	}
+	return tmp, nil
+}
+
+// publish writes rec into a staged directory and moves it into place;
+// on failure the staged directory is removed.
+func (d *Driver) publish(k kind, cid, tmp string, rec any) error {
+	err := writeJSON(filepath.Join(tmp, k.record), rec)
+	if err == nil {
+		err = os.Rename(tmp, d.path(k, cid))
+	}
+	if err != nil {
+		_ = os.RemoveAll(tmp)
+	}
+	return err
+}
+
+// remove takes a resource out of view first, then deletes it, so a crash
+// mid-delete never leaves a half resource that looks whole.
+func (d *Driver) remove(k kind, cid string) error {
+	trash := filepath.Join(d.root, k.dir, ".deleting-"+cid)
+	if err := os.Rename(d.path(k, cid), trash); err != nil {
+		return err
+	}
+	return os.RemoveAll(trash)
+}
+
+// lock takes the lock of one resource and returns its release, which
+// prunes the lock file when the resource is gone by then (deleted, or
+// never there), so lock files do not pile up per CID.
+func (d *Driver) lock(ctx context.Context, k kind, cid string) (func(), error) {
+	name := k.name + "-" + cid
+	release, err := d.locks.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		_, err := os.Stat(d.path(k, cid))
+		d.locks.Release(name, release, isNotExist(err))
+	}, nil
+}
+
+// sweep removes the half-built (.creating-<cid>) and half-deleted
+// (.deleting-<cid>) directories of one kind that killed calls left. Such a
+// directory is removed only when its resource's lock is free: creators and
+// deleters hold it throughout, so a free lock proves the call is dead —
+// whatever its age. None holds a running process (processes start only
+// after a VM is published, and are stopped before it is renamed away).
+func (d *Driver) sweep(k kind) {
+	entries, err := os.ReadDir(filepath.Join(d.root, k.dir))
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		n := e.Name()
+		cid, ok := strings.CutPrefix(n, ".creating-")
+		if !ok {
+			if cid, ok = strings.CutPrefix(n, ".deleting-"); !ok {
+				continue
+			}
+		}
+		name := k.name + "-" + cid
+		release, free, err := d.locks.TryLock(name)
+		if err != nil || !free {
+			continue // in flight
+		}
+		if err := os.RemoveAll(filepath.Join(d.root, k.dir, n)); err != nil {
+			d.log.Warn("local", "removing %s left by a killed call: %v", n, err)
+		} else {
+			d.log.Info("local", "removed %s/%s, left by a killed call", k.dir, n)
+		}
+		d.locks.Release(name, release, true)
+	}
+}
+
+// readJSON reads a record; a missing file is reported as fs.ErrNotExist.
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("corrupt record %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeJSON replaces a record atomically (temp file + rename), so a reader
+// or a crash never sees half a record.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, b)
+}
+
+// writeFileAtomic writes through a temporary file and a rename.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

@@ -1,0 +1,107 @@
+package orchestrator
+
+import (
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+)
+
+// decision is what one pass decided, before any side effect: pure, so it
+// can be tested and benchmarked without a forge or CPI.
+type decision struct {
+	busy     map[string]forge.Job // idle runner → the job it took
+	confirm  []store.Runner       // runner whose job left the listing
+	recover  []store.Runner       // spawn cut short: adopt or delete its VM
+	reap     map[string]string    // runner → reason
+	spawn    []int64              // trigger job per new runner (0: warm pool)
+	queued   int
+	active   int
+	unassign int
+}
+
+// plan decides one pass. jobs is the scope's listing; owned the queued
+// jobs this group claims; runners the group's rows that are not deleted.
+func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
+	runners []store.Runner, inflight map[string]bool, drained bool) decision {
+	d := decision{busy: map[string]forge.Job{}, reap: map[string]string{}, queued: len(owned)}
+	jobs, running := l.jobs, l.running
+	covered := map[int64]bool{}
+	for _, r := range runners {
+		d.active++
+		age := now.Sub(r.CreatedAt)
+		switch r.State {
+		case store.Spawning:
+			if !inflight[r.Name] {
+				// Its create_vm was cut short (a restart): look the VM up.
+				// It still counts as supply until that is settled.
+				d.recover = append(d.recover, r)
+			}
+		case store.Idle:
+			if j, ok := running[r.Name]; ok {
+				d.busy[r.Name] = j
+				continue
+			}
+			switch {
+			case drained:
+				d.reap[r.Name] = "group drained"
+				continue
+			case now.Sub(r.StateAt) > cfg.Timeouts.Idle.Duration:
+				d.reap[r.Name] = "idle timeout"
+				continue
+			case r.ForgeRunnerID == 0 && age > cfg.Timeouts.Spawn.Duration:
+				// Never seen registered: it will not serve its job, which
+				// gets a new runner once this one is gone (seed 001's TTL
+				// retry, but from durable state).
+				d.reap[r.Name] = "spawn timeout: never registered"
+				continue
+			case age > cfg.Timeouts.MaxLifetime.Duration:
+				d.reap[r.Name] = "max lifetime"
+				continue
+			}
+			if r.TriggerJob != 0 {
+				if _, listed := jobs[r.TriggerJob]; !listed {
+					d.confirm = append(d.confirm, r)
+				}
+			}
+		case store.Busy:
+			j, listed := jobs[r.JobID]
+			switch {
+			case age > cfg.Timeouts.MaxLifetime.Duration:
+				d.reap[r.Name] = "max lifetime"
+			case !listed || (j.Status == forge.StatusInProgress && j.RunnerName != "" && j.RunnerName != r.Name):
+				d.confirm = append(d.confirm, r)
+			}
+			continue
+		case store.Deleting:
+			if inflight[r.Name] {
+				// A failing spawn deletes its own; until it has, it is
+				// the supply for its job (no second try before backoff).
+				break
+			}
+			d.reap[r.Name] = r.Reason
+			continue
+		}
+		d.unassign++
+		if r.TriggerJob != 0 {
+			covered[r.TriggerJob] = true
+		}
+	}
+	if drained {
+		return d
+	}
+	target := max(len(owned), cfg.MinIdle)
+	n := min(target-d.unassign, cfg.MaxActiveRunners-d.active)
+	for _, j := range owned {
+		if n <= len(d.spawn) {
+			break
+		}
+		if !covered[j.ID] {
+			d.spawn = append(d.spawn, j.ID)
+		}
+	}
+	for len(d.spawn) < n {
+		d.spawn = append(d.spawn, 0)
+	}
+	return d
+}

@@ -1,0 +1,232 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/runway-cpi/runway/src/clip"
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+)
+
+// startSpawn records the intent to make one runner, then makes it in the
+// background (bounded by spawn_concurrency) so a slow create_vm never
+// stalls the group's reaping.
+func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
+	o := g.o
+	now := o.now()
+	name := g.cfg.Name + "-" + randHex(5)
+	r := store.Runner{Name: name, Group: g.cfg.Name, AgentID: name, State: store.Spawning, TriggerJob: trigger,
+		JobRepo: repo, CreatedAt: now, StateAt: now}
+	g.mu.Lock()
+	g.inflight[name] = true
+	g.mu.Unlock()
+	if err := o.store.Save(r); err != nil {
+		g.mu.Lock()
+		delete(g.inflight, name)
+		g.mu.Unlock()
+		o.log.Error("recording a runner", "group", g.cfg.Name, "err", err)
+		return
+	}
+	g.spawns.Add(1)
+	go func() {
+		defer g.spawns.Done()
+		select {
+		case g.spawnSem <- struct{}{}:
+		case <-ctx.Done():
+			return // the row stays "spawning": the next start recovers it
+		}
+		defer func() { <-g.spawnSem }()
+		err := g.spawn(ctx, r)
+		g.mu.Lock()
+		delete(g.inflight, name)
+		g.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			// The next pass reports it, so the group backs off instead of
+			// trying again at once.
+			o.log.Warn("spawn failed", "group", g.cfg.Name, "runner", name, "err", err)
+			g.mu.Lock()
+			g.spawnErr = errors.Join(g.spawnErr, err)
+			g.mu.Unlock()
+			return
+		}
+		g.wake()
+	}()
+}
+
+func (g *group) spawn(ctx context.Context, r store.Runner) error {
+	o := g.o
+	start := time.Now()
+	reg, err := g.forge.client.Register(ctx, g.scope, r.Name, g.cfg.Labels)
+	if err != nil {
+		r.LastError = "registration: " + err.Error()
+		return errors.Join(fmt.Errorf("registering %s: %w", r.Name, err), g.destroy(ctx, r, "registration failed"))
+	}
+	if reg.RunnerID != 0 {
+		r.ForgeRunnerID = reg.RunnerID
+		if err := o.store.Save(r); err != nil {
+			return err
+		}
+	}
+	stemcell, err := g.stemcell(ctx)
+	if err != nil {
+		return errors.Join(err, g.destroy(ctx, r, "no stemcell"))
+	}
+	env := map[string]any{
+		"user_data": bootstrap(g.cfg, g.forge.cfg, r.Name, reg),
+		"bosh": map[string]any{"tags": map[string]any{"runway_group": g.cfg.Name, "runway_runner": r.Name,
+			"runway_store": o.store.ID()}},
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	resp, err := g.call(ctx, "create_vm", r.AgentID, stemcell, g.cfg.CloudProperties, g.cfg.Networks, nil, env)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err() // shutting down: recovered on the next start
+		}
+		r.LastError = err.Error()
+		return errors.Join(fmt.Errorf("create_vm for %s: %w", r.Name, err), g.destroy(ctx, r, "create_vm failed"))
+	}
+	cid, err := vmCID(resp.Result)
+	if err != nil {
+		return errors.Join(err, g.destroy(ctx, r, "create_vm answer unreadable"))
+	}
+	r.VMCID, r.State, r.StateAt = cid, store.Idle, o.now()
+	if err := o.store.Save(r); err != nil {
+		return err
+	}
+	o.metrics.spawnLatency.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
+	o.log.Info("runner created", "group", g.cfg.Name, "runner", r.Name, "vm", cid, "for_job", r.TriggerJob,
+		"took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// vmCID reads create_vm's result: "cid" (API v1) or [cid, networks] (v2).
+func vmCID(raw json.RawMessage) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s != "" {
+		return s, nil
+	}
+	var arr []json.RawMessage
+	if json.Unmarshal(raw, &arr) == nil && len(arr) > 0 && json.Unmarshal(arr[0], &s) == nil && s != "" {
+		return s, nil
+	}
+	return "", fmt.Errorf("create_vm answered %s, not a VM CID", clip.Quote(string(raw), 120))
+}
+
+// stemcell returns the group's stemcell CID, uploading the image once and
+// remembering its CID in the store (keyed by image content and cloud
+// properties).
+func (g *group) stemcell(ctx context.Context) (string, error) {
+	sc := g.cfg.Stemcell
+	if sc.CID != "" {
+		return sc.CID, nil
+	}
+	g.o.stemcellMu.Lock()
+	defer g.o.stemcellMu.Unlock()
+	cpi := g.cfg.cpiConfig(g.o.cfg.CPI)
+	key, err := stemcellKey(cpi.Path+"|"+cpi.Config, sc)
+	if err != nil {
+		return "", err
+	}
+	if cid, ok, err := g.o.store.Stemcell(key); err != nil || ok {
+		return cid, err
+	}
+	props := sc.CloudProperties
+	if props == nil {
+		props = map[string]any{}
+	}
+	resp, err := g.call(ctx, "create_stemcell", sc.Image, props)
+	if err != nil {
+		return "", fmt.Errorf("create_stemcell %s: %w", sc.Image, err)
+	}
+	var cid string
+	if err := json.Unmarshal(resp.Result, &cid); err != nil || cid == "" {
+		return "", fmt.Errorf("create_stemcell answered %s", clip.Quote(string(resp.Result), 120))
+	}
+	g.o.log.Info("stemcell uploaded", "image", sc.Image, "cid", cid)
+	return cid, g.o.store.PutStemcell(key, cid)
+}
+
+func stemcellKey(cpi string, sc StemcellConfig) (string, error) {
+	h := sha256.New()
+	f, err := os.Open(sc.Image)
+	if err != nil {
+		return "", fmt.Errorf("stemcell image: %w", err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("stemcell image: %w", err)
+	}
+	props, _ := json.Marshal(sc.CloudProperties)
+	h.Write(props)
+	h.Write([]byte(cpi))
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// confirm asks the forge about a job that left the listing (listings can
+// skip a job that changes state between pages). It returns a reap reason,
+// or "" to keep the runner. An error keeps the runner too.
+func (g *group) confirm(ctx context.Context, r store.Runner) (string, error) {
+	id := r.JobID
+	if r.State == store.Idle {
+		id = r.TriggerJob
+	}
+	repo := r.JobRepo
+	j, err := g.forge.client.Job(ctx, forge.Job{ID: id, Repo: repo})
+	if errors.Is(err, forge.ErrNotFound) {
+		j, err = forge.Job{ID: id, Status: forge.StatusCompleted}, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("confirming job %d of runner %s: %w", id, r.Name, err)
+	}
+	mine := j.RunnerName == r.Name
+	switch {
+	case r.State == store.Busy && j.Status == forge.StatusCompleted:
+		return "job finished", nil
+	case r.State == store.Busy && j.RunnerName != "" && !mine:
+		return "job taken over by " + j.RunnerName, nil
+	case r.State == store.Idle && mine && j.Status == forge.StatusCompleted:
+		return "job finished", nil
+	case r.State == store.Idle && mine:
+		r.State, r.StateAt, r.JobID, r.JobRepo = store.Busy, g.o.now(), j.ID, repo
+		return "", g.o.store.Save(r)
+	case r.State == store.Idle:
+		// Another runner took the job it was made for: it stays as supply
+		// for the next queued job.
+		r.TriggerJob = 0
+		return "", g.o.store.Save(r)
+	}
+	return "", nil
+}
+
+// recover settles a runner whose create_vm never answered (the daemon
+// died mid-call): a VM found running under its agent id is adopted — it
+// may already be running a job — anything else is deleted.
+func (g *group) recover(ctx context.Context, r store.Runner) error {
+	mine, err := g.findVMs(ctx, r.AgentID)
+	if err != nil {
+		return fmt.Errorf("recovering %s: %w", r.Name, err)
+	}
+	if len(mine) == 1 && mine[0].State == "running" {
+		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.o.now()
+		g.o.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg.Name, "runner", r.Name, "vm", r.VMCID)
+		return g.o.store.Save(r)
+	}
+	return g.destroy(ctx, r, "spawn interrupted")
+}

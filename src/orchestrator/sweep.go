@@ -1,0 +1,199 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/rpc"
+)
+
+// sweep runs the slower checks: has_vm per runner, the forge's runner
+// list (registration ids, ephemeral runners the forge already removed,
+// offline registrations of runners we deleted), and VMs of this group
+// that no runner row accounts for.
+func (g *group) sweep(ctx context.Context) error {
+	o := g.o
+	if err := o.store.Check(); err != nil {
+		return err
+	}
+	runners, err := o.store.Active(g.cfg.Name)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	live := map[string]store.Runner{}
+	for _, r := range runners {
+		live[r.Name] = r
+	}
+	vms, err := g.listVMs(ctx)
+	if err != nil {
+		return err
+	}
+	vmState := map[string]string{}
+	for _, vm := range vms {
+		vmState[vm.AgentID] = vm.State
+	}
+	for _, r := range runners {
+		if (r.State != store.Idle && r.State != store.Busy) || r.VMCID == "" {
+			continue
+		}
+		reason := ""
+		if vms != nil {
+			// list_vms (Runway's CPI) shows the runner's process too: an
+			// ephemeral runner's process ends with its job.
+			switch st, ok := vmState[r.AgentID]; {
+			case !ok:
+				reason = "vm gone"
+			case st == "stopped" || st == "error":
+				reason = "runner process exited (" + st + ")"
+			}
+		} else {
+			exists, err := g.hasVM(ctx, r.VMCID)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !exists {
+				reason = "vm gone"
+			}
+		}
+		if reason != "" {
+			delete(live, r.Name)
+			errs = append(errs, g.destroy(ctx, r, reason))
+			continue
+		}
+		r.VMCheckedAt = o.now()
+		live[r.Name] = r
+		errs = append(errs, o.store.Save(r))
+	}
+	registered, err := g.forge.client.Runners(ctx, g.scope)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("forge %s runners: %w", g.cfg.Forge, err))...)
+	}
+	atForge := map[string]forge.Runner{}
+	for _, fr := range registered {
+		atForge[fr.Name] = fr
+		if _, ok := live[fr.Name]; ok || fr.Status != "offline" {
+			continue
+		}
+		// Only registrations this orchestrator made and already retired.
+		if row, err := o.store.Get(fr.Name); err == nil && row.Group == g.cfg.Name && row.State == store.Deleted {
+			if err := g.forge.client.DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+				errs = append(errs, err)
+			} else {
+				o.log.Info("removed offline registration", "group", g.cfg.Name, "runner", fr.Name, "id", fr.ID)
+			}
+		}
+	}
+	for _, r := range live {
+		if r.State != store.Idle {
+			continue
+		}
+		fr, ok := atForge[r.Name]
+		switch {
+		case ok && r.ForgeRunnerID == 0:
+			r.ForgeRunnerID = fr.ID
+			errs = append(errs, o.store.Save(r))
+		case !ok && r.ForgeRunnerID != 0:
+			// It registered, and the forge removed it: an ephemeral
+			// runner goes once its one job is done.
+			errs = append(errs, g.destroy(ctx, r, "runner left the forge after its job"))
+		}
+	}
+	foreign := 0
+	for _, vm := range vms {
+		if _, ok := live[vm.AgentID]; ok {
+			continue
+		}
+		// Only VMs this store made are its strays. Others of the group
+		// (an older store's, after runway.db was lost) may be live
+		// runners: they are reported, never deleted.
+		if vm.Tags["runway_store"] != o.store.ID() {
+			foreign++
+			if g.reportForeign(vm.CID) {
+				o.log.Warn("a VM of this group was made by another state store: left alone (delete it with runway call delete_vm if it is not in use)",
+					"group", g.cfg.Name, "vm", vm.CID, "agent_id", vm.AgentID, "store", vm.Tags["runway_store"])
+			}
+			continue
+		}
+		g.mu.Lock()
+		flying := g.inflight[vm.AgentID]
+		g.mu.Unlock()
+		if flying {
+			continue
+		}
+		o.log.Warn("deleting a VM no runner accounts for", "group", g.cfg.Name, "vm", vm.CID, "agent_id", vm.AgentID)
+		_, err := g.call(ctx, "delete_vm", vm.CID)
+		var ce *rpc.Error
+		if err != nil && !(errors.As(err, &ce) && ce.Type == rpc.TypeVMNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	o.metrics.foreignVMs.WithLabelValues(g.cfg.Name).Set(float64(foreign))
+	return errors.Join(errs...)
+}
+
+// reportForeign says whether a foreign VM is new (worth a log line).
+func (g *group) reportForeign(cid string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.foreign == nil {
+		g.foreign = map[string]bool{}
+	}
+	seen := g.foreign[cid]
+	g.foreign[cid] = true
+	return !seen
+}
+
+// destroy deletes a runner's VM (finding it by agent id when the CID was
+// never recorded) and its registration, then marks the row deleted. The
+// row is marked deleting first, so a crash in between resumes here.
+func (g *group) destroy(ctx context.Context, r store.Runner, reason string) error {
+	o := g.o
+	if r.State != store.Deleting {
+		r.State, r.StateAt, r.Reason = store.Deleting, o.now(), reason
+		if err := o.store.Save(r); err != nil {
+			return err
+		}
+	}
+	o.log.Info("deleting runner", "group", g.cfg.Name, "runner", r.Name, "vm", r.VMCID, "reason", reason)
+	cids := []string{}
+	if r.VMCID != "" {
+		cids = append(cids, r.VMCID)
+	} else {
+		found, err := g.findVMs(ctx, r.AgentID)
+		if err != nil {
+			return g.keepError(r, fmt.Errorf("looking up the VM of %s: %w", r.Name, err))
+		}
+		for _, vm := range found {
+			cids = append(cids, vm.CID)
+		}
+	}
+	for _, cid := range cids {
+		_, err := g.call(ctx, "delete_vm", cid)
+		var ce *rpc.Error
+		if err != nil && !(errors.As(err, &ce) && ce.Type == rpc.TypeVMNotFound) {
+			return g.keepError(r, fmt.Errorf("delete_vm %s of %s: %w", cid, r.Name, err))
+		}
+	}
+	if r.ForgeRunnerID != 0 {
+		if err := g.forge.client.DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
+			// The sweep retries: the row says deleted, the registration
+			// stays ours to remove.
+			o.log.Warn("removing runner registration", "runner", r.Name, "err", err)
+		}
+	}
+	r.State, r.StateAt, r.LastError = store.Deleted, o.now(), ""
+	return o.store.Save(r)
+}
+
+func (g *group) keepError(r store.Runner, err error) error {
+	r.LastError = err.Error()
+	if serr := g.o.store.Save(r); serr != nil {
+		return serr
+	}
+	return err
+}
