@@ -17,10 +17,9 @@ import (
 	"strings"
 	"time"
 
-	boshlog "github.com/cloudfoundry/bosh-utils/logger"
-
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/logging"
 )
 
 // Config is the whole file.
@@ -197,7 +196,7 @@ func (c *Config) finish() error {
 	if c.LogLevel == "" {
 		c.LogLevel = DefaultLogLevel
 	}
-	if _, err := boshlog.Levelify(c.LogLevel); err != nil {
+	if _, err := logging.Level(c.LogLevel); err != nil {
 		return &Error{Field: "log_level", Msg: err.Error()}
 	}
 	if c.LockTimeoutSeconds == 0 {

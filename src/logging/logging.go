@@ -1,7 +1,8 @@
-// Package logging builds the per-call logger: bosh-utils' logger writing to
-// stderr and, at the same time, into the buffer returned as the response
-// `log`. Both sinks pass through a redactor so registered secrets never
-// reach either.
+// Package logging is Runway's one logging stack: bosh-utils' logger (the
+// BOSH Director's and every BOSH CPI's format) behind a redactor. A CPI
+// call's logger writes to stderr and, at the same time, into the buffer
+// returned as the response `log`; a daemon's writes to stderr, with
+// key=value fields (Fields). Registered secrets reach neither.
 package logging
 
 import (
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -41,7 +43,24 @@ func ParseLevel(configured string) (boshlog.LogLevel, error) {
 	if s == "" {
 		s = "info"
 	}
-	return boshlog.Levelify(s)
+	return Level(s)
+}
+
+// Level parses a configured level: debug, info, warn, error or none (any
+// case).
+func Level(s string) (boshlog.LogLevel, error) {
+	l, err := boshlog.Levelify(s)
+	if err != nil {
+		return l, fmt.Errorf("log level %q: want debug, info, warn, error or none", s)
+	}
+	return l, nil
+}
+
+// New returns a daemon's logger writing to w, and the redactor every
+// line passes through (register the daemon's secrets with it).
+func New(level boshlog.LogLevel, w io.Writer) (Logger, *Redactor) {
+	r := &Redactor{}
+	return boshlog.NewWriterLogger(level, r.Writer(&lockedWriter{mu: &sync.Mutex{}, w: w})), r
 }
 
 // NewCall returns a logger writing to stderr and to an in-memory trace.
@@ -81,6 +100,36 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// Fields logs a message followed by key=value pairs under one tag: the
+// daemon's style, on the same logger as everything else.
+type Fields struct {
+	Logger
+	Tag string
+}
+
+func (f Fields) Debug(msg string, kv ...any) { f.Logger.Debug(f.Tag, "%s", line(msg, kv)) }
+func (f Fields) Info(msg string, kv ...any)  { f.Logger.Info(f.Tag, "%s", line(msg, kv)) }
+func (f Fields) Warn(msg string, kv ...any)  { f.Logger.Warn(f.Tag, "%s", line(msg, kv)) }
+func (f Fields) Error(msg string, kv ...any) { f.Logger.Error(f.Tag, "%s", line(msg, kv)) }
+
+// line is msg then k=v for each pair; values with spaces, quotes or '='
+// are quoted, so a line splits back into its fields.
+func line(msg string, kv []any) string {
+	var b strings.Builder
+	b.WriteString(msg)
+	for i := 0; i < len(kv); i += 2 {
+		k, v := fmt.Sprint(kv[i]), "(missing)"
+		if i+1 < len(kv) {
+			v = fmt.Sprint(kv[i+1])
+		}
+		if v == "" || strings.ContainsAny(v, " \t\n\"=") {
+			v = strconv.Quote(v)
+		}
+		b.WriteString(" " + k + "=" + v)
+	}
+	return b.String()
 }
 
 // WithPrefix wraps a logger so every message starts with prefix.

@@ -2,6 +2,7 @@ package logging
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
@@ -83,5 +84,26 @@ func TestSecretKeysInAnySpelling(t *testing.T) {
 		if IsSecretKey(k) {
 			t.Errorf("%q is taken for a secret", k)
 		}
+	}
+}
+
+func TestDaemonLoggerFieldsAndRedaction(t *testing.T) {
+	var out bytes.Buffer
+	l, r := New(boshlog.LevelInfo, &out)
+	r.Add("forge-token-123")
+	f := Fields{Logger: l, Tag: "orchestrator"}
+	f.Debug("hidden at info")
+	f.Info("runner created", "group", "linux", "err", errors.New("bad token forge-token-123 here"), "empty", "", "odd")
+	got := out.String()
+	for _, want := range []string{"[orchestrator]", "INFO - runner created group=linux", `err="bad token <redacted> here"`, `empty=""`, "odd=(missing)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "hidden") || strings.Contains(got, "forge-token-123") {
+		t.Errorf("log %q", got)
+	}
+	if _, err := Level("loud"); err == nil || !strings.Contains(err.Error(), "debug, info, warn, error or none") {
+		t.Errorf("Level(loud) = %v", err)
 	}
 }

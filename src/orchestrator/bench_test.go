@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/forge/gitea"
+	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/rpc"
 )
 
@@ -113,7 +112,7 @@ groups:
 	}
 	client := gitea.New(srv.URL, srv.APIToken)
 	o, err := New(cfg, Options{CPI: cpi, Forges: map[string]forge.Client{"gitea": client},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: logging.Discard()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/logging"
 	"gopkg.in/yaml.v3"
 )
 
@@ -272,6 +273,9 @@ func (c *Config) validate() error {
 	if c.StateDir == "" {
 		bad("state_dir", "required (the SQLite store and the daemon's lock live there)")
 	}
+	if _, err := logging.Level(c.LogLevel); err != nil {
+		bad("log_level", "%q: want debug, info, warn, error or none", c.LogLevel)
+	}
 	if c.HTTP.MaxConnections < 0 {
 		bad("http.max_connections", "must be positive")
 	}
@@ -390,8 +394,15 @@ func (g GroupConfig) ForgeScope() forgeScope {
 	return forgeScope{Kind: "global"}
 }
 
-// secret reads a token from a file (trimmed) or an environment variable.
-func secret(file, env, what string) (string, error) {
+// secret reads a token and keeps it out of the log from then on.
+func (o *Orchestrator) secret(file, env, what string) (string, error) {
+	s, err := readSecret(file, env, what)
+	o.redact.Add(s)
+	return s, err
+}
+
+// readSecret reads a token from a file (trimmed) or an environment variable.
+func readSecret(file, env, what string) (string, error) {
 	switch {
 	case file != "":
 		b, err := os.ReadFile(file)

@@ -52,7 +52,7 @@ const maxWebhookBody = 5 << 20
 
 // Handler serves the daemon's HTTP interface.
 func (o *Orchestrator) Handler() (http.Handler, error) {
-	admin, err := secret(o.cfg.AdminTokenFile, "", "admin_token_file")
+	admin, err := o.secret(o.cfg.AdminTokenFile, "", "admin_token_file")
 	if err != nil {
 		return nil, err
 	}

@@ -4,13 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/logging"
 )
 
 func testDaemon(t *testing.T, extra string) *Orchestrator {
@@ -28,7 +29,7 @@ groups:
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := New(cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o, err := New(cfg, Options{Logger: logging.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

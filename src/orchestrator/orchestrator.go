@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/forge/github"
+	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -38,7 +38,8 @@ type CPI interface {
 type Orchestrator struct {
 	cfg     *Config
 	store   *store.Store
-	log     *slog.Logger
+	log     logging.Fields
+	redact  *logging.Redactor
 	metrics *Metrics
 	forges  map[string]*forgeView
 	groups  []*group
@@ -57,10 +58,13 @@ type Orchestrator struct {
 
 // Options are the parts tests and benchmarks replace.
 type Options struct {
-	CPI    CPI // default: cpiclient for cfg.CPI
-	Logger *slog.Logger
-	Forges map[string]forge.Client // default: REST clients from cfg
-	Now    func() time.Time
+	CPI CPI // default: cpiclient for cfg.CPI
+	// Logger and the Redactor its lines pass through (default: stderr at
+	// the config's log_level); the daemon registers its secrets with it.
+	Logger   logging.Logger
+	Redactor *logging.Redactor
+	Forges   map[string]forge.Client // default: REST clients from cfg
+	Now      func() time.Time
 }
 
 // New opens the state store (taking the state dir's lock, so two daemons
@@ -82,11 +86,21 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 		lk.Unlock()
 		return nil, err
 	}
-	o := &Orchestrator{cfg: cfg, store: st, log: opt.Logger, forges: map[string]*forgeView{},
-		now: opt.Now, lock: lk, metrics: NewMetrics()}
-	if o.log == nil {
-		o.log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	logger, redact := opt.Logger, opt.Redactor
+	if logger == nil {
+		level, err := logging.Level(cfg.LogLevel)
+		if err != nil {
+			lk.Unlock()
+			st.Close()
+			return nil, err
+		}
+		logger, redact = logging.New(level, os.Stderr)
 	}
+	if redact == nil {
+		redact = &logging.Redactor{}
+	}
+	o := &Orchestrator{cfg: cfg, store: st, log: logging.Fields{Logger: logger, Tag: "orchestrator"}, redact: redact,
+		forges: map[string]*forgeView{}, now: opt.Now, lock: lk, metrics: NewMetrics()}
 	if o.now == nil {
 		o.now = time.Now
 	}
@@ -246,7 +260,7 @@ type listing struct {
 
 func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
 	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}}
-	sec, err := secret(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret")
+	sec, err := o.secret(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret")
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +268,7 @@ func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forge
 	if client != nil {
 		return fv, nil
 	}
-	token, err := secret(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token")
+	token, err := o.secret(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token")
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 )
 
@@ -32,12 +32,13 @@ func serveCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("config %s: log_level: %q is not debug, info, warn or error", *cfgPath, cfg.LogLevel)
+	level, err := logging.Level(cfg.LogLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: log})
+	logger, redact := logging.New(level, os.Stderr)
+	log := logging.Fields{Logger: logger, Tag: "runway"}
+	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact})
 	if err != nil {
 		return err
 	}
