@@ -239,8 +239,16 @@ func (e *env) cleanup() {
 	for _, vm := range e.vms() {
 		e.cpi().Call(context.Background(), "delete_vm", "cleanup", vm.CID)
 	}
-	if e.t.Failed() && e.stderr != nil {
-		e.t.Logf("runway serve output:\n%s", e.stderr.String())
+	if e.stderr != nil {
+		out := e.stderr.String()
+		for _, secret := range []string{apiToken, webhookSecret} {
+			if strings.Contains(out, secret) {
+				e.t.Errorf("runway serve logged a secret (%.6s...)", secret)
+			}
+		}
+		if e.t.Failed() {
+			e.t.Logf("runway serve output:\n%s", strings.NewReplacer(apiToken, "<api token>", webhookSecret, "<webhook secret>").Replace(out))
+		}
 	}
 }
 
