@@ -170,6 +170,10 @@ func TestNetworksNoneAndManual(t *testing.T) {
 	if err := d.SetVMMetadata(ctx, vm.CID, map[string]string{"director": "bosh-lite", "agent_id": "renamed", "name": "web/0"}); err != nil {
 		t.Fatal(err)
 	}
+	// human_readable_vm_names is off: the server keeps create_vm's name.
+	if srv, err := a.get(t, "compute", "/servers/"+vm.CID); err != nil || srv["server"].(map[string]any)["name"] == "web/0" {
+		t.Errorf("set_vm_metadata renamed the server without human_readable_vm_names: %v %v", srv, err)
+	}
 	if err := d.DeleteVM(ctx, vm.CID); err != nil {
 		t.Fatal(err)
 	}
@@ -430,5 +434,41 @@ func TestConcurrentProcessesLogInOnce(t *testing.T) {
 	}
 	if got := logins.Load(); got != 1 {
 		t.Fatalf("6 concurrent drivers made %d Keystone logins; want 1", got)
+	}
+}
+
+// human_readable_vm_names renames servers as the official CPI does: the
+// instance name, else job/index, else compiling/<package>.
+func TestHumanReadableVMNames(t *testing.T) {
+	c := devCloud(t)
+	ctx := context.Background()
+	d, _ := newTestDriver(t, c, "", "", map[string]any{"human_readable_vm_names": true})
+	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
+	sc := createStemcell(t, d)
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-named", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
+		Tags: map[string]string{"created_by": "os-test", "director": "os-test-director"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteVM(ctx, vm.CID)
+	a := newAdmin(t, c)
+	for _, tc := range []struct {
+		md   map[string]string
+		want string
+	}{
+		{map[string]string{"compiling": "golang"}, "compiling/golang"},
+		{map[string]string{"job": "web", "index": "2"}, "web/2"},
+		{map[string]string{"name": "web/5f0c", "job": "web", "index": "2"}, "web/5f0c"},
+	} {
+		if err := d.SetVMMetadata(ctx, vm.CID, tc.md); err != nil {
+			t.Fatal(err)
+		}
+		srv, err := a.get(t, "compute", "/servers/"+vm.CID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := srv["server"].(map[string]any)["name"]; got != tc.want {
+			t.Errorf("after set_vm_metadata %v the server is named %q, want %q", tc.md, got, tc.want)
+		}
 	}
 }

@@ -74,6 +74,20 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	return err
 }
 
+// humanName is the name human_readable_vm_names gives a server: the
+// instance name, else job/index, else compiling/<package>.
+func humanName(md map[string]string) string {
+	switch {
+	case md["name"] != "":
+		return md["name"]
+	case md["job"] != "" && md["index"] != "":
+		return md["job"] + "/" + md["index"]
+	case md["compiling"] != "":
+		return "compiling/" + md["compiling"]
+	}
+	return ""
+}
+
 func vmLock(id string) string { return "openstack-vm-" + id }
 
 // HasVM: deleted and soft-deleted servers count as gone.
@@ -147,7 +161,7 @@ func (d *Driver) waitServer(ctx context.Context, id, want string) (*servers.Serv
 }
 
 // SetVMMetadata merges md into the server's metadata (clipped to Nova's
-// limits) and names the server after md["name"] when given.
+// limits) and, with human_readable_vm_names, renames the server after it.
 func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) (err error) {
 	id, err := validCID("vm", cid)
 	if err != nil {
@@ -172,11 +186,8 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err != nil {
 		return d.cloudErr("update metadata of "+id, err)
 	}
-	name := md["name"]
-	if name == "" && md["job"] != "" && md["index"] != "" {
-		name = md["job"] + "/" + md["index"]
-	}
-	if name == "" {
+	name := humanName(md)
+	if !d.cfg.HumanReadableVMNames || name == "" {
 		return nil
 	}
 	_, err = d.do(ctx, "compute", "rename "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {

@@ -1,7 +1,8 @@
 // Package forgetest holds API contract servers for the forges the
-// orchestrator talks to, built from ../shared/reference/forge-apis.md (a
-// live Gitea 1.26 was the source of those facts; Gitea itself is not
-// installable here). They are real HTTP servers on 127.0.0.1: the
+// orchestrator talks to, built from Gitea 1.26's API (its swagger at
+// /api/swagger; a live Gitea 1.26 was the source of the facts) and
+// GitHub's REST API for Actions (docs.github.com/rest/actions); neither
+// forge is installable here. They are real HTTP servers on 127.0.0.1: the
 // orchestrator's REST clients, its webhook endpoint and the test runner
 // program talk to them exactly as they would to the real forge.
 //

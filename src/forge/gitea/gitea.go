@@ -1,6 +1,6 @@
 // Package gitea is the orchestrator's Gitea client: the actions jobs queue,
-// the scope's runner registration token, and the runners list. Facts it
-// relies on are in ../shared/reference/forge-apis.md (Gitea 1.26).
+// the scope's runner registration token, and the runners list, as Gitea
+// 1.26's API serves them (/api/swagger on any Gitea).
 package gitea
 
 import (
