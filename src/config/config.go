@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -139,6 +140,12 @@ func (c *Config) decode(data []byte) error {
 	if top == nil {
 		return errors.New("must be a JSON object, got null")
 	}
+	if cloud, ok := top["cloud"]; ok {
+		if len(top) != 1 {
+			return errors.New(`the official CPIs' shape {"cloud": {"plugin": …, "properties": …}} takes no other top-level key`)
+		}
+		return c.decodeOfficial(cloud)
+	}
 	core := map[string]json.RawMessage{}
 	c.Sections = map[string]json.RawMessage{}
 	coreKeys := jsonKeys(c)
@@ -164,6 +171,60 @@ func (c *Config) decode(data []byte) error {
 		return err
 	}
 	return DecodeStrict(b, c)
+}
+
+// decodeOfficial reads the official CPIs' config file as their job
+// templates render it: cloud.plugin names the driver, cloud.properties
+// holds the driver's section under the plugin's name and the agent's
+// settings. There is no state_dir in it: DefaultStateDir applies.
+func (c *Config) decodeOfficial(raw json.RawMessage) error {
+	var o struct {
+		Plugin     string                     `json:"plugin"`
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if err := DecodeStrict(raw, &o); err != nil {
+		return fmt.Errorf("cloud: %w", err)
+	}
+	if !slices.Contains(formats.Drivers, o.Plugin) {
+		return fmt.Errorf("cloud.plugin: unknown plugin %q (one of %s)", o.Plugin, strings.Join(formats.Drivers, ", "))
+	}
+	c.Driver, c.StateDir = o.Plugin, DefaultStateDir()
+	c.Sections = map[string]json.RawMessage{}
+	for k, v := range o.Properties {
+		switch k {
+		case o.Plugin:
+			c.Sections[k] = v
+		case "agent":
+			if err := DecodeStrict(v, &c.Agent); err != nil {
+				return fmt.Errorf("cloud.properties.agent: %w", err)
+			}
+		case "registry", "debug":
+			// The registry served pre-v2 stemcells (Runway hands agent
+			// settings over directly); debug.cpi.api_version caps the
+			// official CPI's API version, and Runway answers v3's
+			// contract to every caller. Both are read and have no effect
+			// (docs/configuration.md).
+		case "stemcell":
+			// aws: stemcell.kernel_id, refused by the aws section's check.
+			var section map[string]any
+			_ = json.Unmarshal(c.Sections[o.Plugin], &section)
+			if section == nil {
+				section = map[string]any{}
+			}
+			var st any
+			_ = json.Unmarshal(v, &st)
+			section["stemcell"] = st
+			b, _ := json.Marshal(section)
+			c.Sections[o.Plugin] = b
+		default:
+			msg := fmt.Sprintf("cloud.properties: unknown key %q", k)
+			if best := driver.Closest(k, []string{o.Plugin, "agent", "registry", "debug", "stemcell"}); best != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", best)
+			}
+			return errors.New(msg)
+		}
+	}
+	return nil
 }
 
 // jsonKeys lists the JSON keys of a struct's fields.
@@ -238,19 +299,55 @@ func (c *Config) DriverSection() json.RawMessage {
 	return s
 }
 
-// MergeContext deep-merges context[<driver>] (cpi-config properties the
-// Director put in the request context) over the driver section.
-func (c *Config) MergeContext(ctx map[string]any) (json.RawMessage, error) {
+// DirectorContextKeys are the keys the Director puts in every request's
+// context for itself; every other key is a cpi-config property.
+var DirectorContextKeys = []string{"director_uuid", "request_id", "vm"}
+
+// MergeContext puts the cpi-config properties the Director merged into the
+// request context over the driver section, as the official CPIs do: the
+// driver's keys at the context's top level, each replacing the section's
+// key of the same meaning (official names and Runway's alike). The nested
+// form context.<driver> is deep-merged first. It returns the merged
+// section and the context keys that went into it (for messages); a
+// context with none of them leaves the section untouched.
+func (c *Config) MergeContext(ctx map[string]any) (json.RawMessage, []string, error) {
 	section := c.DriverSection()
-	over, ok := ctx[c.Driver].(map[string]any)
-	if !ok {
-		return section, nil
+	nested, hasNested := ctx[c.Driver].(map[string]any)
+	flat := map[string]any{}
+	var used []string
+	for k, v := range ctx {
+		if k == c.Driver && hasNested || slices.Contains(DirectorContextKeys, k) {
+			continue
+		}
+		flat[k] = v
+		used = append(used, k)
+	}
+	if !hasNested && len(flat) == 0 {
+		return section, nil, nil
 	}
 	var base map[string]any
 	if err := json.Unmarshal(section, &base); err != nil || base == nil {
-		return nil, &Error{Path: c.Path, Field: c.Driver, Msg: "must be a JSON object"}
+		return nil, nil, &Error{Path: c.Path, Field: c.Driver, Msg: "must be a JSON object"}
 	}
-	return json.Marshal(deepMerge(base, over))
+	if err := driver.Normalize(c.Driver, base); err != nil {
+		return nil, nil, &Error{Path: c.Path, Field: c.Driver, Msg: err.Error()}
+	}
+	if hasNested {
+		used = append(used, c.Driver)
+		if err := driver.Normalize(c.Driver, nested); err != nil {
+			return nil, nil, fmt.Errorf("request context %s: %w", c.Driver, err)
+		}
+		base = deepMerge(base, nested)
+	}
+	if err := driver.Normalize(c.Driver, flat); err != nil {
+		return nil, nil, fmt.Errorf("request context: %w", err)
+	}
+	for k, v := range flat {
+		base[k] = v
+	}
+	sort.Strings(used)
+	b, err := json.Marshal(base)
+	return b, used, err
 }
 
 func deepMerge(dst, src map[string]any) map[string]any {

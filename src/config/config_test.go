@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/runway-cpi/runway/src/driver"
 )
 
 func TestSmallestConfigGetsDefaults(t *testing.T) {
@@ -55,9 +58,9 @@ func TestContextOverridesDriverSection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	merged, err := c.MergeContext(map[string]any{"director_uuid": "d", "local": map[string]any{"stop_grace_seconds": 9.0, "nested": map[string]any{"b": 3.0}}})
-	if err != nil {
-		t.Fatal(err)
+	merged, used, err := c.MergeContext(map[string]any{"director_uuid": "d", "local": map[string]any{"stop_grace_seconds": 9.0, "nested": map[string]any{"b": 3.0}}})
+	if err != nil || !reflect.DeepEqual(used, []string{"local"}) {
+		t.Fatal(used, err)
 	}
 	var got map[string]any
 	json.Unmarshal(merged, &got)
@@ -77,5 +80,73 @@ func TestEmbeddedUsesStateDirEnv(t *testing.T) {
 	t.Setenv("HOME", "/home/u")
 	if DefaultStateDir() != "/home/u/.runway/state" {
 		t.Fatalf("default = %s", DefaultStateDir())
+	}
+}
+
+func init() {
+	// An official name the way a driver registers one (the drivers'
+	// packages are not linked into this test).
+	driver.RegisterAliases("openstack", driver.Rename("api_key", "password"))
+}
+
+func TestFlatContextKeysWinOverTheSectionAsTheDirectorSendsThem(t *testing.T) {
+	c, err := Parse([]byte(`{"driver": "openstack", "state_dir": "/x", "openstack": {"auth_url": "http://a/v3", "api_key": "file-pw", "region": "one", "connection_options": {"ca_cert": "x"}}}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Director's own keys stay out; password (Runway's name) replaces
+	// api_key (the official name) from the file; a map replaces a map.
+	merged, used, err := c.MergeContext(map[string]any{"director_uuid": "d", "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2.0}},
+		"password": "ctx-pw", "region": "two", "connection_options": map[string]any{"ssl_verify_peer": false}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	json.Unmarshal(merged, &got)
+	want := map[string]any{"auth_url": "http://a/v3", "password": "ctx-pw", "region": "two", "connection_options": map[string]any{"ssl_verify_peer": false}}
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(used, []string{"connection_options", "password", "region"}) {
+		t.Fatalf("merged = %s, used %v", merged, used)
+	}
+	// Nothing but the Director's keys: the section as it is, no work.
+	same, used, err := c.MergeContext(map[string]any{"director_uuid": "d", "request_id": "cpi-1"})
+	if err != nil || string(same) != string(c.DriverSection()) || used != nil {
+		t.Fatalf("untouched = %s %v %v", same, used, err)
+	}
+	// Both names of one setting in the context: which was meant?
+	if _, _, err := c.MergeContext(map[string]any{"director_uuid": "d", "api_key": "a", "password": "b"}); err == nil ||
+		!strings.Contains(err.Error(), "api_key and password name the same setting") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestOfficialConfigShape(t *testing.T) {
+	t.Setenv("RUNWAY_STATE_DIR", "/var/tmp/rw")
+	c, err := Parse([]byte(`{"cloud": {"plugin": "openstack", "properties": {
+		"openstack": {"auth_url": "http://k/v3", "api_key": "pw"},
+		"agent": {"ntp": ["0.pool.ntp.org"], "mbus": "nats://n:4222"},
+		"registry": {"endpoint": "http://r:25777", "user": "u", "password": "p"}}}}`), "cpi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Driver != "openstack" || c.StateDir != "/var/tmp/rw" || c.Agent.Mbus != "nats://n:4222" || len(c.Agent.NTP) != 1 ||
+		!strings.Contains(string(c.DriverSection()), `"api_key"`) {
+		t.Fatalf("config = %+v section %s", c, c.DriverSection())
+	}
+	for doc, want := range map[string]string{
+		`{"cloud": {"plugin": "vsphere", "properties": {}}}`:                   `unknown plugin "vsphere"`,
+		`{"cloud": {"plugin": "aws", "properties": {"aws": {}, "agnet": {}}}}`: `unknown key "agnet" (did you mean "agent"?)`,
+		`{"cloud": {"plugin": "aws", "properties": {}}, "driver": "aws"}`:      "takes no other top-level key",
+		`{"cloud": {"plugin": "aws", "properties": {"agent": {"ntp": "x"}}}}`:  "cloud.properties.agent: ntp: must be an array",
+		`{"cloud": {"plugin": "aws", "propertise": {}}}`:                       `unknown field "propertise"`,
+	} {
+		if _, err := Parse([]byte(doc), "cpi.json"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want %q", doc, err, want)
+		}
+	}
+	// stemcell (aws: kernel_id) goes into the driver's section, where the
+	// driver refuses or takes it.
+	c, err = Parse([]byte(`{"cloud": {"plugin": "aws", "properties": {"aws": {"region": "r"}, "stemcell": {"kernel_id": "aki-1"}}}}`), "")
+	if err != nil || !strings.Contains(string(c.DriverSection()), `"kernel_id":"aki-1"`) {
+		t.Fatalf("section %s, %v", c.DriverSection(), err)
 	}
 }

@@ -157,7 +157,7 @@ func NewSession(cfg *config.Config, reqCtx map[string]any, lc *logging.Call) (*S
 	if !ok {
 		return nil, CpiError("driver %q is not built into this executable (it has: %s): run bin/cpi, which runs the executable of the driver the config names", cfg.Driver, strings.Join(driver.Names(), ", "))
 	}
-	section, err := cfg.MergeContext(reqCtx)
+	section, fromContext, err := cfg.MergeContext(reqCtx)
 	if err != nil {
 		return nil, CpiError("%v", err)
 	}
@@ -177,6 +177,10 @@ func NewSession(cfg *config.Config, reqCtx map[string]any, lc *logging.Call) (*S
 	}
 	drv, err := factory(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
 	if err != nil {
+		if len(fromContext) > 0 {
+			return nil, CpiError("driver %s: %v (the config file's %s section with the request context's %s over it)",
+				cfg.Driver, err, cfg.Driver, strings.Join(fromContext, ", "))
+		}
 		return nil, CpiError("driver %s: %v", cfg.Driver, err)
 	}
 	sess := &Session{Service: &Service{Config: cfg, Driver: drv, Logger: lc}, Locker: locker}

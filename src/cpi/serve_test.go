@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -223,6 +224,26 @@ func TestErrorTypesWhereTheDirectorExpectsThem(t *testing.T) {
 	}
 }
 
+// Credentials in the request context (cpi-config properties) stay secret
+// even when the context is refused: the local driver knows none of them.
+func TestContextSecretsNeverReachTheAnswer(t *testing.T) {
+	e := newEnv(t, "")
+	e.t = t
+	canary := "canary-ctx-s3cret-0452"
+	for _, key := range []string{"api_key", "password", "secret_access_key", "application_credential_secret", "session_token"} {
+		req := map[string]any{"method": "has_vm", "api_version": 2, "arguments": []any{"vm-1"},
+			"context": map[string]any{"director_uuid": "d", key: canary}}
+		b, _ := json.Marshal(req)
+		out, r := e.raw(string(b))
+		if r.Error == nil || !strings.Contains(r.Error.Message, fmt.Sprintf("unknown key %q", key)) {
+			t.Errorf("%s: %+v; want an unknown-key error naming it", key, r.Error)
+		}
+		if strings.Contains(out, canary) || strings.Contains(e.stderr.String(), canary) {
+			t.Fatalf("%s leaked:\nstdout: %s\nstderr: %s", key, out, e.stderr.String())
+		}
+	}
+}
+
 func TestSecretsNeverReachTheLog(t *testing.T) {
 	e := newEnv(t, `, "local": {"stop_grace_seconds": 1}`)
 	e.t = t
@@ -232,7 +253,7 @@ func TestSecretsNeverReachTheLog(t *testing.T) {
 		"method": "create_vm", "api_version": 2,
 		"arguments": []any{"agent", sc, map[string]any{"user_data": "#!/bin/sh\necho " + canary}, map[string]any{}, []string{},
 			map[string]any{"bosh": map[string]any{"password": canary}, "runner": map[string]any{"registration_token": canary}}},
-		"context": map[string]any{"director_uuid": "d", "openstack": map[string]any{"api_key": canary}, "aws": map[string]any{"secret_access_key": canary}},
+		"context": map[string]any{"director_uuid": "d", "request_id": "cpi-1"},
 	}
 	b, _ := json.Marshal(req)
 	out, r := e.raw(string(b))
@@ -269,7 +290,7 @@ func TestBadConfigIsACpiError(t *testing.T) {
 	e := newEnv(t, `, "local": {"stop_grace": 1}`)
 	e.t = t
 	r := e.call("has_vm", 2, 0, "vm-1")
-	if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" || !strings.Contains(r.Error.Message, `unknown field "stop_grace"`) {
+	if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" || !strings.Contains(r.Error.Message, `unknown key "stop_grace" (did you mean "stop_grace_seconds"?)`) {
 		t.Fatalf("bad driver section: %+v", r.Error)
 	}
 }
@@ -286,6 +307,13 @@ func TestContextOverridesDriverConfig(t *testing.T) {
 	_, r = e.raw(string(b))
 	if r.Error == nil || !strings.Contains(r.Error.Message, "loopback_cidr") {
 		t.Fatalf("context section not applied: %+v", r.Error)
+	}
+	// As the Director sends cpi-config properties: at the top level.
+	b, _ = json.Marshal(map[string]any{"method": "has_vm", "arguments": []any{"vm-1"},
+		"context": map[string]any{"director_uuid": "d", "request_id": "cpi-2", "loopback_cidr": "192.168.0.0/16"}})
+	_, r = e.raw(string(b))
+	if r.Error == nil || !strings.Contains(r.Error.Message, "loopback_cidr") || !strings.Contains(r.Error.Message, "the request context's loopback_cidr") {
+		t.Fatalf("flat context key not applied: %+v", r.Error)
 	}
 }
 

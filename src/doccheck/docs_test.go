@@ -183,3 +183,39 @@ func docKeys(t *testing.T, doc, heading string, table int) []string {
 	}
 	return out
 }
+
+// Every official key a driver takes (its aliases) and every official
+// property the runway_cpi job declares has a row in the driver's
+// migration table.
+func TestMigrationTablesCoverEveryOfficialKey(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "jobs", "runway_cpi", "spec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Properties map[string]any `yaml:"properties"`
+	}
+	if err := yaml.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, iaas := range []string{"openstack", "aws"} {
+		doc := docKeys(t, iaas+".md", "## Migration from the official CPI", 0)
+		covered := func(k string) bool {
+			return slices.ContainsFunc(doc, func(d string) bool { return d == k || strings.HasPrefix(d, k+".") })
+		}
+		official := driver.AliasKeys(iaas)
+		for p := range spec.Properties {
+			if k, ok := strings.CutPrefix(p, iaas+"."); ok {
+				official = append(official, k)
+			}
+		}
+		if len(official) < 10 {
+			t.Fatalf("%s: only %d official keys found", iaas, len(official))
+		}
+		for _, k := range official {
+			if !covered(k) {
+				t.Errorf("docs/%s.md's migration table has no row for the official key %q", iaas, k)
+			}
+		}
+	}
+}

@@ -191,7 +191,11 @@ func sorted(s []string) []string { sort.Strings(s); return s }
 func Closest(s string, candidates []string) string {
 	best, bestD := "", 1<<30
 	for _, c := range candidates {
-		if d := editDistance(strings.ToLower(s), strings.ToLower(c)); d < bestD || d == bestD && c < best {
+		d := editDistance(strings.ToLower(s), strings.ToLower(c))
+		if len(s) >= 4 && strings.HasPrefix(strings.ToLower(c), strings.ToLower(s)) {
+			d = min(d, 2) // a key cut short: default_key for default_key_name
+		}
+		if d < bestD || d == bestD && c < best {
 			best, bestD = c, d
 		}
 	}

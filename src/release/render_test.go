@@ -1,14 +1,23 @@
 package release
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+
 	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/driver"
 	_ "github.com/runway-cpi/runway/src/driver/aws" // the drivers bin/cpi carries: config knows their sections
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	_ "github.com/runway-cpi/runway/src/driver/openstack"
@@ -50,7 +59,7 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 		"openstack": {props: map[string]any{"runway": map[string]any{
 			"driver": "openstack", "log_level": "debug",
 			"agent":     map[string]any{"mbus": "nats://10.0.0.6:4222", "ntp": []string{"pool.ntp.org"}, "blobstore": map[string]any{"provider": "dav"}},
-			"openstack": map[string]any{"auth_url": "https://keystone:5000/v3", "username": "u"},
+			"openstack": map[string]any{"auth_url": "https://keystone:5000/v3", "username": "u", "password": "p", "project_name": "x"},
 		}}, check: func(t *testing.T, doc map[string]any) {
 			if doc["driver"] != "openstack" || doc["openstack"].(map[string]any)["auth_url"] != "https://keystone:5000/v3" ||
 				doc["agent"].(map[string]any)["mbus"] != "nats://10.0.0.6:4222" {
@@ -73,6 +82,32 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 					t.Errorf("rendered %v", doc)
 				}
 			}},
+		// An official openstack_cpi manifest, unchanged: the driver
+		// follows from openstack.*, which reach bin/cpi by their names.
+		"official openstack_cpi properties": {props: map[string]any{
+			"openstack": map[string]any{"auth_url": "https://keystone:5000/v3", "username": "bosh", "api_key": "pw",
+				"project": "prod", "domain": "Default", "default_key_name": "bosh", "default_security_groups": []string{"bosh"},
+				"state_timeout": 600, "config_drive": "cdrom", "use_dhcp": false,
+				"connection_options": map[string]any{"ca_cert": testPEM, "read_timeout": 360}},
+			"nats": map[string]any{"user": "n", "password": "np", "address": "10.0.0.6"}},
+			check: func(t *testing.T, doc map[string]any) {
+				os := doc["openstack"].(map[string]any)
+				if doc["driver"] != "openstack" || os["api_key"] != "pw" || os["project"] != "prod" || os["state_timeout"] != 600.0 ||
+					doc["agent"].(map[string]any)["mbus"] != "nats://n:np@10.0.0.6:4222" {
+					t.Errorf("rendered %v", doc)
+				}
+			}},
+		"official aws_cpi properties": {props: map[string]any{
+			"aws": map[string]any{"credentials_source": "env_or_profile", "region": "eu-central-1", "default_key_name": "bosh",
+				"default_security_groups": []string{"bosh"}, "max_retries": 8, "encrypted": true,
+				"connection_options": map[string]any{"ca_cert": testPEM}, "metadata_options": map[string]any{"http_tokens": "required"}},
+			"env": map[string]any{"https_proxy": "http://proxy:3128"}},
+			check: func(t *testing.T, doc map[string]any) {
+				aws := doc["aws"].(map[string]any)
+				if doc["driver"] != "aws" || aws["credentials_source"] != "env_or_profile" || aws["connection_options"].(map[string]any)["ca_cert"] != testPEM {
+					t.Errorf("rendered %v", doc)
+				}
+			}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			out := renderRepoJob(t, "runway_cpi", tc.props)
@@ -82,12 +117,42 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 				t.Fatalf("rendered config is not JSON: %v\n%s", err, text)
 			}
 			tc.check(t, doc)
-			if _, err := config.Parse([]byte(text), "cpi.json"); err != nil {
+			cfg, err := config.Parse([]byte(text), "cpi.json")
+			if err != nil {
 				t.Fatalf("bin/cpi rejects the rendered config: %v\n%s", err, text)
+			}
+			// The driver takes its section as rendered (keys, units).
+			factory, _ := driver.Lookup(cfg.Driver)
+			if _, err := factory(cfg.DriverSection(), driver.Deps{StateDir: t.TempDir(), Logger: boshlog.NewLogger(boshlog.LevelNone)}); err != nil {
+				t.Fatalf("driver %s rejects its rendered section: %v\n%s", cfg.Driver, err, text)
 			}
 			wrapper := filepath.Join(out, "bin", "cpi")
 			if msg, err := exec.Command("sh", "-n", wrapper).CombinedOutput(); err != nil {
 				t.Fatalf("wrapper is not valid sh: %v\n%s", err, msg)
+			}
+		})
+	}
+}
+
+// The job never falls back to a driver silently: none chosen, two IaaS's
+// properties, or properties of another IaaS than runway.driver fail the
+// render with a message naming what to set.
+func TestCPIJobRefusesToGuessTheDriver(t *testing.T) {
+	for name, tc := range map[string]struct {
+		props map[string]any
+		want  string
+	}{
+		"nothing":      {map[string]any{"ntp": []string{"x"}}, "no driver chosen: set runway.driver (local, openstack or aws), or the official openstack.* or aws.* properties"},
+		"two IaaS's":   {map[string]any{"openstack": map[string]any{"auth_url": "http://k/v3"}, "aws": map[string]any{"region": "r"}}, "both openstack.* (auth_url) and aws.* (region) are set"},
+		"another IaaS": {map[string]any{"runway": map[string]any{"driver": "local"}, "aws": map[string]any{"region": "r"}}, "runway.driver is local but aws.* properties are set (region)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pf := filepath.Join(t.TempDir(), "props.json")
+			b, _ := json.Marshal(tc.props)
+			os.WriteFile(pf, b, 0o600)
+			msg, err := exec.Command("ruby", "render.rb", filepath.Join(repoRoot(t), "jobs", "runway_cpi"), pf, t.TempDir()).CombinedOutput()
+			if err == nil || !strings.Contains(string(msg), tc.want) {
+				t.Fatalf("render: %v\n%s\nwant it to fail saying %q", err, msg, tc.want)
 			}
 		})
 	}
@@ -143,3 +208,10 @@ func mapValues(m map[string]string) []string {
 	}
 	return out
 }
+
+// testPEM is a self-signed certificate (content irrelevant, PEM valid).
+var testPEM = func() string {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(1)}, &x509.Certificate{SerialNumber: big.NewInt(1)}, &key.PublicKey, key)
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}()

@@ -2,6 +2,7 @@ package aws
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
-	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 )
 
@@ -48,6 +48,24 @@ type Config struct {
 	// DefaultAvailabilityZone places disks created without a VM.
 	DefaultAvailabilityZone string `json:"default_availability_zone,omitempty"`
 
+	// ELBEndpoint overrides the load-balancing endpoint (the official
+	// aws.elb_endpoint; read for the load-balancer properties).
+	ELBEndpoint string `json:"elb_endpoint,omitempty"`
+	// CACert is a PEM bundle trusted in addition to the system's
+	// (official: connection_options.ca_cert).
+	CACert string `json:"ca_cert,omitempty"`
+	// Encrypted and KMSKeyARN are the defaults for every volume the driver
+	// makes (root, ephemeral, persistent) when cloud properties don't say.
+	Encrypted bool   `json:"encrypted,omitempty"`
+	KMSKeyARN string `json:"kms_key_arn,omitempty"`
+	// MetadataOptions go into every RunInstances (the official CPI's
+	// snake_case names of ModifyInstanceMetadataOptions).
+	MetadataOptions *MetadataOptions `json:"metadata_options,omitempty"`
+	// EnableDescribeInstanceTypes is the official CPI's switch for its
+	// NVMe detection; Runway's device hints don't call the API, so either
+	// value is accepted.
+	EnableDescribeInstanceTypes *bool `json:"enable_describe_instance_types,omitempty"`
+
 	// MaxAttempts bounds the transient faults (5xx, resets, timeouts) one
 	// API call sits out (default 8); throttles are waited out within the
 	// CPI's retry budget.
@@ -58,6 +76,61 @@ type Config struct {
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 }
 
+// MetadataOptions is the instance metadata service's settings.
+type MetadataOptions struct {
+	HTTPEndpoint            string `json:"http_endpoint,omitempty"`
+	HTTPTokens              string `json:"http_tokens,omitempty"`
+	HTTPPutResponseHopLimit int32  `json:"http_put_response_hop_limit,omitempty"`
+	HTTPProtocolIPv6        string `json:"http_protocol_ipv6,omitempty"`
+	InstanceMetadataTags    string `json:"instance_metadata_tags,omitempty"`
+}
+
+func init() {
+	// The official AWS CPI's job properties (aws.*), by their names and
+	// meanings (docs/aws.md has the table).
+	driver.RegisterAliases("aws",
+		driver.Rename("role_arn", "assume_role_arn"),
+		// max_retries counts retries; max_attempts counts the first try too.
+		driver.Alias{Key: "max_retries", Apply: func(v any, set func(string, any)) error {
+			n, ok := v.(float64)
+			if !ok || n < 0 || n != float64(int(n)) {
+				return fmt.Errorf("max_retries must be a whole number, not %v", v)
+			}
+			set("max_attempts", int(n)+1)
+			return nil
+		}},
+		// ec2_endpoint is a host name without a scheme (https assumed).
+		driver.Alias{Key: "ec2_endpoint", Apply: func(v any, set func(string, any)) error {
+			s, ok := v.(string)
+			if !ok || s == "" {
+				return fmt.Errorf("ec2_endpoint must be a host name")
+			}
+			if !strings.Contains(s, "://") {
+				s = "https://" + s
+			}
+			set("endpoint", s)
+			return nil
+		}},
+		driver.Alias{Key: "connection_options", Apply: func(v any, set func(string, any)) error {
+			m, ok := v.(map[string]any)
+			if !ok {
+				return fmt.Errorf("connection_options must be an object")
+			}
+			for k, x := range m {
+				if k != "ca_cert" {
+					return fmt.Errorf("connection_options.%s is not supported (the official CPI takes only ca_cert)", k)
+				}
+				if s, ok := x.(string); ok && s != "" {
+					set("ca_cert", s)
+				}
+			}
+			return nil
+		}},
+		driver.Refuse("dualstack", "IPv6-only networking is not built yet", driver.IsFalse),
+		driver.Refuse("stemcell", "stemcell.kernel_id is for paravirtual stemcells; HVM stemcells boot their own kernel", nil),
+	)
+}
+
 const (
 	DefaultMaxAttempts    = 8
 	DefaultRequestTimeout = time.Minute
@@ -66,13 +139,19 @@ const (
 
 func parseConfig(section json.RawMessage) (Config, error) {
 	var c Config
-	if err := config.DecodeStrict(section, &c); err != nil {
-		return c, fmt.Errorf("aws: %w", err)
+	if err := driver.DecodeConfig("aws", section, &c); err != nil {
+		return c, err
 	}
 	if c.Region == "" {
 		return c, errors.New("aws: region is required")
 	}
-	for key, ep := range map[string]string{"endpoint": c.Endpoint, "sts_endpoint": c.STSEndpoint} {
+	if c.KMSKeyARN != "" && !c.Encrypted {
+		return c, errors.New("aws: kms_key_arn needs encrypted: true (as the official CPI)")
+	}
+	if c.CACert != "" && !x509.NewCertPool().AppendCertsFromPEM([]byte(c.CACert)) {
+		return c, errors.New("aws: ca_cert holds no PEM certificate")
+	}
+	for key, ep := range map[string]string{"endpoint": c.Endpoint, "sts_endpoint": c.STSEndpoint, "elb_endpoint": c.ELBEndpoint} {
 		if ep == "" {
 			continue
 		}
@@ -88,8 +167,10 @@ func parseConfig(section json.RawMessage) (Config, error) {
 			c.CredentialsSource = "static"
 		}
 	case "static", "default":
+	case "env_or_profile": // the official name of default
+		c.CredentialsSource = "default"
 	default:
-		return c, fmt.Errorf("aws: credentials_source %q: want static or default", c.CredentialsSource)
+		return c, fmt.Errorf("aws: credentials_source %q: want static, env_or_profile or default", c.CredentialsSource)
 	}
 	if c.CredentialsSource == "static" && (c.AccessKeyID == "" || c.SecretAccessKey == "") {
 		return c, errors.New("aws: credentials_source static needs access_key_id and secret_access_key")
@@ -129,6 +210,9 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 	if c.CredentialsSource == "static" {
 		opts = append(opts, awsconfig.WithCredentialsProvider(
 			credentials.NewStaticCredentialsProvider(c.AccessKeyID, c.SecretAccessKey, c.SessionToken)))
+	}
+	if c.CACert != "" {
+		opts = append(opts, awsconfig.WithCustomCABundle(strings.NewReader(c.CACert)))
 	}
 	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {

@@ -45,6 +45,11 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if p.KMSKeyARN != "" {
 		in.KmsKeyId = aws.String(p.KMSKeyARN)
 		in.Encrypted = aws.Bool(true)
+	} else if p.Encrypted == nil && d.cfg.Encrypted {
+		in.Encrypted = aws.Bool(true)
+		if d.cfg.KMSKeyARN != "" {
+			in.KmsKeyId = aws.String(d.cfg.KMSKeyARN)
+		}
 	}
 	out, sent, err := create(ctx, d, "CreateVolume", func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, error) {
 		return c.CreateVolume(ctx, in)

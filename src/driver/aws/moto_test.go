@@ -11,6 +11,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -708,5 +710,88 @@ func TestRetriedStartSnapshotLeavesOne(t *testing.T) {
 	}
 	if len(snaps.Snapshots) != 1 {
 		t.Fatalf("snapshots after a resent StartSnapshot: %d; want 1", len(snaps.Snapshots))
+	}
+}
+
+// The official aws.* properties that change what is launched:
+// metadata_options on every instance, encrypted/kms_key_arn on every
+// volume (root, ephemeral, persistent) unless cloud properties say.
+func TestOfficialMetadataOptionsAndEncryption(t *testing.T) {
+	ep := motoEndpoint(t)
+	resetMoto(t, ep)
+	ctx := context.Background()
+	arn := "arn:aws:kms:" + region + ":123456789012:key/runway-test"
+	// moto 5.1 takes MetadataOptions and does not store them: the request
+	// itself is checked, through a recording proxy.
+	var mu sync.Mutex
+	var bodies []string
+	target, _ := url.Parse(ep)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		rp.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	d, _ := newTestDriver(t, proxy.URL, "", map[string]any{"encrypted": true, "kms_key_arn": arn,
+		"metadata_options": map[string]any{"http_tokens": "required", "http_put_response_hop_limit": 2}})
+	ami := registerTestImage(t, d)
+	defer d.DeleteStemcell(ctx, ami)
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-1", StemcellCID: ami,
+		CloudProps: driver.PropsOf(map[string]any{"instance_type": "t3.micro", "root_disk": map[string]any{"size": 10240},
+			"ephemeral_disk": map[string]any{"size": 10240}}),
+		AgentSettings: []byte(`{"agent_id":"agent-1"}`), Tags: map[string]string{"director": "official", "agent_id": "agent-1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteVM(ctx, vm.CID)
+	inst, err := d.instance(ctx, vm.CID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	var run string
+	for _, b := range bodies {
+		if strings.Contains(b, "Action=RunInstances") {
+			run = b
+		}
+	}
+	mu.Unlock()
+	q, _ := url.ParseQuery(run)
+	if q.Get("MetadataOptions.HttpTokens") != "required" || q.Get("MetadataOptions.HttpPutResponseHopLimit") != "2" {
+		t.Errorf("RunInstances sent %q; want MetadataOptions.HttpTokens=required and HttpPutResponseHopLimit=2", run)
+	}
+	if len(inst.BlockDeviceMappings) != 2 {
+		t.Fatalf("block devices %+v", inst.BlockDeviceMappings)
+	}
+	for _, m := range inst.BlockDeviceMappings {
+		v, err := d.volume(ctx, aws.ToString(m.Ebs.VolumeId))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !aws.ToBool(v.Encrypted) || aws.ToString(v.KmsKeyId) != arn {
+			t.Errorf("launch volume %s encrypted=%v kms=%s; want the config's key", aws.ToString(m.DeviceName), aws.ToBool(v.Encrypted), aws.ToString(v.KmsKeyId))
+		}
+	}
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, VMCID: vm.CID, Tags: map[string]string{"director": "official"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteDisk(ctx, disk)
+	v, err := d.volume(ctx, disk)
+	if err != nil || !aws.ToBool(v.Encrypted) || aws.ToString(v.KmsKeyId) != arn {
+		t.Errorf("persistent disk: %+v %v; want encrypted with the config's key", v, err)
+	}
+	// A disk's own "encrypted: false" wins over the default.
+	plain, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, VMCID: vm.CID, CloudProps: driver.PropsOf(map[string]any{"encrypted": false})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteDisk(ctx, plain)
+	if v, err := d.volume(ctx, plain); err != nil || aws.ToBool(v.Encrypted) {
+		t.Errorf("disk with encrypted false: %+v %v", v, err)
 	}
 }

@@ -17,10 +17,11 @@ import (
 	"syscall"
 	"testing"
 
+	"net/http"
+
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
-	"net/http"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/retry"
@@ -30,7 +31,7 @@ func TestConfigErrors(t *testing.T) {
 	for cfg, want := range map[string]string{
 		`{}`: "region is required",
 		`{"region":"us-east-1","endpoint":"ftp://x"}`:                          "must be an http(s) URL",
-		`{"region":"us-east-1","credentials_source":"magic"}`:                  "want static or default",
+		`{"region":"us-east-1","credentials_source":"magic"}`:                  "want static, env_or_profile or default",
 		`{"region":"us-east-1","credentials_source":"static"}`:                 "needs access_key_id and secret_access_key",
 		`{"region":"us-east-1","max_attempts":-1}`:                             "max_attempts must not be negative",
 		`{"region":"us-east-1","regoin":"x"}`:                                  "regoin",
@@ -271,6 +272,39 @@ func TestIAMPolicyMatchesTheCode(t *testing.T) {
 	for a := range allowed {
 		if !used[a] && a != "iam:PassRole" {
 			t.Errorf("the IAM policy allows %s, which the driver never calls", a)
+		}
+	}
+}
+
+// The official aws_cpi job's properties, as its template renders them
+// into cloud.properties.aws, mean what they mean there.
+func TestOfficialJobPropertiesByTheirNames(t *testing.T) {
+	c, err := parseConfig([]byte(`{"credentials_source": "env_or_profile", "region": "eu-central-1",
+		"ec2_endpoint": "ec2.eu-central-1.amazonaws.com", "elb_endpoint": "https://elb.example", "max_retries": 8,
+		"role_arn": "arn:aws:iam::1:role/bosh", "default_key_name": "bosh", "default_security_groups": ["bosh"],
+		"default_iam_instance_profile": "prof", "encrypted": true, "kms_key_arn": "arn:aws:kms:eu-central-1:1:key/k",
+		"metadata_options": {"http_tokens": "required"}, "dualstack": false, "enable_describe_instance_types": true,
+		"access_key_id": null, "secret_access_key": null, "session_token": null}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CredentialsSource != "default" || c.Endpoint != "https://ec2.eu-central-1.amazonaws.com" || c.MaxAttempts != 9 ||
+		c.AssumeRoleARN != "arn:aws:iam::1:role/bosh" || !c.Encrypted || c.MetadataOptions.HTTPTokens != "required" ||
+		c.ELBEndpoint != "https://elb.example" {
+		t.Fatalf("config %+v", c)
+	}
+	for cfg, want := range map[string]string{
+		`{"region": "r", "dualstack": true}`:                                "dualstack is not supported",
+		`{"region": "r", "stemcell": {"kernel_id": "aki-1"}}`:               "stemcell is not supported",
+		`{"region": "r", "kms_key_arn": "arn:k"}`:                           "kms_key_arn needs encrypted",
+		`{"region": "r", "connection_options": {"ssl_verify_peer": false}}`: "connection_options.ssl_verify_peer is not supported",
+		`{"region": "r", "connection_options": {"ca_cert": "not pem"}}`:     "ca_cert holds no PEM",
+		`{"region": "r", "max_retries": 2, "max_attempts": 5}`:              "max_retries and max_attempts name the same setting",
+		`{"region": "r", "metadata_options": {"http_token": "required"}}`:   `unknown key "http_token" (did you mean "http_tokens"?)`,
+		`{"region": "r", "default_security_group": ["a"]}`:                  `did you mean "default_security_groups"?`,
+	} {
+		if _, err := parseConfig([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want an error saying %q", cfg, err, want)
 		}
 	}
 }

@@ -52,6 +52,15 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if az := p.AvailabilityZone; az != "" {
 		in.Placement = &types.Placement{AvailabilityZone: aws.String(az)}
 	}
+	if m := d.cfg.MetadataOptions; m != nil {
+		in.MetadataOptions = &types.InstanceMetadataOptionsRequest{
+			HttpEndpoint: types.InstanceMetadataEndpointState(m.HTTPEndpoint), HttpTokens: types.HttpTokensState(m.HTTPTokens),
+			HttpProtocolIpv6:     types.InstanceMetadataProtocolState(m.HTTPProtocolIPv6),
+			InstanceMetadataTags: types.InstanceMetadataTagsState(m.InstanceMetadataTags)}
+		if m.HTTPPutResponseHopLimit > 0 {
+			in.MetadataOptions.HttpPutResponseHopLimit = aws.Int32(m.HTTPPutResponseHopLimit)
+		}
+	}
 	if k := firstNonEmpty(p.KeyName, d.cfg.DefaultKeyName); k != "" {
 		in.KeyName = aws.String(k)
 	}
@@ -230,16 +239,28 @@ func (d *Driver) blockDevices(ctx context.Context, ami string, p vmProps, in *ec
 			ebsDev.VolumeSize = aws.Int32(mibToGiB(r.SizeMiB))
 		}
 		setVolumeType(ebsDev, r)
+		d.encrypt(ebsDev)
 		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
 			DeviceName: img.RootDeviceName, Ebs: ebsDev})
 	}
 	if e := p.EphemeralDisk; e != nil && e.SizeMiB > 0 {
 		ebsDev := &types.EbsBlockDevice{DeleteOnTermination: aws.Bool(true), VolumeSize: aws.Int32(mibToGiB(e.SizeMiB))}
 		setVolumeType(ebsDev, e)
+		d.encrypt(ebsDev)
 		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
 			DeviceName: aws.String("/dev/sdb"), Ebs: ebsDev})
 	}
 	return nil
+}
+
+// encrypt applies the config's encrypted/kms_key_arn to a new volume.
+func (d *Driver) encrypt(dev *types.EbsBlockDevice) {
+	if d.cfg.Encrypted {
+		dev.Encrypted = aws.Bool(true)
+		if d.cfg.KMSKeyARN != "" {
+			dev.KmsKeyId = aws.String(d.cfg.KMSKeyARN)
+		}
+	}
 }
 
 func setVolumeType(dev *types.EbsBlockDevice, p *diskProps) {

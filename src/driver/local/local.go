@@ -15,7 +15,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/formats"
 	"github.com/runway-cpi/runway/src/lock"
@@ -79,8 +78,8 @@ func init() {
 // New builds the driver from its config section.
 func New(section json.RawMessage, stateDir string, locks *lock.Locker, log logging.Logger) (*Driver, error) {
 	var c Config
-	if err := config.DecodeStrict(section, &c); err != nil {
-		return nil, fmt.Errorf("local: %w", err)
+	if err := driver.DecodeConfig("local", section, &c); err != nil {
+		return nil, err
 	}
 	if c.StopGraceSeconds == 0 {
 		c.StopGraceSeconds = DefaultStopGrace

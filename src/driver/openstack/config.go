@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 )
 
@@ -54,9 +53,19 @@ type Config struct {
 	// BootFromVolume boots every VM from a new volume (per-VM cloud
 	// properties override it).
 	BootFromVolume bool `json:"boot_from_volume,omitempty"`
-	ConfigDrive    bool `json:"config_drive,omitempty"`
+	// ConfigDrive: true, or the official CPI's "cdrom" or "disk" (a disk
+	// config drive takes a device letter before the persistent disks).
+	ConfigDrive ConfigDrive `json:"config_drive,omitempty"`
 	// HumanReadableVMNames names servers after their job/index metadata.
 	HumanReadableVMNames bool `json:"human_readable_vm_names,omitempty"`
+	// IgnoreServerAvailabilityZone: create_disk leaves the zone to
+	// Cinder's default instead of the VM's zone.
+	IgnoreServerAvailabilityZone bool `json:"ignore_server_availability_zone,omitempty"`
+	// UseDHCP is written into every non-vip network of the agent
+	// settings (default true, as the official CPI).
+	UseDHCP *bool `json:"use_dhcp,omitempty"`
+	// StemcellPublicVisibility makes uploaded stemcell images public.
+	StemcellPublicVisibility bool `json:"stemcell_public_visibility,omitempty"`
 
 	// poll_max_ms and wait_timeout_seconds.
 	driver.Polling
@@ -72,10 +81,108 @@ const (
 	firstPoll             = 250 * time.Millisecond
 )
 
+// ConfigDrive is true/false or "cdrom"/"disk".
+type ConfigDrive string
+
+// UnmarshalJSON takes a boolean or the official CPI's device kinds.
+func (c *ConfigDrive) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	switch v {
+	case true:
+		*c = "cdrom"
+	case false, nil:
+		*c = ""
+	case "cdrom", "disk":
+		*c = ConfigDrive(v.(string))
+	default:
+		return fmt.Errorf("config_drive must be cdrom, disk, true or false, not %s", b)
+	}
+	return nil
+}
+
+// Enabled reports whether servers get a config drive.
+func (c ConfigDrive) Enabled() bool { return c != "" }
+
+func init() {
+	// The official OpenStack CPI's job properties (openstack.*), by their
+	// names and units (docs/openstack.md has the table).
+	driver.RegisterAliases("openstack",
+		driver.Rename("api_key", "password"),
+		driver.Rename("tenant", "project_name"),
+		driver.Rename("project", "project_name"),
+		driver.Rename("domain", "domain_name"),
+		driver.Rename("state_timeout", "wait_timeout_seconds"),
+		driver.Alias{Key: "endpoint_type", Apply: endpointType},
+		driver.Alias{Key: "wait_resource_poll_interval", Apply: func(v any, set func(string, any)) error {
+			s, ok := v.(float64)
+			if !ok || s <= 0 {
+				return fmt.Errorf("wait_resource_poll_interval must be a positive number of seconds, not %v", v)
+			}
+			set("poll_max_ms", int(s*1000))
+			return nil
+		}},
+		driver.Alias{Key: "connection_options", Apply: connectionOptions},
+		driver.Refuse("use_nova_networking", "nova-network was removed from OpenStack (Rocky); Runway speaks Neutron", driver.IsFalse),
+		driver.Refuse("enable_auto_anti_affinity", "the official CPI refuses it too; use scheduler_hints.group", nil),
+	)
+}
+
+// endpointType maps publicURL/internalURL/adminURL (Keystone v2 names,
+// which the official CPI takes) onto interface.
+func endpointType(v any, set func(string, any)) error {
+	s, _ := v.(string)
+	switch i := strings.TrimSuffix(s, "URL"); i {
+	case "public", "internal", "admin":
+		set("interface", i)
+		return nil
+	}
+	return fmt.Errorf("endpoint_type %v: want publicURL, internalURL or adminURL", v)
+}
+
+// connectionOptions takes the official CPI's excon options that mean
+// something to an HTTP client: ca_cert, ssl_verify_peer and the timeouts
+// (the longest bounds each request).
+func connectionOptions(v any, set func(string, any)) error {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("connection_options must be an object")
+	}
+	timeout := 0.0
+	for k, x := range m {
+		switch k {
+		case "ca_cert":
+			if s, ok := x.(string); ok && s != "" {
+				set("ca_cert", s)
+			}
+		case "ssl_verify_peer":
+			b, ok := x.(bool)
+			if !ok {
+				return fmt.Errorf("connection_options.ssl_verify_peer must be a boolean")
+			}
+			set("insecure", !b)
+		case "connect_timeout", "read_timeout", "write_timeout":
+			n, ok := x.(float64)
+			if !ok || n <= 0 {
+				return fmt.Errorf("connection_options.%s must be a positive number of seconds", k)
+			}
+			timeout = max(timeout, n)
+		default:
+			return fmt.Errorf("connection_options.%s is not supported (Runway takes ca_cert, ssl_verify_peer, connect_timeout, read_timeout and write_timeout)", k)
+		}
+	}
+	if timeout > 0 {
+		set("request_timeout_seconds", int(timeout+0.999))
+	}
+	return nil
+}
+
 func parseConfig(section json.RawMessage) (Config, error) {
 	var c Config
-	if err := config.DecodeStrict(section, &c); err != nil {
-		return c, fmt.Errorf("openstack: %w", err)
+	if err := driver.DecodeConfig("openstack", section, &c); err != nil {
+		return c, err
 	}
 	if c.AuthURL == "" {
 		return c, errors.New("openstack: auth_url is required")
@@ -87,7 +194,7 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	c.AuthURL = strings.TrimRight(c.AuthURL, "/")
 	if !strings.HasSuffix(c.AuthURL, "/v3") {
 		if strings.HasSuffix(c.AuthURL, "/v2.0") {
-			return c, fmt.Errorf("openstack: auth_url %q is Keystone v2.0; Runway speaks v3", c.AuthURL)
+			return c, fmt.Errorf("openstack: auth_url %q is Keystone v2.0, which Keystone removed in Queens; Runway speaks v3 (use …/v3 with project and domain)", c.AuthURL)
 		}
 		c.AuthURL += "/v3"
 	}
@@ -144,6 +251,8 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	}
 	return c, nil
 }
+
+func (c Config) useDHCP() bool { return c.UseDHCP == nil || *c.UseDHCP }
 
 func (c Config) tokenCache() bool { return c.TokenCache == nil || *c.TokenCache }
 

@@ -26,7 +26,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		return "", driver.Invalid("disk size %d MiB must be positive", spec.SizeMiB)
 	}
 	az := p.AvailabilityZone
-	if az == "" && spec.VMCID != "" {
+	if az == "" && spec.VMCID != "" && !d.cfg.IgnoreServerAvailabilityZone {
 		id, err := validCID("vm", spec.VMCID)
 		if err != nil {
 			return "", err

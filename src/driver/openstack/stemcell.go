@@ -65,6 +65,10 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	}
 	opts := images.CreateOpts{ID: id, Name: name, DiskFormat: firstNonEmpty(p.DiskFormat, "qcow2"),
 		ContainerFormat: firstNonEmpty(p.ContainerFormat, "bare"), Tags: serverTags(spec.Tags), Properties: props}
+	if d.cfg.StemcellPublicVisibility {
+		public := images.ImageVisibilityPublic
+		opts.Visibility = &public
+	}
 	_, err := d.do(ctx, "image", "create image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := images.Create(ctx, sc, opts).Extract()
 		if status(err) == 409 {

@@ -4,11 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +182,72 @@ func TestSecretsAreRedacted(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(got, " "), "hunter2") {
 		t.Errorf("the password was not registered for redaction: %q", got)
+	}
+}
+
+// The official openstack_cpi job's properties, as its template renders
+// them into cloud.properties.openstack, mean what they mean there.
+func TestOfficialJobPropertiesByTheirNamesAndUnits(t *testing.T) {
+	c, err := parseConfig([]byte(`{"auth_url": "https://keystone.example:5000/v3", "username": "bosh", "api_key": "pw",
+		"project": "prod", "domain": "corp", "region": "r1", "endpoint_type": "internalURL", "state_timeout": 450,
+		"wait_resource_poll_interval": 3, "boot_from_volume": true, "default_volume_type": "SSD",
+		"default_key_name": "bosh", "default_security_groups": ["bosh"], "config_drive": "disk", "use_dhcp": false,
+		"ignore_server_availability_zone": true, "human_readable_vm_names": true, "stemcell_public_visibility": true,
+		"use_nova_networking": false, "connection_options": {"ssl_verify_peer": false, "read_timeout": 360, "connect_timeout": 30}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{AuthURL: "https://keystone.example:5000/v3", Username: "bosh", Password: "pw", ProjectName: "prod",
+		DomainName: "corp", UserDomainName: "corp", ProjectDomainName: "corp", Region: "r1", Interface: "internal",
+		Polling: driver.Polling{WaitTimeoutSeconds: 450, PollMaxMilli: 3000}, BootFromVolume: true, DefaultVolumeType: "SSD",
+		DefaultKeyName: "bosh", DefaultSecurityGroups: []string{"bosh"}, ConfigDrive: "disk", UseDHCP: new(false),
+		IgnoreServerAvailabilityZone: true, HumanReadableVMNames: true, StemcellPublicVisibility: true,
+		Insecure: true, RequestTimeoutSeconds: 360}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("got  %+v\nwant %+v", c, want)
+	}
+	if c.useDHCP() || !c.ConfigDrive.Enabled() {
+		t.Fatal("use_dhcp false, config_drive disk")
+	}
+	base := `{"auth_url": "http://k:5000/v3", "username": "u", "project": "p", `
+	for cfg, want := range map[string]string{
+		base + `"api_key": "a", "password": "b"}`:                      "api_key and password name the same setting",
+		base + `"api_key": "a", "use_nova_networking": true}`:          "use_nova_networking is not supported",
+		base + `"api_key": "a", "enable_auto_anti_affinity": true}`:    "enable_auto_anti_affinity is not supported",
+		base + `"api_key": "a", "endpoint_type": "privateURL"}`:        "endpoint_type privateURL",
+		base + `"api_key": "a", "config_drive": "floppy"}`:             "config_drive must be cdrom, disk",
+		base + `"api_key": "a", "connection_options": {"proxy": "x"}}`: "connection_options.proxy is not supported",
+		base + `"api_key": "a", "wait_resource_poll_interval": 0}`:     "wait_resource_poll_interval must be a positive",
+		base + `"api_key": "a", "default_key": "k"}`:                   `unknown key "default_key" (did you mean "default_key_name"?)`,
+		base + `"apikey": "a"}`:                                        `unknown key "apikey" (did you mean "api_key"?)`,
+	} {
+		if _, err := parseConfig([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want an error saying %q", cfg, err, want)
+		}
+	}
+	// config_drive as a boolean (Runway's form) still works; the use_dhcp
+	// default is the official CPI's: on.
+	c, err = parseConfig([]byte(base + `"api_key": "a", "config_drive": true}`))
+	if err != nil || !c.ConfigDrive.Enabled() || !c.useDHCP() {
+		t.Fatalf("%+v %v", c, err)
+	}
+}
+
+func TestUseDHCPGoesIntoEveryNonVIPNetworkOfTheAgentSettings(t *testing.T) {
+	in := []byte(`{"agent_id": "a", "networks": {"private": {"type": "manual", "ip": "10.0.0.5"}, "public": {"type": "vip", "ip": "1.2.3.4"}}}`)
+	var got struct {
+		Networks map[string]map[string]any `json:"networks"`
+	}
+	if err := json.Unmarshal(withUseDHCP(in, false), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Networks["private"]["use_dhcp"] != false || got.Networks["private"]["ip"] != "10.0.0.5" {
+		t.Errorf("private = %v", got.Networks["private"])
+	}
+	if _, set := got.Networks["public"]["use_dhcp"]; set {
+		t.Errorf("vip = %v", got.Networks["public"])
+	}
+	if string(withUseDHCP([]byte("#!/bin/sh\n"), true)) != "#!/bin/sh\n" {
+		t.Error("a caller's user data script must pass unchanged")
 	}
 }

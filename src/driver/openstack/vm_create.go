@@ -2,6 +2,7 @@ package openstack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -106,7 +107,7 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 		if s, ok := spec.Env["user_data"].(string); ok {
 			pl.user = s
 		} else {
-			pl.user = string(spec.AgentSettings)
+			pl.user = string(withUseDHCP(spec.AgentSettings, d.cfg.useDHCP()))
 		}
 	}
 	if len(pl.user) > 65535 {
@@ -175,7 +176,7 @@ func (d *Driver) serverOpts(pl *vmPlan, nics []servers.Network) servers.CreateOp
 	if pl.user != "" {
 		opts.UserData = []byte(pl.user)
 	}
-	if cd := p.ConfigDrive; cd != nil && *cd || cd == nil && d.cfg.ConfigDrive {
+	if cd := p.ConfigDrive; cd != nil && *cd || cd == nil && d.cfg.ConfigDrive.Enabled() {
 		opts.ConfigDrive = gophercloud.Enabled
 	}
 	if d.bootFromVolume(p) {
@@ -309,4 +310,27 @@ func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
 			d.log.Warn("openstack", "deleting server %s: %v", s.ID, err)
 		}
 	}
+}
+
+// withUseDHCP writes use_dhcp into every non-vip network of the agent
+// settings, as the official CPI does (openstack.use_dhcp, default true).
+func withUseDHCP(settings []byte, on bool) []byte {
+	var s map[string]any
+	if json.Unmarshal(settings, &s) != nil {
+		return settings
+	}
+	nets, _ := s["networks"].(map[string]any)
+	if len(nets) == 0 {
+		return settings
+	}
+	for _, n := range nets {
+		if m, ok := n.(map[string]any); ok && m["type"] != "vip" {
+			m["use_dhcp"] = on
+		}
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return settings
+	}
+	return b
 }
