@@ -176,14 +176,15 @@ func NewSession(cfg *config.Config, reqCtx map[string]any, lc *logging.Call) (*S
 		Logf:     func(f string, a ...any) { lc.Info("retry", f, a...) },
 	}
 	drv, err := factory(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
+	var drvErr *rpc.Error
 	if err != nil {
+		drvErr = CpiError("driver %s: %v", cfg.Driver, err)
 		if len(fromContext) > 0 {
-			return nil, CpiError("driver %s: %v (the config file's %s section with the request context's %s over it)",
+			drvErr = CpiError("driver %s: %v (the config file's %s section with the request context's %s over it)",
 				cfg.Driver, err, cfg.Driver, strings.Join(fromContext, ", "))
 		}
-		return nil, CpiError("driver %s: %v", cfg.Driver, err)
 	}
-	sess := &Session{Service: &Service{Config: cfg, Driver: drv, Logger: lc}, Locker: locker}
+	sess := &Session{Service: &Service{Config: cfg, Driver: drv, DriverErr: drvErr, Logger: lc}, Locker: locker}
 	if len(cfg.Hooks) > 0 && string(cfg.Hooks) != "null" {
 		hc, err := hooks.ParseConfig(cfg.Hooks, cfg.StateDir, Known)
 		if err != nil {

@@ -22,6 +22,10 @@ type Service struct {
 	Config *config.Config
 	Driver driver.Driver
 	Logger logging.Logger
+	// DriverErr, when set, is why no driver could be built (a bad
+	// section or request context): every call answers it, after the pre
+	// hooks, so post hooks and the audit log see the refusal too.
+	DriverErr *rpc.Error
 }
 
 // Call dispatches req. The error, when not nil, is always an *rpc.Error.
@@ -29,6 +33,9 @@ func (s *Service) Call(ctx context.Context, req *rpc.Request) (any, *rpc.Error) 
 	m, ok := methods[req.Method]
 	if !ok {
 		return nil, NotImplemented("Must call implemented method: %s", req.Method)
+	}
+	if s.DriverErr != nil {
+		return nil, s.DriverErr
 	}
 	res, err := m.call(s, ctx, req)
 	if err != nil {

@@ -354,8 +354,9 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		ctx["aws"] = map[string]any{"extra": nested} // another driver's section: carried, not used
 		req, _ := json.Marshal(map[string]any{"method": "create_disk", "api_version": 2, "arguments": []any{64, props, nil}, "context": ctx})
 		r := runWith(h.cfg, string(req))
-		// The local driver knows none of these keys: the call fails naming
-		// one — and even then no value leaks anywhere.
+		// The local driver knows none of these keys (context or cloud
+		// properties): the call fails naming one, after the pre hooks saw
+		// the request — and even then no value leaks anywhere.
 		Expect(r.Error).NotTo(BeNil())
 		Expect(r.Error.Message).To(ContainSubstring("unknown key"))
 		raw, _ := json.Marshal(r)

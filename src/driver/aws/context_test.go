@@ -1,0 +1,150 @@
+package aws
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
+)
+
+// TestTwoCPIConfigContexts: one config file (us-east-1, written with the
+// official job's key names) and two cpi-config entries as the Director
+// sends them, the second naming another region and its own default key
+// pair at the context's top level. Each VM, disk and stemcell lands in its
+// context's region, the same context finds and deletes it, a context
+// naming a closed endpoint fails on that endpoint, and the context's
+// secret key never comes back.
+func TestTwoCPIConfigContexts(t *testing.T) {
+	ep := motoEndpoint(t)
+	resetMoto(t, ep)
+	bin, err := cpibin.Path("aws")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const other = "eu-west-1"
+	const secret = "ctx-secret-key-0453"
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "cpi.json")
+	cfg, _ := json.Marshal(map[string]any{"driver": "aws", "state_dir": filepath.Join(dir, "state"),
+		"aws": map[string]any{"credentials_source": "static", "access_key_id": "testing", "secret_access_key": "testing-secret",
+			"region": region, "ec2_endpoint": ep, "max_retries": 3}})
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	clients := map[string]*ec2.Client{}
+	for _, r := range []string{region, other} {
+		d, _ := newTestDriver(t, ep, "", map[string]any{"region": r})
+		clients[r], _, err = d.clients(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := clients[other].CreateKeyPair(context.Background(), &ec2.CreateKeyPairInput{KeyName: aws.String("ctx-key")}); err != nil {
+		t.Fatal(err)
+	}
+	type reply struct {
+		Result json.RawMessage `json:"result"`
+		Error  *struct{ Type, Message string }
+	}
+	run := func(props map[string]any, method string, args ...any) reply {
+		t.Helper()
+		ctx := map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}
+		for k, v := range props {
+			ctx[k] = v
+		}
+		req, _ := json.Marshal(map[string]any{"method": method, "arguments": args, "api_version": 2, "context": ctx})
+		cmd := exec.Command(bin, "-configPath", cfgPath)
+		cmd.Stdin = strings.NewReader(string(req))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", method, err, stderr.String())
+		}
+		if strings.Contains(string(out), secret) || strings.Contains(stderr.String(), secret) {
+			t.Fatalf("%s: the context's secret key came back:\n%s\n%s", method, out, stderr.String())
+		}
+		var r reply
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("%s: %s", method, out)
+		}
+		return r
+	}
+	ok := func(props map[string]any, method string, args ...any) json.RawMessage {
+		t.Helper()
+		r := run(props, method, args...)
+		if r.Error != nil {
+			t.Fatalf("%s: %s: %s", method, r.Error.Type, r.Error.Message)
+		}
+		return r.Result
+	}
+	img, props := stemcellFixture(t)
+	entries := map[string]map[string]any{
+		region: nil,
+		// moto takes any key pair: the secret only has to stay secret.
+		other: {"region": other, "default_key_name": "ctx-key", "access_key_id": "testing", "secret_access_key": secret},
+	}
+	for r, ctx := range entries {
+		var sc string
+		json.Unmarshal(ok(ctx, "create_stemcell", img, props.Map()), &sc)
+		var pair []json.RawMessage
+		json.Unmarshal(ok(ctx, "create_vm", "agent-"+r, sc, map[string]any{"instance_type": "t3.micro"},
+			map[string]any{"default": map[string]any{"type": "dynamic"}}, []string{}, map[string]any{}), &pair)
+		var vm, disk string
+		json.Unmarshal(pair[0], &vm)
+		json.Unmarshal(ok(ctx, "create_disk", 1024, map[string]any{}, vm), &disk)
+
+		insts, err := clients[r].DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{InstanceIds: []string{vm}})
+		if err != nil || len(insts.Reservations) != 1 {
+			t.Fatalf("%s: instance %s is not in its region: %v", r, vm, err)
+		}
+		inst := insts.Reservations[0].Instances[0]
+		wantKey := ""
+		if ctx != nil {
+			wantKey = "ctx-key"
+		}
+		if aws.ToString(inst.KeyName) != wantKey {
+			t.Errorf("%s: key pair %q; want %q (the context's default_key_name)", r, aws.ToString(inst.KeyName), wantKey)
+		}
+		if _, err := clients[r].DescribeVolumes(context.Background(), &ec2.DescribeVolumesInput{VolumeIds: []string{disk}}); err != nil {
+			t.Errorf("%s: disk %s is not in its region: %v", r, disk, err)
+		}
+		var has bool
+		json.Unmarshal(ok(ctx, "has_vm", vm), &has)
+		if !has {
+			t.Errorf("%s: has_vm through its own context is false", r)
+		}
+		otherCtx := entries[other]
+		if ctx != nil {
+			otherCtx = entries[region]
+		}
+		json.Unmarshal(ok(otherCtx, "has_vm", vm), &has)
+		if has {
+			t.Errorf("%s: has_vm through the other region's context found %s", r, vm)
+		}
+		var listed []map[string]any
+		json.Unmarshal(ok(ctx, "list_vms", map[string]string{"agent_id": "agent-" + r}), &listed)
+		if len(listed) != 1 {
+			t.Errorf("%s: list_vms by agent = %v; want the one VM", r, listed)
+		}
+		ok(ctx, "delete_disk", disk)
+		ok(ctx, "delete_vm", vm)
+		ok(ctx, "delete_stemcell", sc)
+	}
+	r := run(map[string]any{"ec2_endpoint": "http://127.0.0.1:9"}, "has_vm", "i-0000000000000000f")
+	if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {
+		t.Errorf("a context naming a closed endpoint: %+v", r.Error)
+	}
+	r = run(map[string]any{"default_security_group": []string{"sg-1"}}, "has_vm", "i-0000000000000000f")
+	if r.Error == nil || !strings.Contains(r.Error.Message, `unknown key "default_security_group" (did you mean "default_security_groups"?)`) {
+		t.Errorf("misspelt context key: %+v", r.Error)
+	}
+}

@@ -1,0 +1,162 @@
+package openstack
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
+)
+
+// TestTwoCPIConfigContexts: one config file (project runway, written with
+// the official job's key names) and two cpi-config entries as the
+// Director sends them — the properties at the context's top level. Every
+// VM and disk lands in its context's project, the same context finds and
+// deletes it, a context naming a closed endpoint fails on that endpoint,
+// and the context's password never comes back.
+func TestTwoCPIConfigContexts(t *testing.T) {
+	c := devCloud(t)
+	b := testenv.Need(t, "fixtures.env of scripts/openstack-dev (the second project)",
+		"RUNWAY_OS_B_USER", "RUNWAY_OS_B_PROJECT", "RUNWAY_OS_B_PASSWORD", "RUNWAY_OS_IMAGE_ID")
+	const director = "multi-cpi-director"
+	t.Cleanup(func() { assertNoneTagged(t, c, "director", director) })
+	bin, err := cpibin.Path("openstack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "cpi.json")
+	cfg, _ := json.Marshal(map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
+		"openstack": map[string]any{"auth_url": c.authURL, "username": c.user, "api_key": c.password, "project": c.project,
+			"region": c.region, "state_timeout": 120, "wait_resource_poll_interval": 1}})
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type reply struct {
+		Result json.RawMessage `json:"result"`
+		Error  *struct{ Type, Message string }
+		Log    string `json:"log"`
+	}
+	run := func(props map[string]any, method string, args ...any) reply {
+		t.Helper()
+		ctx := map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
+		for k, v := range props {
+			ctx[k] = v
+		}
+		req, _ := json.Marshal(map[string]any{"method": method, "arguments": args, "api_version": 2, "context": ctx})
+		cmd := exec.Command(bin, "-configPath", cfgPath)
+		cmd.Stdin = strings.NewReader(string(req))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", method, err, stderr.String())
+		}
+		if strings.Contains(string(out), b[2]) || strings.Contains(stderr.String(), b[2]) {
+			t.Fatalf("%s: the context's password came back:\n%s\n%s", method, out, stderr.String())
+		}
+		var r reply
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("%s: %s", method, out)
+		}
+		return r
+	}
+	ok := func(props map[string]any, method string, args ...any) json.RawMessage {
+		t.Helper()
+		r := run(props, method, args...)
+		if r.Error != nil {
+			t.Fatalf("%s: %s: %s", method, r.Error.Type, r.Error.Message)
+		}
+		return r.Result
+	}
+	a := newAdmin(t, c)
+	projectID := func(name string) string {
+		t.Helper()
+		// The admin client's catalog has no identity endpoint: the CLI.
+		cmd := exec.Command("openstack", "project", "show", name, "-f", "value", "-c", "id")
+		cmd.Env = append(os.Environ(), "OS_USERNAME="+os.Getenv("RUNWAY_OS_ADMIN_USER"), "OS_PROJECT_NAME="+os.Getenv("RUNWAY_OS_ADMIN_PROJECT"),
+			"OS_PASSWORD="+os.Getenv("RUNWAY_OS_ADMIN_PASSWORD"), "OS_AUTH_URL="+c.authURL, "OS_USER_DOMAIN_NAME=Default", "OS_PROJECT_DOMAIN_NAME=Default")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("openstack project show %s: %v", name, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	// The file's project, and a second cpi-config entry with the official
+	// names of another user and project, and its own default volume type.
+	entries := map[string]map[string]any{
+		c.project: nil,
+		b[1]:      {"username": b[0], "api_key": b[2], "project": b[1], "default_volume_type": "runway-alt"},
+	}
+	agent := "multi-" + uuid.NewString()[:8] + "-"
+	for project, props := range entries {
+		var sc string
+		json.Unmarshal(ok(props, "create_stemcell", "", map[string]any{"image_id": b[3]}), &sc)
+		var pair []json.RawMessage
+		json.Unmarshal(ok(props, "create_vm", agent+project, sc, map[string]any{"instance_type": "runway.tiny"},
+			map[string]any{}, []string{}, map[string]any{}), &pair)
+		var vm, disk string
+		json.Unmarshal(pair[0], &vm)
+		json.Unmarshal(ok(props, "create_disk", 1024, map[string]any{}, nil), &disk)
+
+		srv, err := a.get(t, "compute", "servers/"+vm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := srv["server"].(map[string]any)["tenant_id"]; got != projectID(project) {
+			t.Errorf("%s: server %s is in project %v; want %s", project, vm, got, projectID(project))
+		}
+		got, err := a.get(t, "volume", "volumes/"+disk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found, _ := got["volume"].(map[string]any)
+		wantType := "fake"
+		if props != nil {
+			wantType = "runway-alt"
+		}
+		if found == nil || found["os-vol-tenant-attr:tenant_id"] != projectID(project) || found["volume_type"] != wantType {
+			t.Errorf("%s: disk %s = %v; want it in %s with type %s", project, disk, found, projectID(project), wantType)
+		}
+		// The same context finds it; the other project does not.
+		var has bool
+		json.Unmarshal(ok(props, "has_vm", vm), &has)
+		if !has {
+			t.Errorf("%s: has_vm through its own context is false", project)
+		}
+		other := entries[c.project]
+		if props == nil {
+			other = entries[b[1]]
+		}
+		json.Unmarshal(ok(other, "has_vm", vm), &has)
+		if has {
+			t.Errorf("%s: has_vm through the other project's context found %s", project, vm)
+		}
+		var listed []map[string]any
+		json.Unmarshal(ok(props, "list_vms", map[string]string{"agent_id": agent + project}), &listed)
+		if len(listed) != 1 {
+			t.Errorf("%s: list_vms by agent = %v; want the one VM", project, listed)
+		}
+		ok(props, "delete_disk", disk)
+		ok(props, "delete_vm", vm)
+		ok(props, "delete_stemcell", sc)
+	}
+
+	// Proof the context is used: a closed endpoint fails, naming it.
+	r := run(map[string]any{"auth_url": "http://127.0.0.1:9/v3"}, "has_vm", "00000000-0000-4000-8000-000000000009")
+	if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {
+		t.Errorf("a context naming a closed endpoint: %+v", r.Error)
+	}
+	// A misspelt property is refused, naming it, the closest key and the
+	// context's keys.
+	r = run(map[string]any{"default_keyname": "k"}, "has_vm", "00000000-0000-4000-8000-000000000009")
+	if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" || !strings.Contains(r.Error.Message, `unknown key "default_keyname" (did you mean "default_key_name"?)`) ||
+		!strings.Contains(r.Error.Message, "request context's default_keyname") {
+		t.Errorf("misspelt context key: %+v", r.Error)
+	}
+}
