@@ -205,17 +205,8 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 			// contract to every caller. Both are read and have no effect
 			// (docs/configuration.md).
 		case "stemcell":
-			// aws: stemcell.kernel_id, refused by the aws section's check.
-			var section map[string]any
-			_ = json.Unmarshal(c.Sections[o.Plugin], &section)
-			if section == nil {
-				section = map[string]any{}
-			}
-			var st any
-			_ = json.Unmarshal(v, &st)
-			section["stemcell"] = st
-			b, _ := json.Marshal(section)
-			c.Sections[o.Plugin] = b
+			// aws: stemcell.kernel_id, refused by the aws section's check;
+			// moved into the section after the loop (map order is random).
 		default:
 			msg := fmt.Sprintf("cloud.properties: unknown key %q", k)
 			if best := driver.Closest(k, []string{o.Plugin, "agent", "registry", "debug", "stemcell"}); best != "" {
@@ -223,6 +214,23 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 			}
 			return errors.New(msg)
 		}
+	}
+	if st, ok := o.Properties["stemcell"]; ok {
+		var section map[string]json.RawMessage
+		if raw, ok := c.Sections[o.Plugin]; ok {
+			if err := json.Unmarshal(raw, &section); err != nil {
+				return fmt.Errorf("cloud.properties.%s: must be an object: %w", o.Plugin, err)
+			}
+		}
+		if section == nil {
+			section = map[string]json.RawMessage{}
+		}
+		section["stemcell"] = st
+		b, err := json.Marshal(section)
+		if err != nil {
+			return fmt.Errorf("cloud.properties.stemcell: %w", err)
+		}
+		c.Sections[o.Plugin] = b
 	}
 	return nil
 }

@@ -2,12 +2,14 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,7 +75,9 @@ func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 		}
 	}()
 	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadAll(slow); err != nil {
+	// The server may close with our late bytes unread: the kernel then
+	// answers with a reset, which is closing too. A timeout is not.
+	if _, err := io.ReadAll(slow); err != nil && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("the slow connection was not closed by the server: %v", err)
 	}
 	if took := time.Since(start); took > 2*time.Second {
