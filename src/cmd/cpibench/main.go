@@ -26,6 +26,7 @@ func main() {
 	suite := flag.String("suite", "local", "local (driver timings), startup (info beside an empty program), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
 	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
 	drivers := flag.String("drivers", "local,openstack,aws", "configs -suite startup measures info with")
+	lb := flag.Bool("lb", false, "-suite openstack: every VM with a floating IP (vip network) and an Octavia pool member")
 	flag.Parse()
 	runSuite := run
 	switch *suite {
@@ -41,6 +42,16 @@ func main() {
 			}
 			if err != nil {
 				return err
+			}
+			if *lb {
+				if s.driver != "openstack" {
+					return fmt.Errorf("-lb is for -suite openstack")
+				}
+				cleanup, err := withFloatingIPAndPool(&s)
+				if err != nil {
+					return err
+				}
+				defer cleanup()
 			}
 			return runCloud(cpi, s, n)
 		}

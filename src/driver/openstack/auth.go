@@ -49,7 +49,7 @@ func (s *session) service(kind string) (*gophercloud.ServiceClient, error) {
 	switch kind {
 	case "network":
 		sc.ResourceBase = ep + "v2.0/"
-	case "image":
+	case "image", "load-balancer":
 		sc.ResourceBase = ep + "v2/"
 	case "compute":
 		// 2.52: tags on create; 2.37+ wants networks "none" spelled out.
@@ -63,7 +63,7 @@ func (s *session) service(kind string) (*gophercloud.ServiceClient, error) {
 // catalogTypes: service types per kind, preferred first.
 var catalogTypes = map[string][]string{
 	"compute": {"compute"}, "network": {"network"}, "image": {"image"},
-	"volume": {"volumev3", "block-storage"},
+	"volume": {"volumev3", "block-storage"}, "load-balancer": {"load-balancer"},
 }
 
 // session authenticates once per process: from the shared token cache

@@ -307,7 +307,8 @@ func TestCalculateVMCloudProperties(t *testing.T) {
 	got := props.Map()
 	// runway.small (2 vCPU, 512 MiB, 2 GiB disk) is the smallest fit, but
 	// its disk cannot hold 1 GiB + 3 GiB: boot from a 4 GiB volume.
-	if got["instance_type"] != "runway.small" || got["boot_from_volume"] != true {
+	// root_disk.size is GiB, as create_vm reads it (and the official CPI).
+	if rd, _ := got["root_disk"].(map[string]any); got["instance_type"] != "runway.small" || got["boot_from_volume"] != true || rd["size"] != 4.0 {
 		t.Errorf("calculate = %v", got)
 	}
 	if _, err := d.CalculateVMCloudProperties(ctx, driver.Resources{CPU: 64, RAM: 1 << 20}); err == nil {

@@ -37,42 +37,15 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	type reply struct {
-		Result json.RawMessage `json:"result"`
-		Error  *struct{ Type, Message string }
-		Log    string `json:"log"`
-	}
-	run := func(props map[string]any, method string, args ...any) reply {
+	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{b[2]},
+		Context: map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+	run := func(props map[string]any, method string, args ...any) cpibin.Reply {
 		t.Helper()
-		ctx := map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
-		for k, v := range props {
-			ctx[k] = v
-		}
-		req, _ := json.Marshal(map[string]any{"method": method, "arguments": args, "api_version": 2, "context": ctx})
-		cmd := exec.Command(bin, "-configPath", cfgPath)
-		cmd.Stdin = strings.NewReader(string(req))
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", method, err, stderr.String())
-		}
-		if strings.Contains(string(out), b[2]) || strings.Contains(stderr.String(), b[2]) {
-			t.Fatalf("%s: the context's password came back:\n%s\n%s", method, out, stderr.String())
-		}
-		var r reply
-		if err := json.Unmarshal(out, &r); err != nil {
-			t.Fatalf("%s: %s", method, out)
-		}
-		return r
+		return cpi.Call(t, props, method, args...)
 	}
 	ok := func(props map[string]any, method string, args ...any) json.RawMessage {
 		t.Helper()
-		r := run(props, method, args...)
-		if r.Error != nil {
-			t.Fatalf("%s: %s: %s", method, r.Error.Type, r.Error.Message)
-		}
-		return r.Result
+		return cpi.OK(t, props, method, args...)
 	}
 	a := newAdmin(t, c)
 	projectID := func(name string) string {

@@ -37,29 +37,29 @@ type flavorCache struct {
 
 var errUnknownFlavor = errors.New("unknown flavor")
 
-// flavorID resolves a flavor name (or id) from the cache in the state dir,
+// flavor resolves a flavor name (or id) from the cache in the state dir,
 // listing Nova's flavors only when the cache misses or refresh is asked.
-func (d *Driver) flavorID(ctx context.Context, nameOrID string, refresh bool) (string, error) {
+func (d *Driver) flavor(ctx context.Context, nameOrID string, refresh bool) (*flavorEntry, error) {
 	if !refresh {
 		if c := d.readFlavorCache(); c != nil {
 			if f := findFlavor(c.Flavors, nameOrID); f != nil {
-				return f.ID, nil
+				return f, nil
 			}
 		}
 	}
 	list, err := d.listFlavors(ctx)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if f := findFlavor(list, nameOrID); f != nil {
-		return f.ID, nil
+		return f, nil
 	}
 	names := make([]string, 0, len(list))
 	for _, f := range list {
 		names = append(names, f.Name)
 	}
 	sort.Strings(names)
-	return "", fmt.Errorf("openstack (%s): %w: flavor %q not found; this project can use: %s", d.cfg.AuthURL, errUnknownFlavor, nameOrID, strings.Join(names, ", "))
+	return nil, fmt.Errorf("openstack (%s): %w: flavor %q not found; this project can use: %s", d.cfg.AuthURL, errUnknownFlavor, nameOrID, strings.Join(names, ", "))
 }
 
 func findFlavor(list []flavorEntry, nameOrID string) *flavorEntry {
@@ -183,5 +183,5 @@ func (d *Driver) CalculateVMCloudProperties(ctx context.Context, r driver.Resour
 		return driver.Props{}, fmt.Errorf("openstack (%s): no flavor has %d vCPUs and %d MiB of RAM", d.cfg.AuthURL, r.CPU, r.RAM)
 	}
 	return driver.PropsOf(map[string]any{"instance_type": fits.Name, "boot_from_volume": true,
-		"root_disk": map[string]any{"size": needGiB * 1024}}), nil
+		"root_disk": map[string]any{"size": needGiB}}), nil // GiB, the official unit
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -30,40 +31,67 @@ type plannedNet struct {
 
 // planNetworks orders the BOSH networks (the default-gateway one first,
 // then by name) and checks each: dynamic and manual need net_id, manual
-// needs its ip. vip (floating IP) networks are not supported yet.
-func planNetworks(in driver.Networks) ([]plannedNet, error) {
-	var out []plannedNet
+// needs its ip. A vip network (at most one) is a floating IP, answered
+// apart: it is associated once the server is up.
+func planNetworks(in driver.Networks) (nets []plannedNet, vip *plannedNet, err error) {
 	for name, n := range in {
 		switch n.Type {
 		case "", "manual":
 			n.Type = "manual"
-		case "dynamic":
-		case "vip":
-			return nil, &driver.CreationError{Err: fmt.Errorf("%w: %s: floating IPs (vip networks) are not supported by the openstack driver",
-				driver.ErrNotSupported, describeNet(name, n))}
+		case "dynamic", "vip":
 		default:
-			return nil, &driver.CreationError{Err: driver.Invalid("%s: unknown network type", describeNet(name, n))}
+			return nil, nil, &driver.CreationError{Err: driver.Invalid("%s: unknown network type (manual, dynamic or vip)", describeNet(name, n))}
 		}
 		var np netProps
 		if err := n.CloudProperties.Decode("networks."+name+".cloud_properties", &np); err != nil {
-			return nil, &driver.CreationError{Err: err}
+			return nil, nil, &driver.CreationError{Err: err}
+		}
+		if n.Type == "vip" {
+			switch {
+			case vip != nil:
+				return nil, nil, &driver.CreationError{Err: driver.Invalid("%s: only one vip network per VM (%s is one)", describeNet(name, n), vip.name)}
+			case n.IP == "":
+				return nil, nil, &driver.CreationError{Err: driver.Invalid("%s has no ip (the floating IP to associate)", describeNet(name, n))}
+			case np.NetID != "" || np.VRRPPortCheck != nil:
+				return nil, nil, &driver.CreationError{Err: driver.Invalid("%s: net_id and vrrp_port_check have no meaning on a vip network (the floating IP is found by its address)", describeNet(name, n))}
+			}
+			vip = &plannedNet{name: name, net: n, props: np}
+			continue
 		}
 		if np.NetID == "" {
-			return nil, &driver.CreationError{Err: driver.Invalid("%s needs cloud_properties.net_id (the Neutron network id)", describeNet(name, n))}
+			return nil, nil, &driver.CreationError{Err: driver.Invalid("%s needs cloud_properties.net_id (the Neutron network id)", describeNet(name, n))}
 		}
 		if n.Type == "manual" && n.IP == "" {
-			return nil, &driver.CreationError{Err: driver.Invalid("%s has no ip", describeNet(name, n))}
+			return nil, nil, &driver.CreationError{Err: driver.Invalid("%s has no ip", describeNet(name, n))}
 		}
-		out = append(out, plannedNet{name: name, net: n, props: np})
+		nets = append(nets, plannedNet{name: name, net: n, props: np})
 	}
-	sort.Slice(out, func(i, j int) bool {
-		gi, gj := len(out[i].net.Default) > 0, len(out[j].net.Default) > 0
+	sort.Slice(nets, func(i, j int) bool {
+		gi, gj := len(nets[i].net.Default) > 0, len(nets[j].net.Default) > 0
 		if gi != gj {
 			return gi
 		}
-		return out[i].name < out[j].name
+		return nets[i].name < nets[j].name
 	})
-	return out, nil
+	if vip != nil && gatewayNet(nets) == nil {
+		return nil, nil, &driver.CreationError{Err: driver.Invalid("%s: a floating IP needs the VM's gateway network: one manual or dynamic network, or the one whose default has gateway", describeNet(vip.name, vip.net))}
+	}
+	return nets, vip, nil
+}
+
+// gatewayNet is the network a floating IP, a VRRP address and a load
+// balancer member go to, as the official CPI picks it: the only private
+// network, else the one whose default includes gateway.
+func gatewayNet(nets []plannedNet) *plannedNet {
+	if len(nets) == 1 {
+		return &nets[0]
+	}
+	for i := range nets {
+		if slices.Contains(nets[i].net.Default, "gateway") {
+			return &nets[i]
+		}
+	}
+	return nil
 }
 
 func allPorts(nets []plannedNet) bool {
@@ -85,7 +113,11 @@ func (d *Driver) createPorts(ctx context.Context, c *creation, pl *vmPlan) ([]se
 			nics = append(nics, servers.Network{UUID: n.props.NetID})
 			continue
 		}
-		port, err := d.createPort(ctx, c, n, pl.creator, pl.groups)
+		pair := ""
+		if n == pl.gateway {
+			pair = pl.pair
+		}
+		port, err := d.createPort(ctx, c, n, pl.creator, pl.groups, pair)
 		if err != nil {
 			return nil, err
 		}
@@ -98,10 +130,14 @@ func (d *Driver) createPorts(ctx context.Context, c *creation, pl *vmPlan) ([]se
 
 // createPort makes a port with the manual network's fixed IP, tagged so a
 // reaper (or the next delete_vm of the agent) finds it if we die.
-func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, creator map[string]string, groups []string) (string, error) {
+// pair, when set, is an address the port may also answer for (VRRP).
+func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, creator map[string]string, groups []string, pair string) (string, error) {
 	opts := ports.CreateOpts{NetworkID: n.props.NetID, Name: c.name,
 		Description: portDescription(creator[mdDirector], creator[mdAgent]),
 		FixedIPs:    []ports.IP{{IPAddress: n.net.IP}}}
+	if pair != "" {
+		opts.AllowedAddressPairs = []ports.AddressPair{{IPAddress: pair}}
+	}
 	if len(groups) > 0 {
 		ids, err := d.securityGroupIDs(ctx, groups)
 		if err != nil {

@@ -49,27 +49,26 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	// The id is ours, so a resent create finds its image instead of making two.
 	id := uuid.NewString()
 	name := "stemcell-" + id
+	props, err := p.imageProperties()
+	if err != nil {
+		return "", err
+	}
 	if p.Name != "" {
-		name = fmt.Sprintf("%s/%v", p.Name, p.Version)
+		name = p.Name + "/" + props["version"]
 	}
-	props := map[string]string{}
-	for k, v := range map[string]string{"os_distro": p.OSDistro, "architecture": p.Architecture, "hypervisor_type": p.HypervisorType} {
-		if v != "" {
-			props[k] = v
-		}
-	}
-	for k, v := range metadata(spec.Tags) {
+	tags := driver.MergeTags(p.Tags, spec.Tags)
+	for k, v := range metadata(tags) {
 		if _, reserved := props[k]; !reserved {
 			props["runway_"+k] = v
 		}
 	}
 	opts := images.CreateOpts{ID: id, Name: name, DiskFormat: firstNonEmpty(p.DiskFormat, "qcow2"),
-		ContainerFormat: firstNonEmpty(p.ContainerFormat, "bare"), Tags: serverTags(spec.Tags), Properties: props}
+		ContainerFormat: firstNonEmpty(p.ContainerFormat, "bare"), Tags: serverTags(tags), Properties: props}
 	if d.cfg.StemcellPublicVisibility {
 		public := images.ImageVisibilityPublic
 		opts.Visibility = &public
 	}
-	_, err := d.do(ctx, "image", "create image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	_, err = d.do(ctx, "image", "create image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := images.Create(ctx, sc, opts).Extract()
 		if status(err) == 409 {
 			return nil // made by an earlier attempt of this call

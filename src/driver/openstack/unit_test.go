@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -233,12 +234,14 @@ func TestOfficialJobPropertiesByTheirNamesAndUnits(t *testing.T) {
 	}
 }
 
-func TestUseDHCPGoesIntoEveryNonVIPNetworkOfTheAgentSettings(t *testing.T) {
-	in := []byte(`{"agent_id": "a", "networks": {"private": {"type": "manual", "ip": "10.0.0.5"}, "public": {"type": "vip", "ip": "1.2.3.4"}}}`)
+func TestAgentUserDataAsTheOfficialCPIWritesIt(t *testing.T) {
+	in := []byte(`{"agent_id": "a", "disks": {"system": "/dev/sda", "ephemeral": "/dev/sdb", "persistent": {}},
+		"networks": {"private": {"type": "manual", "ip": "10.0.0.5"}, "public": {"type": "vip", "ip": "1.2.3.4"}}}`)
 	var got struct {
 		Networks map[string]map[string]any `json:"networks"`
+		Disks    map[string]any            `json:"disks"`
 	}
-	if err := json.Unmarshal(withUseDHCP(in, false), &got); err != nil {
+	if err := json.Unmarshal(agentUserData(in, false, false), &got); err != nil {
 		t.Fatal(err)
 	}
 	if got.Networks["private"]["use_dhcp"] != false || got.Networks["private"]["ip"] != "10.0.0.5" {
@@ -247,7 +250,76 @@ func TestUseDHCPGoesIntoEveryNonVIPNetworkOfTheAgentSettings(t *testing.T) {
 	if _, set := got.Networks["public"]["use_dhcp"]; set {
 		t.Errorf("vip = %v", got.Networks["public"])
 	}
-	if string(withUseDHCP([]byte("#!/bin/sh\n"), true)) != "#!/bin/sh\n" {
+	// A flavor without an ephemeral disk: the agent is told there is none.
+	if e, set := got.Disks["ephemeral"]; !set || e != nil || got.Disks["system"] != "/dev/sda" {
+		t.Errorf("disks = %v", got.Disks)
+	}
+	got.Disks = nil
+	if err := json.Unmarshal(agentUserData(in, true, true), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Disks["ephemeral"] != "/dev/sdb" || got.Networks["private"]["use_dhcp"] != true {
+		t.Errorf("with an ephemeral flavor: %v %v", got.Disks, got.Networks)
+	}
+	if string(agentUserData([]byte("#!/bin/sh\n"), true, false)) != "#!/bin/sh\n" {
 		t.Error("a caller's user data script must pass unchanged")
+	}
+}
+
+func TestOfficialVMPropertiesAreCheckedBeforeAnythingIsMade(t *testing.T) {
+	for props, want := range map[string]string{
+		`{"instance_type": "m", "root_disk": {"size": 0}}`:                                 "root_disk.size is 0; it is in GiB",
+		`{"instance_type": "m", "ephemeral_disk": {"size": 1024}}`:                         "ephemeral_disk is not supported",
+		`{"instance_type": "m", "availability_zone": "a", "availability_zones": ["b"]}`:    "only one of availability_zone and availability_zones",
+		`{"instance_type": "m", "availability_zones": ["a", "b"]}`:                         "ignore_server_availability_zone",
+		`{"instance_type": "m", "allowed_address_pairs": "vrrp"}`:                          `"vrrp" is not an IP address`,
+		`{"instance_type": "m", "loadbalancer_pools": [{"port": 80}]}`:                     "loadbalancer_pools[0] has no name",
+		`{"instance_type": "m", "loadbalancer_pools": [{"name": "p", "port": 0}]}`:         "port 0 is not a TCP port",
+		`{"instance_type": "m", "scheduler_hint": {}}`:                                     `"scheduler_hint" (did you mean "scheduler_hints"?)`,
+		`{"instance_type": "m", "availability_zones": ["a"], "root_disk": {"size": "10"}}`: "root_disk.size",
+	} {
+		var p vmProps
+		err := driver.PropsOf(json.RawMessage(props)).Decode("cloud_properties", &p)
+		if err == nil {
+			err = p.validate(false)
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want %q", props, err, want)
+		}
+	}
+	var p vmProps
+	if err := driver.PropsOf(json.RawMessage(`{"instance_type": "m", "availability_zones": ["a", "b"], "root_disk": {"size": 10},
+		"scheduler_hints": {"group": "g"}, "allowed_address_pairs": "10.0.0.9", "vrrp_port_check": false}`)).Decode("cloud_properties", &p); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.validate(true); err != nil || p.RootDisk.SizeGiB != 10 || p.SchedulerHints["group"] != "g" {
+		t.Fatalf("%+v %v", p, err)
+	}
+}
+
+func TestStemcellImagePropertiesAsTheOfficialCPIPassesThem(t *testing.T) {
+	var p stemcellProps
+	if err := driver.PropsOf(json.RawMessage(`{"name": "bosh-openstack-kvm-ubuntu-jammy", "version": 1.5, "hypervisor": "kvm",
+		"os_type": "linux", "auto_disk_config": true, "hw_vif_model": "virtio", "hw_disk_bus": "scsi", "hw_scsi_model": "virtio-scsi",
+		"vmware_linked_clone": false, "architecture": "x86_64", "os_distro": "ubuntu"}`)).Decode("cloud_properties", &p); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.imageProperties()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"version": "1.5", "hypervisor_type": "kvm", "os_type": "linux", "auto_disk_config": "true",
+		"hw_vif_model": "virtio", "hw_disk_bus": "scsi", "hw_scsi_model": "virtio-scsi", "vmware_linked_clone": "false",
+		"architecture": "x86_64", "os_distro": "ubuntu"}
+	if !maps.Equal(got, want) {
+		t.Errorf("image properties = %v\nwant %v", got, want)
+	}
+	p = stemcellProps{Hypervisor: "kvm", HypervisorType: "qemu"}
+	if _, err := p.imageProperties(); err == nil {
+		t.Error("hypervisor and hypervisor_type together must be refused")
+	}
+	p = stemcellProps{OSType: map[string]any{}}
+	if _, err := p.imageProperties(); err == nil || !strings.Contains(err.Error(), "os_type") {
+		t.Errorf("an object as os_type: %v", err)
 	}
 }

@@ -42,6 +42,11 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 	if err != nil {
 		return err
 	}
+	// Memberships first, as the official CPI does; if they cannot be
+	// removed the server stays, so a retried delete_vm removes both.
+	if err := d.leavePools(ctx, s.Metadata); err != nil {
+		return err
+	}
 	if err := d.deleteServer(ctx, id); err != nil {
 		return err
 	}
@@ -175,6 +180,11 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	clean := metadata(md)
 	for _, k := range []string{mdVM, mdToken, mdPorts, mdNetworks} {
 		delete(clean, k) // the driver's own keys are not the caller's to change
+	}
+	for k := range clean {
+		if strings.HasPrefix(k, mdPoolPrefix) {
+			delete(clean, k) // delete_vm reads the memberships back
+		}
 	}
 	_, err = d.do(ctx, "compute", "update metadata of "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := servers.UpdateMetadata(ctx, sc, id, servers.MetadataOpts(clean)).Extract()

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -57,6 +60,14 @@ type vmPlan struct {
 	image   string
 	flavor  string
 	keyName string
+	rootGiB int // boot volume size, when booting from one
+	// zones are tried in turn (availability_zones, shuffled); "" lets
+	// Nova pick.
+	zones   []string
+	gateway *plannedNet // the network of the floating IP, VRRP address, pool members
+	vip     *plannedNet // the floating IP, if any
+	pair    string      // allowed_address_pairs on the gateway port
+	pools   []plannedPool
 }
 
 // planVM checks the request and resolves names, touching nothing.
@@ -66,7 +77,7 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 		return nil, err
 	}
 	p := &pl.props
-	if err := p.validate(); err != nil {
+	if err := p.validate(d.cfg.IgnoreServerAvailabilityZone); err != nil {
 		return nil, err
 	}
 	image, err := validCID("stemcell", spec.StemcellCID)
@@ -85,9 +96,10 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 	pl.md[mdVM] = pl.name
 	pl.md[mdToken] = uuid.NewString()
 
-	if pl.nets, err = planNetworks(spec.Networks); err != nil {
+	if pl.nets, pl.vip, err = planNetworks(spec.Networks); err != nil {
 		return nil, err
 	}
+	pl.gateway = gatewayNet(pl.nets)
 	netIDs := map[string]string{}
 	for _, n := range pl.nets {
 		netIDs[n.name] = n.props.NetID
@@ -99,32 +111,139 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 	for _, n := range pl.nets {
 		pl.groups = append(pl.groups, n.props.SecurityGroups...)
 	}
+	if pl.vip != nil {
+		pl.groups = append(pl.groups, pl.vip.props.SecurityGroups...)
+	}
 	if len(pl.groups) == 0 {
 		pl.groups = d.cfg.DefaultSecurityGroups
 	}
-	pl.user = p.UserData
-	if pl.user == "" {
-		if s, ok := spec.Env["user_data"].(string); ok {
-			pl.user = s
-		} else {
-			pl.user = string(withUseDHCP(spec.AgentSettings, d.cfg.useDHCP()))
-		}
+	pl.groups = uniq(pl.groups)
+	if err := d.planPair(ctx, pl); err != nil {
+		return nil, err
 	}
-	if len(pl.user) > 65535 {
-		return nil, driver.Invalid("user data is %d bytes; Nova allows 65535", len(pl.user))
+	if err := d.planPools(ctx, pl); err != nil {
+		return nil, err
 	}
-	if d.bootFromVolume(p) && (p.RootDisk == nil || mibToGiB(p.RootDisk.SizeMiB) == 0) {
-		return nil, &driver.CreationError{Err: driver.Invalid("boot_from_volume needs cloud_properties.root_disk.size")}
+	if pl.zones, err = d.planZones(ctx, p, spec.DiskCIDs); err != nil {
+		return nil, err
 	}
 	pl.keyName = firstNonEmpty(p.KeyName, d.cfg.DefaultKeyName)
-	pl.flavor, err = d.flavorID(ctx, p.InstanceType, false)
+	flavor, err := d.flavor(ctx, p.InstanceType, false)
 	if errors.Is(err, errUnknownFlavor) {
 		return nil, err // a CloudError: no retry can find it
 	}
 	if err != nil {
 		return nil, d.creationError(err)
 	}
+	pl.flavor = flavor.ID
+	if d.bootFromVolume(p) {
+		// The official CPI's rule: root_disk.size (GiB), else the flavor's disk.
+		if p.RootDisk != nil {
+			pl.rootGiB = p.RootDisk.SizeGiB
+		} else if pl.rootGiB = flavor.Disk; pl.rootGiB == 0 {
+			return nil, &driver.CreationError{Err: driver.Invalid("boot_from_volume: flavor %q has a root disk of 0 GiB; set cloud_properties.root_disk.size (GiB) or pick another flavor", flavor.Name)}
+		}
+	}
+	pl.user = p.UserData
+	if pl.user == "" {
+		if s, ok := spec.Env["user_data"].(string); ok {
+			pl.user = s
+		} else {
+			pl.user = string(agentUserData(spec.AgentSettings, d.cfg.useDHCP(), flavor.Ephemeral > 0))
+		}
+	}
+	if len(pl.user) > 65535 {
+		return nil, driver.Invalid("user data is %d bytes; Nova allows 65535", len(pl.user))
+	}
 	return pl, nil
+}
+
+// planPair checks allowed_address_pairs: it goes on the gateway network's
+// port, which must be one runway makes (manual), and by default the VRRP
+// address must already be some port's (vrrp_port_check, as the official
+// CPI checks).
+func (d *Driver) planPair(ctx context.Context, pl *vmPlan) error {
+	pl.pair = pl.props.AllowedAddressPairs
+	if pl.pair == "" {
+		return nil
+	}
+	if pl.gateway == nil || pl.gateway.net.Type != "manual" {
+		return &driver.CreationError{Err: driver.Invalid("cloud_properties.allowed_address_pairs needs a manual gateway network (its port carries the pair)")}
+	}
+	check := true
+	for _, c := range []*bool{pl.props.VRRPPortCheck, pl.gateway.props.VRRPPortCheck} {
+		if c != nil && !*c {
+			check = false
+		}
+	}
+	if !check {
+		return nil
+	}
+	var found bool
+	_, err := d.do(ctx, "network", "find the VRRP port of "+pl.pair, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		pages, err := ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err := ports.ExtractPorts(pages)
+		found = len(list) > 0
+		return err
+	})
+	if err != nil {
+		return d.creationError(d.cloudErr("find the VRRP port of "+pl.pair, err))
+	}
+	if !found {
+		return &driver.CreationError{Err: driver.Invalid("cloud_properties.allowed_address_pairs: no port holds %s (the VRRP address); create that port first, or set vrrp_port_check: false", pl.pair)}
+	}
+	return nil
+}
+
+// planZones lists the zones to try. A VM with persistent disks goes to
+// their zone unless openstack.ignore_server_availability_zone, as the
+// official CPI places it; availability_zones are tried in random order.
+func (d *Driver) planZones(ctx context.Context, p *vmProps, disks []string) ([]string, error) {
+	if len(p.AvailabilityZones) > 0 {
+		zones := slices.Clone(p.AvailabilityZones)
+		rand.Shuffle(len(zones), func(i, j int) { zones[i], zones[j] = zones[j], zones[i] })
+		return zones, nil
+	}
+	if len(disks) == 0 || d.cfg.IgnoreServerAvailabilityZone {
+		return []string{p.AvailabilityZone}, nil
+	}
+	zone, seen := p.AvailabilityZone, []string{}
+	for _, cid := range disks {
+		id, err := validCID("disk", cid)
+		if err != nil {
+			return nil, &driver.CreationError{Err: err}
+		}
+		v, err := d.volume(ctx, id)
+		if err != nil {
+			return nil, d.creationError(err)
+		}
+		seen = append(seen, fmt.Sprintf("disk %s is in zone %q", id, v.AvailabilityZone))
+		if zone == "" {
+			zone = v.AvailabilityZone
+		}
+		if v.AvailabilityZone != zone {
+			vmZone := "the VM's zone is " + strconv.Quote(p.AvailabilityZone)
+			if p.AvailabilityZone == "" {
+				vmZone = "the disks disagree"
+			}
+			return nil, &driver.CreationError{Err: driver.Invalid("VM and disks in different availability zones (%s; %s): use one zone, or set openstack.ignore_server_availability_zone: true",
+				vmZone, strings.Join(seen, ", "))}
+		}
+	}
+	return []string{zone}, nil
+}
+
+func uniq(list []string) []string {
+	var out []string
+	for _, s := range list {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func (d *Driver) bootFromVolume(p *vmProps) bool {
@@ -141,21 +260,52 @@ func (d *Driver) createServer(ctx context.Context, c *creation, pl *vmPlan) (dri
 	if err != nil {
 		return driver.VM{}, d.creationError(err)
 	}
-	srv, err := d.bootServer(ctx, c, pl, d.serverOpts(pl, nics))
-	if err != nil {
-		return driver.VM{}, d.creationError(err)
+	var srv *servers.Server
+	for i, zone := range pl.zones {
+		srv, err = d.bootInZone(ctx, c, pl, nics, zone)
+		if err == nil || i == len(pl.zones)-1 || ctx.Err() != nil {
+			break
+		}
+		// The official CPI's availability_zones: another zone may have room.
+		d.log.Warn("openstack", "create_vm %s in zone %q failed, trying zone %q: %v", c.name, zone, pl.zones[i+1], err)
+		c.d.sweepServers(context.WithoutCancel(ctx), c.name, c.token, "")
+		c.server, c.sent = "", 0
 	}
-	d.log.Info("openstack", "creating server %s (%s) for agent %s", srv.ID, c.name, pl.agent)
-	srv, err = d.waitServer(ctx, srv.ID, "ACTIVE")
 	if err != nil {
-		return driver.VM{}, d.creationError(err)
+		return driver.VM{}, err
+	}
+	if pl.vip != nil {
+		if err := d.associateFloatingIP(ctx, srv, pl); err != nil {
+			return driver.VM{}, d.creationError(err)
+		}
 	}
 	out, err := d.assignedNetworks(ctx, srv, pl.asked, pl.nets)
 	if err != nil {
 		return driver.VM{}, d.creationError(err)
 	}
+	if len(pl.pools) > 0 {
+		if err := d.joinPools(ctx, c, srv, pl, out[pl.gateway.name].IP); err != nil {
+			return driver.VM{}, err
+		}
+	}
 	c.done = true
 	return driver.VM{CID: srv.ID, Networks: out}, nil
+}
+
+// bootInZone boots the server in zone and waits until it is ACTIVE.
+func (d *Driver) bootInZone(ctx context.Context, c *creation, pl *vmPlan, nics []servers.Network, zone string) (*servers.Server, error) {
+	opts := d.serverOpts(pl, nics)
+	opts.AvailabilityZone = zone
+	srv, err := d.bootServer(ctx, c, pl, opts)
+	if err != nil {
+		return nil, d.creationError(err)
+	}
+	d.log.Info("openstack", "creating server %s (%s) for agent %s in zone %q", srv.ID, c.name, pl.agent, zone)
+	srv, err = d.waitServer(ctx, srv.ID, "ACTIVE")
+	if err != nil {
+		return nil, d.creationError(err)
+	}
+	return srv, nil
 }
 
 // serverOpts is the server request: NICs, security groups (Nova applies
@@ -164,7 +314,7 @@ func (d *Driver) createServer(ctx context.Context, c *creation, pl *vmPlan) (dri
 func (d *Driver) serverOpts(pl *vmPlan, nics []servers.Network) servers.CreateOpts {
 	p := &pl.props
 	opts := servers.CreateOpts{
-		Name: pl.name, ImageRef: pl.image, FlavorRef: pl.flavor, AvailabilityZone: p.AvailabilityZone,
+		Name: pl.name, ImageRef: pl.image, FlavorRef: pl.flavor,
 		Metadata: pl.md, Tags: serverTags(pl.creator), SecurityGroups: pl.groups, Networks: "none",
 	}
 	if len(pl.nets) == 0 || allPorts(pl.nets) {
@@ -182,8 +332,8 @@ func (d *Driver) serverOpts(pl *vmPlan, nics []servers.Network) servers.CreateOp
 	if d.bootFromVolume(p) {
 		opts.ImageRef = ""
 		opts.BlockDevice = []servers.BlockDevice{{SourceType: servers.SourceImage, UUID: pl.image, BootIndex: 0,
-			DestinationType: servers.DestinationVolume, VolumeSize: mibToGiB(p.RootDisk.SizeMiB),
-			VolumeType: p.RootDisk.Type, DeleteOnTermination: true}}
+			DestinationType: servers.DestinationVolume, VolumeSize: pl.rootGiB,
+			VolumeType: rootType(p.RootDisk), DeleteOnTermination: true}}
 	}
 	return opts
 }
@@ -200,7 +350,11 @@ func (d *Driver) bootServer(ctx context.Context, c *creation, pl *vmPlan, opts s
 		}
 		return d.doCreate(ctx, "compute", "create server "+c.name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 			var err error
-			srv, err = servers.Create(ctx, sc, builder, nil).Extract()
+			var hints servers.SchedulerHintOptsBuilder
+			if len(pl.props.SchedulerHints) > 0 {
+				hints = pl.props.SchedulerHints
+			}
+			srv, err = servers.Create(ctx, sc, builder, hints).Extract()
 			return err
 		}, func(ctx context.Context, sc *gophercloud.ServiceClient) (bool, error) {
 			list, err := serversNamed(ctx, sc, c.name)
@@ -216,8 +370,8 @@ func (d *Driver) bootServer(ctx context.Context, c *creation, pl *vmPlan, opts s
 	sent, err := create()
 	if err != nil && status(err) == 400 && strings.Contains(strings.ToLower(apiMessage(err)), "flavor") {
 		// The cached flavor id went stale (flavor recreated): look again once.
-		if id, ferr := d.flavorID(ctx, pl.props.InstanceType, true); ferr == nil && id != opts.FlavorRef {
-			opts.FlavorRef = id
+		if f, ferr := d.flavor(ctx, pl.props.InstanceType, true); ferr == nil && f.ID != opts.FlavorRef {
+			opts.FlavorRef = f.ID
 			var n int
 			n, err = create()
 			sent += n
@@ -243,12 +397,19 @@ type creation struct {
 	sent   int
 	server string
 	ports  []string
-	done   bool
+	// members are pool memberships made: pool, member, load balancer.
+	members [][3]string
+	done    bool
 }
 
 func (c *creation) undo(ctx context.Context) {
 	if c.done {
 		return
+	}
+	for _, m := range c.members {
+		if err := c.d.leavePool(ctx, m[0], m[1], m[2]); err != nil {
+			c.d.log.Warn("openstack", "removing member %s from pool %s after a failed create: %v", m[1], m[0], err)
+		}
 	}
 	if c.server != "" || c.sent > 0 {
 		c.d.sweepServers(ctx, c.name, c.token, "")
@@ -312,25 +473,34 @@ func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
 	}
 }
 
-// withUseDHCP writes use_dhcp into every non-vip network of the agent
-// settings, as the official CPI does (openstack.use_dhcp, default true).
-func withUseDHCP(settings []byte, on bool) []byte {
+// agentUserData adjusts the agent settings as the official CPI writes
+// them: use_dhcp on every non-vip network (openstack.use_dhcp, default
+// true), and no ephemeral disk when the flavor has none (the agent then
+// keeps its data on the root disk instead of waiting for /dev/sdb).
+func agentUserData(settings []byte, useDHCP, ephemeral bool) []byte {
 	var s map[string]any
 	if json.Unmarshal(settings, &s) != nil {
 		return settings
 	}
 	nets, _ := s["networks"].(map[string]any)
-	if len(nets) == 0 {
-		return settings
-	}
 	for _, n := range nets {
 		if m, ok := n.(map[string]any); ok && m["type"] != "vip" {
-			m["use_dhcp"] = on
+			m["use_dhcp"] = useDHCP
 		}
+	}
+	if disks, ok := s["disks"].(map[string]any); ok && !ephemeral {
+		disks["ephemeral"] = nil
 	}
 	b, err := json.Marshal(s)
 	if err != nil {
 		return settings
 	}
 	return b
+}
+
+func rootType(r *rootDisk) string {
+	if r == nil {
+		return ""
+	}
+	return r.Type
 }

@@ -1,0 +1,75 @@
+package cpibin
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/runway-cpi/runway/src/rpc"
+)
+
+// Caller runs bin/cpi once per call, the way the Director does: one
+// request on stdin, one response on stdout.
+type Caller struct {
+	Bin, Config string
+	// Context is every request's context (director_uuid, request_id, a
+	// cpi-config's properties); Extra keys per call are merged over it.
+	Context map[string]any
+	// Secrets must never appear in stdout or stderr.
+	Secrets []string
+}
+
+// Reply is bin/cpi's response with the result kept raw.
+type Reply struct {
+	Result json.RawMessage `json:"result"`
+	Error  *rpc.Error      `json:"error"`
+	Log    string          `json:"log"`
+}
+
+// Call sends method with args (API v2) and the context plus extra; it
+// fails the test when bin/cpi does not answer one JSON response or a
+// secret shows.
+func (c Caller) Call(t testing.TB, extra map[string]any, method string, args ...any) Reply {
+	t.Helper()
+	ctx := map[string]any{"director_uuid": "cpibin-director", "request_id": "cpi-1"}
+	for k, v := range c.Context {
+		ctx[k] = v
+	}
+	for k, v := range extra {
+		ctx[k] = v
+	}
+	req, err := rpc.NewRequest(method, 2, ctx, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(req)
+	cmd := exec.Command(c.Bin, "-configPath", c.Config)
+	cmd.Stdin = strings.NewReader(string(body))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", method, err, stderr.String())
+	}
+	for _, s := range c.Secrets {
+		if s != "" && (strings.Contains(string(out), s) || strings.Contains(stderr.String(), s)) {
+			t.Fatalf("%s: a secret came back:\n%s\n%s", method, out, stderr.String())
+		}
+	}
+	var r Reply
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("%s: not one JSON response: %s", method, out)
+	}
+	return r
+}
+
+// OK is Call that fails the test on an error response.
+func (c Caller) OK(t testing.TB, extra map[string]any, method string, args ...any) json.RawMessage {
+	t.Helper()
+	r := c.Call(t, extra, method, args...)
+	if r.Error != nil {
+		t.Fatalf("%s: %s: %s\nlog:\n%s", method, r.Error.Type, r.Error.Message, r.Log)
+	}
+	return r.Result
+}
