@@ -342,4 +342,28 @@ func TestOfficialVMCloudPropertiesOnTheDevCloud(t *testing.T) {
 	cpi.OK(t, nil, "delete_vm", vm3)
 	cpi.OK(t, nil, "delete_disk", disk)
 	cpi.OK(t, nil, "delete_stemcell", sc)
+
+	// 5. A heavy stemcell's image properties reach Glance as the official
+	// CPI writes them.
+	img, _ := rawImage(t)
+	var heavy string
+	json.Unmarshal(cpi.OK(t, nil, "create_stemcell", img, map[string]any{"name": "bosh-openstack-kvm-ubuntu-jammy-go_agent",
+		"version": "1.181", "disk_format": "raw", "container_format": "bare", "hypervisor": "qemu", "os_type": "linux",
+		"os_distro": "ubuntu", "architecture": "x86_64", "auto_disk_config": true, "hw_disk_bus": "scsi",
+		"hw_scsi_model": "virtio-scsi", "tags": map[string]string{"team": "parity"}}), &heavy)
+	got, err := a.get(t, "image", "v2/images/"+heavy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]any{"name": "bosh-openstack-kvm-ubuntu-jammy-go_agent/1.181", "hypervisor_type": "qemu",
+		"os_type": "linux", "os_distro": "ubuntu", "architecture": "x86_64", "auto_disk_config": "true", "hw_disk_bus": "scsi",
+		"hw_scsi_model": "virtio-scsi", "version": "1.181", "visibility": "private"} {
+		if got[k] != v {
+			t.Errorf("image %s: %s = %v; want %v", heavy, k, got[k], v)
+		}
+	}
+	if tags, _ := got["tags"].([]any); !slices.Contains(tags, any("team=parity")) {
+		t.Errorf("image tags = %v; want team=parity", got["tags"])
+	}
+	cpi.OK(t, nil, "delete_stemcell", heavy)
 }

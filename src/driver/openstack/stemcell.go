@@ -64,10 +64,13 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	}
 	opts := images.CreateOpts{ID: id, Name: name, DiskFormat: firstNonEmpty(p.DiskFormat, "qcow2"),
 		ContainerFormat: firstNonEmpty(p.ContainerFormat, "bare"), Tags: serverTags(tags), Properties: props}
+	// Private unless stemcell_public_visibility, as the official CPI sets
+	// it (Glance's own default is "shared").
+	visibility := images.ImageVisibilityPrivate
 	if d.cfg.StemcellPublicVisibility {
-		public := images.ImageVisibilityPublic
-		opts.Visibility = &public
+		visibility = images.ImageVisibilityPublic
 	}
+	opts.Visibility = &visibility
 	_, err = d.do(ctx, "image", "create image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := images.Create(ctx, sc, opts).Extract()
 		if status(err) == 409 {
