@@ -298,14 +298,18 @@ func TestOfficialVMCloudPropertiesOnTheDevCloud(t *testing.T) {
 			want: "availability zone"},
 		{props: map[string]any{"instance_type": "runway.tiny", "loadbalancer_pools": []map[string]any{{"name": "no-such-pool", "port": 80}}},
 			nets: nets("10.20.0.133"), want: `0 pools are named "no-such-pool"`},
-		{props: map[string]any{"instance_type": "runway.tiny"}, nets: map[string]any{"public": map[string]any{"type": "vip", "ip": "172.24.4.254"},
-			"private": nets("10.20.0.133")["private"]}, want: "172.24.4.254 is not allocated"},
+		// TEST-NET-1: never a floating IP of the dev cloud.
+		{props: map[string]any{"instance_type": "runway.tiny"}, nets: map[string]any{"public": map[string]any{"type": "vip", "ip": "192.0.2.10"},
+			"private": nets("10.20.0.133")["private"]}, want: "192.0.2.10 is not allocated"},
 		{props: map[string]any{"instance_type": "runway.tiny", "availability_zones": []string{"nova", "b"}},
 			ctx: map[string]any{"ignore_server_availability_zone": false}, want: "ignore_server_availability_zone"},
 	} {
 		r := cpi.Call(t, tc.ctx, "create_vm", createVMArgs("parity-x", sc, tc.props, tc.nets, tc.disks)...)
 		if r.Error == nil || !strings.Contains(r.Error.Message, tc.want) {
 			t.Errorf("create_vm %v: %+v; want an error saying %q", tc.props, r.Error, tc.want)
+		}
+		if r.Error == nil {
+			cpi.OK(t, nil, "delete_vm", vmCID(t, r.Result))
 		}
 	}
 
