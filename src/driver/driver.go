@@ -5,6 +5,7 @@ package driver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 )
@@ -46,6 +47,22 @@ type Network struct {
 	Default         []string `json:"default,omitempty"`
 	MAC             string   `json:"mac,omitempty"`
 	CloudProperties Props    `json:"cloud_properties"`
+	// Prefix (prefix delegation) and NICGroup (several networks on one
+	// interface) are the Director's AWS-era settings; no driver builds
+	// them yet, so Unbuilt refuses them rather than dropping them.
+	Prefix   json.RawMessage `json:"prefix,omitempty"`
+	NICGroup string          `json:"nic_group,omitempty"`
+}
+
+// Unbuilt refuses the network settings no driver implements yet.
+func (n Network) Unbuilt(name, driverName string) error {
+	switch {
+	case len(n.Prefix) > 0 && string(n.Prefix) != "null":
+		return fmt.Errorf("%w: networks.%s.prefix (prefix delegation) is not supported by the %s driver", ErrNotSupported, name, driverName)
+	case n.NICGroup != "":
+		return fmt.Errorf("%w: networks.%s.nic_group (several networks on one interface) is not supported by the %s driver", ErrNotSupported, name, driverName)
+	}
+	return nil
 }
 
 // Networks is the networks hash, by network name.

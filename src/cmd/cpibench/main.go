@@ -26,7 +26,7 @@ func main() {
 	suite := flag.String("suite", "local", "local (driver timings), startup (info beside an empty program), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
 	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
 	drivers := flag.String("drivers", "local,openstack,aws", "configs -suite startup measures info with")
-	lb := flag.Bool("lb", false, "-suite openstack: every VM with a floating IP (vip network) and an Octavia pool member")
+	lb := flag.Bool("lb", false, "every VM with a floating IP (vip network) and an Octavia pool member (-suite openstack), or in a target group with an encrypted ephemeral disk (-suite aws)")
 	flag.Parse()
 	runSuite := run
 	switch *suite {
@@ -44,10 +44,11 @@ func main() {
 				return err
 			}
 			if *lb {
-				if s.driver != "openstack" {
-					return fmt.Errorf("-lb is for -suite openstack")
+				with := withFloatingIPAndPool
+				if s.driver == "aws" {
+					with = withTargetGroup
 				}
-				cleanup, err := withFloatingIPAndPool(&s)
+				cleanup, err := with(&s)
 				if err != nil {
 					return err
 				}

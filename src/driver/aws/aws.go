@@ -15,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	elb "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancing"
+	elbv2 "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
@@ -34,7 +36,12 @@ type Driver struct {
 	once    sync.Once
 	ec2     *ec2.Client
 	ebs     *ebs.Client
+	awsCfg  aws.Config
 	initErr error
+
+	lbOnce sync.Once
+	elb    *elb.Client
+	elbv2  *elbv2.Client
 }
 
 var (

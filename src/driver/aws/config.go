@@ -61,9 +61,9 @@ type Config struct {
 	// MetadataOptions go into every RunInstances (the official CPI's
 	// snake_case names of ModifyInstanceMetadataOptions).
 	MetadataOptions *MetadataOptions `json:"metadata_options,omitempty"`
-	// EnableDescribeInstanceTypes is the official CPI's switch for its
-	// NVMe detection; Runway's device hints don't call the API, so either
-	// value is accepted.
+	// EnableDescribeInstanceTypes (default true): attach_disk asks EC2
+	// whether the instance type's EBS is NVMe-only, to answer the NVMe
+	// device path; false answers the device name.
 	EnableDescribeInstanceTypes *bool `json:"enable_describe_instance_types,omitempty"`
 
 	// MaxAttempts bounds the transient faults (5xx, resets, timeouts) one
@@ -232,6 +232,7 @@ func (d *Driver) newClients(ctx context.Context) (*ec2.Client, *ebs.Client, erro
 				}
 			}))
 	}
+	d.awsCfg = cfg
 	e := ec2.NewFromConfig(cfg, func(o *ec2.Options) {
 		if c.Endpoint != "" {
 			o.BaseEndpoint = aws.String(strings.TrimRight(c.Endpoint, "/"))

@@ -29,7 +29,8 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		return "", err
 	}
 	token := uuid.NewString()
-	tags := driver.MergeTags(spec.Tags, map[string]string{tagToken: token})
+	// The disk's own tags (cloud_properties.tags), then the creator's.
+	tags := driver.MergeTags(p.Tags, spec.Tags, map[string]string{tagToken: token})
 	in := &ec2.CreateVolumeInput{
 		AvailabilityZone: aws.String(az), Size: aws.Int32(mibToGiB(spec.SizeMiB)),
 		VolumeType: types.VolumeType(firstNonEmpty(p.Type, "gp3")), ClientToken: aws.String(token),
@@ -267,7 +268,10 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 		return nil, err
 	}
 	if a := attachmentTo(v, vmCID); a != nil {
-		return aws.ToString(a.Device), d.waitAttached(ctx, vmCID, diskCID)
+		if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
+			return nil, err
+		}
+		return d.deviceHint(ctx, inst, diskCID, aws.ToString(a.Device)), nil
 	}
 	for _, a := range v.Attachments {
 		if a.State != types.VolumeAttachmentStateDetached {
@@ -304,7 +308,33 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 		return nil, err
 	}
 	d.log.Info("aws", "attached %s to %s as %s", diskCID, vmCID, device)
-	return device, nil
+	return d.deviceHint(ctx, inst, diskCID, device), nil
+}
+
+// nvmeByID is where udev links an EBS volume on an NVMe-only (Nitro)
+// instance, by the volume id without its dash; the device name given to
+// AttachVolume is not what the kernel calls it there.
+const nvmeByID = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_"
+
+// deviceHint is the path the agent finds the disk at: the NVMe by-id link
+// on instance types whose EBS is NVMe-only (DescribeInstanceTypes, unless
+// enable_describe_instance_types is false), else the device name.
+func (d *Driver) deviceHint(ctx context.Context, inst types.Instance, volume, device string) string {
+	if c := d.cfg.EnableDescribeInstanceTypes; c != nil && !*c {
+		return device
+	}
+	out, err := call(ctx, d, "DescribeInstanceTypes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstanceTypesOutput, error) {
+		return c.DescribeInstanceTypes(ctx, &ec2.DescribeInstanceTypesInput{InstanceTypes: []types.InstanceType{inst.InstanceType}})
+	})
+	if err != nil {
+		// The hint is a hint: the agent also searches; say what happened.
+		d.log.Warn("aws", "DescribeInstanceTypes %s (for the NVMe device hint): %v", inst.InstanceType, err)
+		return device
+	}
+	if len(out.InstanceTypes) > 0 && out.InstanceTypes[0].EbsInfo != nil && out.InstanceTypes[0].EbsInfo.NvmeSupport == types.EbsNvmeSupportRequired {
+		return nvmeByID + strings.Replace(volume, "-", "", 1)
+	}
+	return device
 }
 
 func (d *Driver) waitAttached(ctx context.Context, vmCID, diskCID string) error {

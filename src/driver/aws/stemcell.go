@@ -42,6 +42,22 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	if err := spec.CloudProps.Decode("stemcell cloud_properties", &p); err != nil {
 		return "", err
 	}
+	if p.KernelID != "" {
+		return "", fmt.Errorf("%w: cloud_properties.kernel_id: paravirtual kernels (AKIs) are retired; HVM stemcells boot their own", driver.ErrNotSupported)
+	}
+	encrypted := d.cfg.Encrypted
+	if p.Encrypted != nil {
+		encrypted = *p.Encrypted
+	}
+	kms := firstNonEmpty(p.KMSKeyARN, d.cfg.KMSKeyARN)
+	if kms != "" && !encrypted {
+		if p.KMSKeyARN != "" {
+			return "", driver.Invalid("cloud_properties.kms_key_arn needs encrypted (it is false)")
+		}
+		kms = ""
+	}
+	token := uuid.NewString()
+	tags := driver.MergeTags(p.Tags, spec.Tags, map[string]string{tagToken: token})
 	if len(p.AMI) > 0 {
 		ami := p.AMI[d.cfg.Region]
 		if ami == "" {
@@ -53,10 +69,12 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		if _, err := d.image(ctx, ami); err != nil {
 			return "", err
 		}
+		if encrypted {
+			// An encrypted copy is ours (delete_stemcell deletes it).
+			return d.copyEncrypted(ctx, ami, kms, tags)
+		}
 		return ami + " light", nil
 	}
-	token := uuid.NewString()
-	tags := driver.MergeTags(spec.Tags, map[string]string{tagToken: token})
 	snap, err := d.uploadImage(ctx, spec.ImagePath, p.DiskMiB, tags)
 	if err != nil {
 		return "", err
@@ -69,7 +87,58 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		}
 		return "", err
 	}
-	return ami, nil
+	if !encrypted {
+		return ami, nil
+	}
+	copied, err := d.copyEncrypted(ctx, ami, kms, tags)
+	// The unencrypted original is not kept, whatever the copy did.
+	if derr := d.DeleteStemcell(context.WithoutCancel(ctx), ami); derr != nil {
+		d.log.Warn("aws", "deleting the unencrypted %s: %v", ami, derr)
+	}
+	return copied, err
+}
+
+// copyEncrypted copies an AMI into an encrypted one (the job's or the
+// stemcell's kms_key_arn, else the account's default EBS key), as the
+// official CPI does for encrypted stemcells, and waits until it is
+// available.
+func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[string]string) (string, error) {
+	in := &ec2.CopyImageInput{SourceImageId: aws.String(ami), SourceRegion: aws.String(d.cfg.Region),
+		Name: aws.String(clip.To("runway-encrypted-"+tags[tagToken], 128)), Encrypted: aws.Bool(true),
+		ClientToken: aws.String(tags[tagToken])}
+	if kms != "" {
+		in.KmsKeyId = aws.String(kms)
+	}
+	out, err := call(ctx, d, "CopyImage", func(ctx context.Context, c *ec2.Client) (*ec2.CopyImageOutput, error) {
+		return c.CopyImage(ctx, in)
+	})
+	if err != nil {
+		return "", d.cloudErr("CopyImage "+ami, err)
+	}
+	copied := aws.ToString(out.ImageId)
+	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
+		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{copied}, Tags: ec2Tags(tags)})
+	}); err != nil {
+		d.log.Warn("aws", "tagging %s: %v", copied, err)
+	}
+	err = d.waitFor(ctx, "image "+copied+" available", func(ctx context.Context) (bool, error) {
+		img, err := d.image(ctx, copied)
+		if err != nil {
+			return false, err
+		}
+		if img.State == types.ImageStateFailed || img.State == types.ImageStateError {
+			return false, fmt.Errorf("encrypted copy %s of %s failed: %s", copied, ami, img.State)
+		}
+		return img.State == types.ImageStateAvailable, nil
+	})
+	if err != nil {
+		if derr := d.DeleteStemcell(context.WithoutCancel(ctx), copied); derr != nil {
+			d.log.Warn("aws", "deleting the failed copy %s: %v", copied, derr)
+		}
+		return "", err
+	}
+	d.log.Info("aws", "encrypted copy %s of %s", copied, ami)
+	return copied, nil
 }
 
 // image describes one AMI; unknown or deregistered is ErrStemcellNotFound.

@@ -251,14 +251,15 @@ func TestIAMPolicyMatchesTheCode(t *testing.T) {
 	}
 	used := map[string]bool{}
 	files, _ := filepath.Glob("*.go")
-	call := regexp.MustCompile(`\b(c|eb)\.([A-Z][A-Za-z]+)\(ctx`)
+	// c: EC2, eb: EBS direct, lb1/lb2: classic ELB and ELBv2 (one IAM prefix).
+	call := regexp.MustCompile(`\b(c|eb|lb1|lb2)\.([A-Z][A-Za-z]+)\(ctx`)
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
 			continue
 		}
 		src, _ := os.ReadFile(f)
 		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
-			used[map[string]string{"c": "ec2:", "eb": "ebs:"}[m[1]]+m[2]] = true
+			used[map[string]string{"c": "ec2:", "eb": "ebs:", "lb1": "elasticloadbalancing:", "lb2": "elasticloadbalancing:"}[m[1]]+m[2]] = true
 		}
 	}
 	if len(used) < 20 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -49,10 +50,19 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		MinCount: aws.Int32(1), MaxCount: aws.Int32(1), ClientToken: aws.String(token),
 		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeInstance, tags), tagSpec(types.ResourceTypeVolume, tags)},
 	}
-	if az := p.AvailabilityZone; az != "" {
-		in.Placement = &types.Placement{AvailabilityZone: aws.String(az)}
+	if p.AvailabilityZone != "" || p.PlacementGroup != "" || p.Tenancy == "dedicated" {
+		in.Placement = &types.Placement{}
+		if p.AvailabilityZone != "" {
+			in.Placement.AvailabilityZone = aws.String(p.AvailabilityZone)
+		}
+		if p.PlacementGroup != "" {
+			in.Placement.GroupName = aws.String(p.PlacementGroup)
+		}
+		if p.Tenancy == "dedicated" {
+			in.Placement.Tenancy = types.TenancyDedicated
+		}
 	}
-	if m := d.cfg.MetadataOptions; m != nil {
+	if m := mergeMetadataOptions(d.cfg.MetadataOptions, p.MetadataOptions); m != nil {
 		in.MetadataOptions = &types.InstanceMetadataOptionsRequest{
 			HttpEndpoint: types.InstanceMetadataEndpointState(m.HTTPEndpoint), HttpTokens: types.HttpTokensState(m.HTTPTokens),
 			HttpProtocolIpv6:     types.InstanceMetadataProtocolState(m.HTTPProtocolIPv6),
@@ -83,11 +93,12 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if len(groups) == 0 {
 		groups = d.cfg.DefaultSecurityGroups
 	}
-	for _, g := range groups {
-		if strings.HasPrefix(g, "sg-") {
-			in.SecurityGroupIds = append(in.SecurityGroupIds, g)
-		} else {
-			in.SecurityGroups = append(in.SecurityGroups, g)
+	if err := d.placeGroups(ctx, groups, in); err != nil {
+		return driver.VM{}, err
+	}
+	if p.AutoAssignPublicIP != nil {
+		if err := moveToInterface(in, *p.AutoAssignPublicIP); err != nil {
+			return driver.VM{}, err
 		}
 	}
 	if err := d.blockDevices(ctx, ami, p, in); err != nil {
@@ -98,7 +109,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		if s, ok := spec.Env["user_data"].(string); ok {
 			userData = s
 		} else {
-			userData = string(spec.AgentSettings)
+			userData = string(withoutEphemeral(spec.AgentSettings, p.EphemeralDisk != nil && p.EphemeralDisk.UseRootDisk))
 		}
 	}
 	if userData != "" {
@@ -108,12 +119,28 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		in.UserData = aws.String(base64.StdEncoding.EncodeToString([]byte(userData)))
 	}
 
-	out, sent, err := create(ctx, d, "RunInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, error) {
-		return c.RunInstances(ctx, in)
-	}, func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, bool, error) {
-		insts, err := d.instances(ctx, map[string]string{tagToken: token})
-		return &ec2.RunInstancesOutput{Instances: insts}, len(insts) > 0, err
-	})
+	launch := func(in *ec2.RunInstancesInput) (*ec2.RunInstancesOutput, int, error) {
+		return create(ctx, d, "RunInstances", func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, error) {
+			return c.RunInstances(ctx, in)
+		}, func(ctx context.Context, c *ec2.Client) (*ec2.RunInstancesOutput, bool, error) {
+			insts, err := d.instances(ctx, map[string]string{tagToken: token})
+			return &ec2.RunInstancesOutput{Instances: insts}, len(insts) > 0, err
+		})
+	}
+	if p.SpotBidPrice != nil {
+		in.InstanceMarketOptions = &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeSpot,
+			SpotOptions: &types.SpotMarketOptions{MaxPrice: aws.String(strconv.FormatFloat(*p.SpotBidPrice, 'f', -1, 64)),
+				SpotInstanceType: types.SpotInstanceTypeOneTime, InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate}}
+	}
+	out, sent, err := launch(in)
+	if err != nil && p.SpotBidPrice != nil && p.SpotOnDemandFallback && !errors.Is(err, driver.ErrInvalidInput) {
+		// The official CPI's spot_ondemand_fallback: no spot capacity at
+		// this price, so an on-demand instance instead.
+		d.log.Warn("aws", "spot request at %v failed, launching on demand: %v", *p.SpotBidPrice, err)
+		d.sweepInstances(ctx, token, "")
+		in.InstanceMarketOptions = nil
+		out, sent, err = launch(in)
+	}
 	if err != nil || len(out.Instances) == 0 {
 		if sent > 1 {
 			d.sweepInstances(ctx, token, "")
@@ -133,6 +160,9 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	inst, err := d.waitInstance(ctx, id, "running", true)
 	if err == nil && vip != "" {
 		err = d.associateVIP(ctx, id, spec.Networks[vip].IP)
+	}
+	if err == nil {
+		err = d.configureInstance(ctx, inst, p)
 	}
 	if err != nil {
 		d.sweepInstances(context.WithoutCancel(ctx), token, "")
@@ -184,6 +214,12 @@ func (d *Driver) placeNetworks(nets driver.Networks, p *vmProps, in *ec2.RunInst
 	subnet := p.SubnetID
 	for _, name := range names {
 		n := nets[name]
+		if err := n.Unbuilt(name, "aws"); err != nil {
+			return "", "", err
+		}
+		if strings.Contains(n.IP, ":") {
+			return "", "", fmt.Errorf("%w: %s: IPv6 addresses are not supported by the aws driver yet", driver.ErrNotSupported, describeNet(name, n))
+		}
 		switch n.Type {
 		case "vip":
 			if vip != "" {
@@ -227,7 +263,7 @@ func (d *Driver) placeNetworks(nets driver.Networks, p *vmProps, in *ec2.RunInst
 }
 
 // blockDevices sizes the root disk (which needs the AMI's root device
-// name) and adds an EBS ephemeral disk at /dev/sdb, where the agent looks.
+// name) and adds the ephemeral disk at /dev/sdb, where the agent looks.
 func (d *Driver) blockDevices(ctx context.Context, ami string, p vmProps, in *ec2.RunInstancesInput) error {
 	if r := p.RootDisk; r != nil && (r.SizeMiB > 0 || r.Type != "") {
 		img, err := d.image(ctx, ami)
@@ -243,15 +279,43 @@ func (d *Driver) blockDevices(ctx context.Context, ami string, p vmProps, in *ec
 		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
 			DeviceName: img.RootDeviceName, Ebs: ebsDev})
 	}
-	if e := p.EphemeralDisk; e != nil && e.SizeMiB > 0 {
-		ebsDev := &types.EbsBlockDevice{DeleteOnTermination: aws.Bool(true), VolumeSize: aws.Int32(mibToGiB(e.SizeMiB))}
-		setVolumeType(ebsDev, e)
-		d.encrypt(ebsDev)
+	e := p.EphemeralDisk
+	if e == nil {
+		e = &ephemeralProps{}
+	}
+	switch {
+	case e.UseRootDisk:
+		// No ephemeral disk: the agent uses the root disk's free space.
+	case e.UseInstanceStorage:
+		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
+			DeviceName: aws.String("/dev/sdb"), VirtualName: aws.String("ephemeral0")})
+	default:
+		// The official CPI always adds one: 10 GiB gp3 unless sized.
+		size := e.SizeMiB
+		if size == 0 {
+			size = defaultEphemeralMiB
+		}
+		ebsDev := &types.EbsBlockDevice{DeleteOnTermination: aws.Bool(true), VolumeSize: aws.Int32(mibToGiB(size))}
+		setVolumeType(ebsDev, &diskProps{Type: e.Type, Iops: e.Iops, Throughput: e.Throughput})
+		switch {
+		case e.KMSKeyARN != "":
+			ebsDev.Encrypted, ebsDev.KmsKeyId = aws.Bool(true), aws.String(e.KMSKeyARN)
+		case e.Encrypted != nil:
+			ebsDev.Encrypted = e.Encrypted
+			if *e.Encrypted && d.cfg.KMSKeyARN != "" {
+				ebsDev.KmsKeyId = aws.String(d.cfg.KMSKeyARN)
+			}
+		default:
+			d.encrypt(ebsDev)
+		}
 		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
 			DeviceName: aws.String("/dev/sdb"), Ebs: ebsDev})
 	}
 	return nil
 }
+
+// defaultEphemeralMiB is the official CPI's ephemeral disk when none is sized.
+const defaultEphemeralMiB = 10240
 
 // encrypt applies the config's encrypted/kms_key_arn to a new volume.
 func (d *Driver) encrypt(dev *types.EbsBlockDevice) {
@@ -512,11 +576,20 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if len(tags) == 0 {
 		return nil
 	}
-	if _, err := d.instance(ctx, cid); err != nil {
+	// The instance's own volumes (root, ephemeral: deleted with it) carry
+	// its tags too; persistent disks move between VMs and keep theirs.
+	resources := []string{cid}
+	if inst, err := d.instance(ctx, cid); err != nil {
 		return err
+	} else {
+		for _, m := range inst.BlockDeviceMappings {
+			if m.Ebs != nil && aws.ToBool(m.Ebs.DeleteOnTermination) && m.Ebs.VolumeId != nil {
+				resources = append(resources, *m.Ebs.VolumeId)
+			}
+		}
 	}
 	_, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
-		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{cid}, Tags: ec2Tags(tags)})
+		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: resources, Tags: ec2Tags(tags)})
 	})
 	if err != nil {
 		if strings.HasPrefix(errCode(err), "InvalidInstanceID.") {

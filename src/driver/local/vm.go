@@ -59,6 +59,9 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		return driver.VM{}, err
 	}
 	for name, n := range spec.Networks {
+		if err := n.Unbuilt(name, "local"); err != nil {
+			return driver.VM{}, err
+		}
 		if !n.CloudProperties.Empty() {
 			return driver.VM{}, driver.Invalid("networks.%s.cloud_properties: the local driver takes none, got %s", name, n.CloudProperties.Raw())
 		}

@@ -51,16 +51,6 @@ func createVMArgs(agent, stemcell string, props, nets map[string]any, disks []st
 	return []any{agent, stemcell, props, nets, disks, map[string]any{}}
 }
 
-func vmCID(t *testing.T, raw json.RawMessage) string {
-	t.Helper()
-	var pair []json.RawMessage
-	var cid string
-	if json.Unmarshal(raw, &pair) != nil || len(pair) == 0 || json.Unmarshal(pair[0], &cid) != nil {
-		t.Fatalf("create_vm answered %s", raw)
-	}
-	return cid
-}
-
 // userData is the server's user data as Nova keeps it (admin, 2.3+).
 func userData(t *testing.T, a *admin, server string) map[string]any {
 	t.Helper()
@@ -234,7 +224,7 @@ func TestOfficialVMCloudPropertiesOnTheDevCloud(t *testing.T) {
 	props := map[string]any{"instance_type": "runway.tiny", "allowed_address_pairs": "10.20.0.240",
 		"scheduler_hints": map[string]any{"group": group.ID}, "availability_zones": []string{"nowhere", "nova"},
 		"loadbalancer_pools": []map[string]any{{"name": poolName, "port": 8080, "monitoring_port": 9090}}}
-	vm1 := vmCID(t, cpi.OK(t, nil, "create_vm", createVMArgs("parity-1", sc, props, nets("10.20.0.131"), nil)...))
+	vm1 := cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", createVMArgs("parity-1", sc, props, nets("10.20.0.131"), nil)...))
 	p1 := portOf(vm1)
 	if got := fipPort(); got != p1.ID {
 		t.Errorf("floating IP %s is on port %q; want the VM's port %s", fip.FloatingIP, got, p1.ID)
@@ -267,7 +257,7 @@ func TestOfficialVMCloudPropertiesOnTheDevCloud(t *testing.T) {
 	// 2. The same floating IP for a second VM moves it there (the
 	// official CPI's reassociation); with a flavor that has an ephemeral
 	// disk the agent is told /dev/sdb.
-	vm2 := vmCID(t, cpi.OK(t, nil, "create_vm", createVMArgs("parity-2", sc,
+	vm2 := cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", createVMArgs("parity-2", sc,
 		map[string]any{"instance_type": "runway.ephemeral"}, nets("10.20.0.132"), nil)...))
 	if got, want := fipPort(), portOf(vm2).ID; got != want {
 		t.Errorf("floating IP is on port %q; want it moved to the second VM's %s", got, want)
@@ -309,7 +299,7 @@ func TestOfficialVMCloudPropertiesOnTheDevCloud(t *testing.T) {
 			t.Errorf("create_vm %v: %+v; want an error saying %q", tc.props, r.Error, tc.want)
 		}
 		if r.Error == nil {
-			cpi.OK(t, nil, "delete_vm", vmCID(t, r.Result))
+			cpi.OK(t, nil, "delete_vm", cpibin.VMCID(t, r.Result))
 		}
 	}
 
@@ -328,7 +318,7 @@ func TestOfficialVMCloudPropertiesOnTheDevCloud(t *testing.T) {
 	// The job's config_drive (cdrom) and use_dhcp (false), from a
 	// cpi-config context, as the official CPI applies them.
 	jobProps := map[string]any{"ignore_server_availability_zone": false, "config_drive": "cdrom", "use_dhcp": false}
-	vm3 := vmCID(t, cpi.OK(t, jobProps, "create_vm", createVMArgs("parity-3", sc,
+	vm3 := cpibin.VMCID(t, cpi.OK(t, jobProps, "create_vm", createVMArgs("parity-3", sc,
 		map[string]any{"instance_type": "runway.tiny", "allowed_address_pairs": "10.20.0.241"}, noCheck, []string{disk})...))
 	if p := portOf(vm3); len(p.AllowedAddressPairs) != 1 || p.AllowedAddressPairs[0].IPAddress != "10.20.0.241" {
 		t.Errorf("allowed address pairs without the check = %+v", p.AllowedAddressPairs)

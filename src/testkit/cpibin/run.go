@@ -73,3 +73,33 @@ func (c Caller) OK(t testing.TB, extra map[string]any, method string, args ...an
 	}
 	return r.Result
 }
+
+// VMCID is the CID of create_vm's answer ([cid, networks], or cid).
+func VMCID(t testing.TB, raw json.RawMessage) string {
+	t.Helper()
+	var pair []json.RawMessage
+	var cid string
+	if json.Unmarshal(raw, &pair) == nil && len(pair) > 0 && json.Unmarshal(pair[0], &cid) == nil {
+		return cid
+	}
+	if json.Unmarshal(raw, &cid) != nil || cid == "" {
+		t.Fatalf("create_vm answered %s", raw)
+	}
+	return cid
+}
+
+// HonouredOrRefused checks a cloud property against a closed endpoint:
+// refused (refusal != "") means the error says refusal; honoured means
+// the call got past the driver's checks and failed on the endpoint,
+// whose address the error names.
+func HonouredOrRefused(t testing.TB, what, key string, r Reply, refusal, endpoint string) {
+	t.Helper()
+	switch {
+	case r.Error == nil:
+		t.Errorf("%s %s: no error from a closed endpoint", what, key)
+	case refusal != "" && !strings.Contains(r.Error.Message, refusal):
+		t.Errorf("%s %s: %s; want the refusal %q", what, key, r.Error.Message, refusal)
+	case refusal == "" && !strings.Contains(r.Error.Message, endpoint):
+		t.Errorf("%s %s: %s; want it accepted (the call reaching %s)", what, key, r.Error.Message, endpoint)
+	}
+}

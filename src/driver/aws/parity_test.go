@@ -1,0 +1,331 @@
+package aws
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	elb "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancing"
+	elbtypes "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancing/types"
+	elbv2 "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
+	elbv2types "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2/types"
+
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
+)
+
+// recorder is a pass-through proxy in front of moto that keeps every
+// request body (moto takes some fields without storing them) and can
+// answer a request itself (a fault moto cannot produce).
+type recorder struct {
+	mu     sync.Mutex
+	bodies []string
+	fault  func(body string) (status int, xml string)
+}
+
+func newRecorder(t *testing.T, ep string) (*recorder, string) {
+	rec := &recorder{}
+	target, _ := url.Parse(ep)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		rec.mu.Lock()
+		rec.bodies = append(rec.bodies, string(b))
+		fault := rec.fault
+		rec.mu.Unlock()
+		if fault != nil {
+			if status, body := fault(string(b)); status != 0 {
+				w.WriteHeader(status)
+				io.WriteString(w, body)
+				return
+			}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return rec, srv.URL
+}
+
+// last is the last request of action, decoded.
+func (r *recorder) last(action string) url.Values {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.bodies) - 1; i >= 0; i-- {
+		if strings.Contains(r.bodies[i], "Action="+action+"&") {
+			q, _ := url.ParseQuery(r.bodies[i])
+			return q
+		}
+	}
+	return nil
+}
+
+// TestOfficialCloudPropertiesThroughBinCPI drives bin/cpi against moto
+// with the official CPI's VM, disk and stemcell cloud properties and
+// checks what EC2, ELB and ELBv2 hold afterwards (or, where moto takes a
+// field without storing it, what the request said).
+func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
+	ep := motoEndpoint(t)
+	resetMoto(t, ep)
+	ctx := context.Background()
+	rec, proxy := newRecorder(t, ep)
+	bin, err := cpibin.Path("aws")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "cpi.json")
+	cfg, _ := json.Marshal(map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
+		"aws": map[string]any{"credentials_source": "static", "access_key_id": "testing", "secret_access_key": "testing-secret",
+			"region": region, "ec2_endpoint": proxy, "max_retries": 2}}}})
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("RUNWAY_STATE_DIR", filepath.Join(dir, "state"))
+	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{"testing-secret"},
+		Context: map[string]any{"director_uuid": "parity", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+
+	// What an operator made beforehand: a security group named the same
+	// in two VPCs, a target group, a classic ELB, a placement group, a
+	// route table.
+	d, _ := newTestDriver(t, ep, "", nil)
+	c, _, err := d.clients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb1, lb2, err := d.lbClients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subnets, err := c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{})
+	if err != nil || len(subnets.Subnets) == 0 {
+		t.Fatalf("no subnet in moto's default VPC: %v", err)
+	}
+	sn := subnets.Subnets[0]
+	vpc := aws.ToString(sn.VpcId)
+	sg, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{GroupName: aws.String("parity-web"), Description: aws.String("p"), VpcId: &vpc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherVPC, err := c.CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.77.0.0/16")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{GroupName: aws.String("parity-web"), Description: aws.String("p"),
+		VpcId: otherVPC.Vpc.VpcId}); err != nil {
+		t.Fatal(err)
+	}
+	tg, err := lb2.CreateTargetGroup(ctx, &elbv2.CreateTargetGroupInput{Name: aws.String("parity-tg"), Protocol: elbv2types.ProtocolEnumHttp,
+		Port: aws.Int32(8080), VpcId: &vpc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lb1.CreateLoadBalancer(ctx, &elb.CreateLoadBalancerInput{LoadBalancerName: aws.String("parity-elb"),
+		AvailabilityZones: []string{aws.ToString(sn.AvailabilityZone)},
+		Listeners:         []elbtypes.Listener{{Protocol: aws.String("HTTP"), LoadBalancerPort: 80, InstancePort: aws.Int32(8080)}}}); err != nil {
+		t.Fatal(err)
+	}
+	// (moto 5.1 has no CreatePlacementGroup: the launch's request is checked.)
+	rt, err := c.CreateRouteTable(ctx, &ec2.CreateRouteTableInput{VpcId: &vpc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := aws.ToString(rt.RouteTable.RouteTableId)
+
+	img, sprops := stemcellFixture(t)
+	var ami string
+	json.Unmarshal(cpi.OK(t, nil, "create_stemcell", img, sprops.Map()), &ami)
+
+	prefix := strings.Join(strings.Split(aws.ToString(sn.CidrBlock), ".")[:3], ".")
+	manual := func(ip string) map[string]any {
+		return map[string]any{"private": map[string]any{"type": "manual", "ip": ip, "netmask": "255.255.255.0",
+			"default": []string{"dns", "gateway"}, "cloud_properties": map[string]any{"subnet": aws.ToString(sn.SubnetId)}}}
+	}
+	const kms = "arn:aws:kms:us-east-1:123456789012:key/parity"
+	props := map[string]any{"instance_type": "m6i.large", "security_groups": []string{"parity-web"},
+		"elbs": []string{"parity-elb"}, "lb_target_groups": []string{"parity-tg"}, "placement_group": "parity-pg",
+		"tenancy": "dedicated", "source_dest_check": false, "auto_assign_public_ip": true,
+		"advertised_routes": []map[string]any{{"table_id": table, "destination": "10.99.0.0/16"}},
+		"ephemeral_disk":    map[string]any{"size": 4096, "type": "gp3", "encrypted": true, "kms_key_arn": kms},
+		"metadata_options":  map[string]any{"http_tokens": "required"}}
+	vm := cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", "agent-1", ami, props, manual(prefix+".41"), []string{}, map[string]any{}))
+	inst, err := d.instance(ctx, vm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []string
+	for _, g := range inst.SecurityGroups {
+		groups = append(groups, aws.ToString(g.GroupId))
+	}
+	if len(groups) == 0 && len(inst.NetworkInterfaces) > 0 {
+		// moto keeps an explicitly described interface's groups on it.
+		for _, g := range inst.NetworkInterfaces[0].Groups {
+			groups = append(groups, aws.ToString(g.GroupId))
+		}
+	}
+	if !slices.Equal(groups, []string{aws.ToString(sg.GroupId)}) {
+		t.Errorf("security groups %v; want %s, parity-web of the subnet's VPC", groups, aws.ToString(sg.GroupId))
+	}
+	health, err := lb2.DescribeTargetHealth(ctx, &elbv2.DescribeTargetHealthInput{TargetGroupArn: tg.TargetGroups[0].TargetGroupArn})
+	if err != nil || len(health.TargetHealthDescriptions) != 1 || aws.ToString(health.TargetHealthDescriptions[0].Target.Id) != vm {
+		t.Errorf("target group targets %+v (%v); want %s", health, err, vm)
+	}
+	lbs, err := lb1.DescribeLoadBalancers(ctx, &elb.DescribeLoadBalancersInput{LoadBalancerNames: []string{"parity-elb"}})
+	if err != nil || len(lbs.LoadBalancerDescriptions) != 1 || len(lbs.LoadBalancerDescriptions[0].Instances) != 1 ||
+		aws.ToString(lbs.LoadBalancerDescriptions[0].Instances[0].InstanceId) != vm {
+		t.Errorf("classic ELB instances %+v (%v); want %s", lbs, err, vm)
+	}
+	attr, err := c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameSourceDestCheck})
+	if err != nil || attr.SourceDestCheck == nil || aws.ToBool(attr.SourceDestCheck.Value) {
+		t.Errorf("source_dest_check = %+v (%v); want false", attr.SourceDestCheck, err)
+	}
+	tables, err := c.DescribeRouteTables(ctx, &ec2.DescribeRouteTablesInput{RouteTableIds: []string{table}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	routed := false
+	for _, r := range tables.RouteTables[0].Routes {
+		routed = routed || aws.ToString(r.DestinationCidrBlock) == "10.99.0.0/16" && aws.ToString(r.InstanceId) == vm
+	}
+	if !routed {
+		t.Errorf("route table %s: %+v; want 10.99.0.0/16 via %s", table, tables.RouteTables[0].Routes, vm)
+	}
+	if aws.ToString(inst.PublicIpAddress) == "" || aws.ToString(inst.PrivateIpAddress) != prefix+".41" {
+		t.Errorf("addresses public %q private %q", aws.ToString(inst.PublicIpAddress), aws.ToString(inst.PrivateIpAddress))
+	}
+	run := rec.last("RunInstances")
+	for k, v := range map[string]string{"Placement.Tenancy": "dedicated", "Placement.GroupName": "parity-pg", "NetworkInterface.1.AssociatePublicIpAddress": "true",
+		"NetworkInterface.1.PrivateIpAddress": prefix + ".41", "MetadataOptions.HttpTokens": "required"} {
+		if run.Get(k) != v {
+			t.Errorf("RunInstances %s = %q; want %q", k, run.Get(k), v)
+		}
+	}
+	eph := false
+	for _, m := range inst.BlockDeviceMappings {
+		if aws.ToString(m.DeviceName) != "/dev/sdb" {
+			continue
+		}
+		eph = true
+		v, err := d.volume(ctx, aws.ToString(m.Ebs.VolumeId))
+		if err != nil || aws.ToInt32(v.Size) != 4 || !aws.ToBool(v.Encrypted) || aws.ToString(v.KmsKeyId) != kms {
+			t.Errorf("ephemeral volume %+v (%v); want 4 GiB encrypted with %s", v, err, kms)
+		}
+	}
+	if !eph {
+		t.Errorf("no ephemeral disk at /dev/sdb: %+v", inst.BlockDeviceMappings)
+	}
+
+	// A disk's tags; set_vm_metadata tags the VM's own volumes, not it;
+	// attach_disk on a Nitro type answers the NVMe path.
+	var disk string
+	json.Unmarshal(cpi.OK(t, nil, "create_disk", 1024, map[string]any{"tags": map[string]string{"team": "storage"}}, vm), &disk)
+	v, err := d.volume(ctx, disk)
+	if err != nil || tagMap(v.Tags)["team"] != "storage" {
+		t.Errorf("disk tags %v (%v); want team=storage", v.Tags, err)
+	}
+	var hint string
+	json.Unmarshal(cpi.OK(t, nil, "attach_disk", vm, disk), &hint)
+	if want := nvmeByID + strings.Replace(disk, "-", "", 1); hint != want {
+		t.Errorf("attach_disk on m6i.large answered %q; want %q", hint, want)
+	}
+	cpi.OK(t, nil, "set_vm_metadata", vm, map[string]string{"job": "router", "index": "0"})
+	inst, _ = d.instance(ctx, vm)
+	for _, m := range inst.BlockDeviceMappings {
+		v, err := d.volume(ctx, aws.ToString(m.Ebs.VolumeId))
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := aws.ToString(v.VolumeId) != disk
+		if got := tagMap(v.Tags)["job"]; own != (got == "router") {
+			t.Errorf("volume %s (own %v) has job tag %q", aws.ToString(v.VolumeId), own, got)
+		}
+	}
+	cpi.OK(t, nil, "detach_disk", vm, disk)
+	cpi.OK(t, nil, "delete_disk", disk)
+	cpi.OK(t, nil, "delete_vm", vm)
+
+	// Spot: the bid goes into RunInstances; with spot_ondemand_fallback a
+	// refused spot launch (moto cannot refuse: the recorder does, with
+	// EC2's error) becomes an on-demand one.
+	spot := map[string]any{"instance_type": "t3.micro", "spot_bid_price": 0.05, "ephemeral_disk": map[string]any{"use_root_disk": true}}
+	vm = cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", "agent-2", ami, spot, map[string]any{}, []string{}, map[string]any{}))
+	run = rec.last("RunInstances")
+	if run.Get("InstanceMarketOptions.MarketType") != "spot" || run.Get("InstanceMarketOptions.SpotOptions.MaxPrice") != "0.05" {
+		t.Errorf("spot RunInstances: %v", run)
+	}
+	inst, _ = d.instance(ctx, vm)
+	for _, m := range inst.BlockDeviceMappings {
+		if aws.ToString(m.DeviceName) == "/dev/sdb" {
+			t.Errorf("use_root_disk: an ephemeral disk was added")
+		}
+	}
+	ud, err := c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameUserData})
+	if err != nil || !strings.Contains(decodeB64(aws.ToString(ud.UserData.Value)), `"ephemeral":null`) {
+		t.Errorf("use_root_disk: the agent settings still name an ephemeral disk: %v", err)
+	}
+	cpi.OK(t, nil, "delete_vm", vm)
+	rec.mu.Lock()
+	rec.fault = func(body string) (int, string) {
+		if strings.Contains(body, "Action=RunInstances&") && strings.Contains(body, "InstanceMarketOptions") {
+			return 400, `<Response><Errors><Error><Code>SpotMaxPriceTooLow</Code><Message>Your Spot request price of 0.05 is lower than the minimum required Spot request fulfillment price</Message></Error></Errors><RequestID>r</RequestID></Response>`
+		}
+		return 0, ""
+	}
+	rec.mu.Unlock()
+	if r := cpi.Call(t, nil, "create_vm", "agent-3", ami, spot, map[string]any{}, []string{}, map[string]any{}); r.Error == nil ||
+		!strings.Contains(r.Error.Message, "SpotMaxPriceTooLow") {
+		t.Errorf("a refused spot launch without fallback: %+v", r.Error)
+	}
+	spot["spot_ondemand_fallback"] = true
+	vm = cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", "agent-3", ami, spot, map[string]any{}, []string{}, map[string]any{}))
+	if run = rec.last("RunInstances"); run.Get("InstanceMarketOptions.MarketType") != "" {
+		t.Errorf("the fallback launch still asked for spot: %v", run)
+	}
+	cpi.OK(t, nil, "delete_vm", vm)
+	rec.mu.Lock()
+	rec.fault = nil
+	rec.mu.Unlock()
+
+	// Refused by name, before anything is made.
+	for key, val := range map[string]any{
+		"raw_instance_storage": true,
+		"lb_target_group":      []string{"x"},
+		"tenancy":              "host",
+	} {
+		r := cpi.Call(t, nil, "create_vm", "agent-x", ami, map[string]any{"instance_type": "t3.micro", key: val}, map[string]any{}, []string{}, map[string]any{})
+		if r.Error == nil || !strings.Contains(r.Error.Message, key) {
+			t.Errorf("%s: %+v; want an error naming it", key, r.Error)
+		}
+	}
+	if r := cpi.Call(t, nil, "create_stemcell", img, map[string]any{"kernel_id": "aki-1"}); r.Error == nil || !strings.Contains(r.Error.Message, "kernel_id") {
+		t.Errorf("kernel_id: %+v", r.Error)
+	}
+
+	// An encrypted stemcell is an encrypted copy; the unencrypted original
+	// is not kept.
+	var enc string
+	json.Unmarshal(cpi.OK(t, nil, "create_stemcell", img, map[string]any{"name": "s", "version": "1", "disk": 3072, "encrypted": true, "kms_key_arn": kms}), &enc)
+	cp := rec.last("CopyImage")
+	if cp.Get("Encrypted") != "true" || cp.Get("KmsKeyId") != kms || cp.Get("SourceImageId") == "" || enc == cp.Get("SourceImageId") {
+		t.Errorf("CopyImage %v answered %s", cp, enc)
+	}
+	if _, err := d.image(ctx, cp.Get("SourceImageId")); err == nil {
+		t.Errorf("the unencrypted original %s is still registered", cp.Get("SourceImageId"))
+	}
+	cpi.OK(t, nil, "delete_stemcell", enc)
+	cpi.OK(t, nil, "delete_stemcell", ami)
+	assertNoLeftovers(t, ep, map[string]string{"director": "parity"})
+}
