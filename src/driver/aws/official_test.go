@@ -82,15 +82,20 @@ func TestEveryOfficialCloudPropertyIsHonouredOrRefusedByName(t *testing.T) {
 		}
 		cpibin.HonouredOrRefused(t, "stemcell", key, cpi.Call(t, nil, "create_stemcell", "", props), "", reached)
 	}
-	// Network settings the Director sends that no driver builds yet.
-	for key, v := range map[string]any{"prefix": 28, "nic_group": "pair", "ip": "2001:db8::5"} {
-		n := map[string]any{"type": "manual", "ip": "10.0.0.5", "cloud_properties": map[string]any{"subnet": "subnet-0123456789abcdef0"}}
-		n[key] = v
-		r := cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro"}, map[string]any{"private": n}, []string{}, map[string]any{})
-		want := map[string]string{"prefix": "prefix (prefix delegation) is not supported", "nic_group": "nic_group (several networks on one interface) is not supported",
-			"ip": "IPv6 addresses are not supported"}[key]
-		cpibin.HonouredOrRefused(t, "network", key, r, want, reached)
+	// Several networks on one interface (nic_group), an IPv6 address and
+	// a delegated prefix, as the Director sends them.
+	sub := map[string]any{"subnet": "subnet-0123456789abcdef0"}
+	grouped := map[string]any{
+		"v4":  map[string]any{"type": "manual", "ip": "10.0.0.5", "nic_group": "pair", "default": []string{"gateway"}, "cloud_properties": sub},
+		"v6":  map[string]any{"type": "manual", "ip": "2001:db8::5", "nic_group": "pair", "cloud_properties": sub},
+		"pfx": map[string]any{"type": "manual", "ip": "10.0.1.16", "prefix": 28, "nic_group": "pair", "cloud_properties": sub},
 	}
+	cpibin.HonouredOrRefused(t, "network", "nic_group, prefix, IPv6",
+		cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro"}, grouped, []string{}, map[string]any{}), "", reached)
+	grouped["pfx"].(map[string]any)["prefix"] = 24
+	cpibin.HonouredOrRefused(t, "network", "prefix /24",
+		cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro"}, grouped, []string{}, map[string]any{}),
+		"EC2 delegates IPv4 /28 and IPv6 /80 prefixes", reached)
 	cpibin.HonouredOrRefused(t, "stemcell", "kernel_id", cpi.Call(t, nil, "create_stemcell", "", map[string]any{"kernel_id": "aki-1"}), "kernel_id: paravirtual kernels", reached)
 	for what, r := range map[string]cpibin.Reply{
 		`"lb_target_group"`: cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro", "lb_target_group": []string{"x"}}, nets, []string{}, map[string]any{}),

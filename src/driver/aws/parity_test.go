@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -298,6 +299,82 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	rec.mu.Lock()
 	rec.fault = nil
 	rec.mu.Unlock()
+
+	// Two interfaces: nic_group "front" holds an IPv4 address, an IPv6
+	// address and a delegated /28 prefix; "back" (the second subnet) a
+	// dynamic address. list_vms answers each network's address.
+	v6vpc, err := c.CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.80.0.0/16"), AmazonProvidedIpv6CidrBlock: aws.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vpcs, err := c.DescribeVpcs(ctx, &ec2.DescribeVpcsInput{VpcIds: []string{aws.ToString(v6vpc.Vpc.VpcId)}})
+	if err != nil || len(vpcs.Vpcs[0].Ipv6CidrBlockAssociationSet) == 0 {
+		t.Fatalf("VPC without an IPv6 block: %+v %v", vpcs, err)
+	}
+	block, err := netip.ParsePrefix(aws.ToString(vpcs.Vpcs[0].Ipv6CidrBlockAssociationSet[0].Ipv6CidrBlock)) // a /56
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := block.Addr().As16()
+	b[7] |= 1 // the VPC's /64 number 1
+	subnet64 := netip.PrefixFrom(netip.AddrFrom16(b), 64)
+	b[15] = 0x10
+	v6addr := netip.AddrFrom16(b).String()
+	front, err := c.CreateSubnet(ctx, &ec2.CreateSubnetInput{VpcId: v6vpc.Vpc.VpcId, CidrBlock: aws.String("10.80.1.0/24"),
+		Ipv6CidrBlock: aws.String(subnet64.String()), AvailabilityZone: sn.AvailabilityZone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := c.CreateSubnet(ctx, &ec2.CreateSubnetInput{VpcId: v6vpc.Vpc.VpcId, CidrBlock: aws.String("10.80.2.0/24"), AvailabilityZone: sn.AvailabilityZone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frontSub := map[string]any{"subnet": aws.ToString(front.Subnet.SubnetId)}
+	multi := map[string]any{
+		"front4": map[string]any{"type": "manual", "ip": "10.80.1.10", "nic_group": "front", "default": []string{"dns", "gateway"}, "cloud_properties": frontSub},
+		"front6": map[string]any{"type": "manual", "ip": v6addr, "nic_group": "front", "cloud_properties": frontSub},
+		"pods":   map[string]any{"type": "manual", "ip": "10.80.1.32", "prefix": 28, "nic_group": "front", "cloud_properties": frontSub},
+		"back":   map[string]any{"type": "dynamic", "cloud_properties": map[string]any{"subnet": aws.ToString(back.Subnet.SubnetId)}},
+	}
+	var pair []json.RawMessage
+	json.Unmarshal(cpi.OK(t, nil, "create_vm", "agent-nics", ami, map[string]any{"instance_type": "m6i.large"}, multi, []string{}, map[string]any{}), &pair)
+	vm = cpibin.VMCID(t, pair[0])
+	var answered map[string]map[string]any
+	json.Unmarshal(pair[1], &answered)
+	run = rec.last("RunInstances")
+	for k, v := range map[string]string{"NetworkInterface.1.DeviceIndex": "0", "NetworkInterface.1.SubnetId": aws.ToString(front.Subnet.SubnetId),
+		"NetworkInterface.1.PrivateIpAddress": "10.80.1.10", "NetworkInterface.1.Ipv6Addresses.1.Ipv6Address": v6addr,
+		"NetworkInterface.1.Ipv4Prefix.1.Ipv4Prefix": "10.80.1.32/28", "NetworkInterface.2.DeviceIndex": "1",
+		"NetworkInterface.2.SubnetId": aws.ToString(back.Subnet.SubnetId)} {
+		if run.Get(k) != v {
+			t.Errorf("RunInstances %s = %q; want %q", k, run.Get(k), v)
+		}
+	}
+	inst, err = d.instance(ctx, vm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inst.NetworkInterfaces) != 2 {
+		t.Fatalf("instance has %d interfaces; want 2", len(inst.NetworkInterfaces))
+	}
+	backIP := answered["back"]["ip"]
+	if s, _ := backIP.(string); !strings.HasPrefix(s, "10.80.2.") {
+		t.Errorf("the dynamic network on the second interface answered %v", backIP)
+	}
+	var listed []struct {
+		CID      string                    `json:"cid"`
+		Networks map[string]map[string]any `json:"networks"`
+	}
+	json.Unmarshal(cpi.OK(t, nil, "list_vms", map[string]string{"agent_id": "agent-nics"}), &listed)
+	// (moto keeps no IPv6 address given at launch: front6 is checked in
+	// the request above and by TestAddressesOfSeveralInterfaces.)
+	if len(listed) != 1 || listed[0].Networks["front4"]["ip"] != "10.80.1.10" || listed[0].Networks["back"]["ip"] != backIP {
+		t.Errorf("list_vms = %+v; want front4 10.80.1.10, back %v", listed, backIP)
+	}
+	if _, ok := listed[0].Networks["pods"]; ok {
+		t.Errorf("list_vms answers the prefix network pods as an address: %+v", listed[0].Networks)
+	}
+	cpi.OK(t, nil, "delete_vm", vm)
 
 	// Refused by name, before anything is made.
 	for key, val := range map[string]any{

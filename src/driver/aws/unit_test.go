@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,7 +20,9 @@ import (
 
 	"net/http"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
@@ -306,6 +309,50 @@ func TestOfficialJobPropertiesByTheirNames(t *testing.T) {
 	} {
 		if _, err := parseConfig([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want an error saying %q", cfg, err, want)
+		}
+	}
+}
+
+// Each network's address is found where planNICs put it: the instance's
+// own addresses, interface i's private address, its IPv6 address; prefix
+// networks are no address.
+func TestAddressesOfSeveralInterfaces(t *testing.T) {
+	nets := driver.Networks{
+		"a":   {Type: "manual", IP: "10.0.0.5", NICGroup: "g", Default: []string{"gateway"}, CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
+		"a6":  {Type: "manual", IP: "2001:db8::5", NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
+		"pfx": {Type: "manual", IP: "10.0.0.16", Prefix: json.RawMessage("28"), NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
+		"b":   {Type: "manual", IP: "10.1.0.5", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s2"})},
+		"pub": {Type: "vip", IP: "203.0.113.9"},
+	}
+	var p vmProps
+	plan, err := planNICs(nets, &p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.nics) != 2 || plan.nics[0].group != "g" || plan.nics[0].prefix4 != "10.0.0.16/28" || plan.nics[0].ipv6 != "2001:db8::5" {
+		t.Fatalf("plan %+v", plan)
+	}
+	inst := types.Instance{PrivateIpAddress: aws.String("10.0.0.5"), PublicIpAddress: aws.String("203.0.113.9"),
+		NetworkInterfaces: []types.InstanceNetworkInterface{
+			{Attachment: &types.InstanceNetworkInterfaceAttachment{DeviceIndex: aws.Int32(0)}, PrivateIpAddress: aws.String("10.0.0.5"),
+				Ipv6Addresses: []types.InstanceIpv6Address{{Ipv6Address: aws.String("2001:db8::5")}}},
+			{Attachment: &types.InstanceNetworkInterfaceAttachment{DeviceIndex: aws.Int32(1)}, PrivateIpAddress: aws.String("10.1.0.5")}}}
+	got := map[string]string{}
+	for name, which := range driver.DecodeNames(plan.names(nets)) {
+		got[name] = address(inst, which)
+	}
+	want := map[string]string{"a": "10.0.0.5", "a6": "2001:db8::5", "b": "10.1.0.5", "pub": "203.0.113.9"}
+	if !maps.Equal(got, want) {
+		t.Errorf("addresses %v; want %v", got, want)
+	}
+	for name, n := range map[string]driver.Network{
+		"prefix only":  {Type: "manual", IP: "10.0.0.16", Prefix: json.RawMessage("28"), CloudProperties: driver.PropsOf(map[string]any{"subnet": "s"})},
+		"prefix /24":   {Type: "manual", IP: "10.0.0.0", Prefix: json.RawMessage("24"), NICGroup: "a", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
+		"other subnet": {Type: "manual", IP: "10.9.0.5", NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s9"})},
+	} {
+		bad := driver.Networks{"a": nets["a"], "x": n}
+		if _, err := planNICs(bad, &vmProps{}); !errors.Is(err, driver.ErrInvalidInput) {
+			t.Errorf("%s: %v; want ErrInvalidInput", name, err)
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -81,11 +80,16 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 			in.IamInstanceProfile = &types.IamInstanceProfileSpecification{Name: aws.String(prof)}
 		}
 	}
-	primary, vip, err := d.placeNetworks(spec.Networks, &p, in)
+	plan, err := planNICs(spec.Networks, &p)
 	if err != nil {
 		return driver.VM{}, err
 	}
-	if names := nameAddresses(primary, vip); names != "" {
+	plan.apply(in)
+	if len(plan.nics) == 0 && p.SubnetID != "" {
+		in.SubnetId = aws.String(p.SubnetID)
+	}
+	vip := plan.vip
+	if names := plan.names(spec.Networks); names != "" {
 		// The instance's only: its volumes were tagged above.
 		in.TagSpecifications[0] = tagSpec(types.ResourceTypeInstance, driver.MergeTags(tags, map[string]string{tagNetworks: names}))
 	}
@@ -101,6 +105,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 			return driver.VM{}, err
 		}
 	}
+
 	if err := d.blockDevices(ctx, ami, p, in); err != nil {
 		return driver.VM{}, err
 	}
@@ -172,25 +177,14 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	for name, n := range spec.Networks {
 		nets[name] = n
 	}
-	if primary != "" {
-		n := nets[primary]
-		n.IP = aws.ToString(inst.PrivateIpAddress)
-		nets[primary] = n
+	// A dynamic network's address is the one its interface got.
+	for name, which := range driver.DecodeNames(plan.names(spec.Networks)) {
+		if n := nets[name]; n.Type == "dynamic" {
+			n.IP = address(inst, which)
+			nets[name] = n
+		}
 	}
 	return driver.VM{CID: id, Networks: nets}, nil
-}
-
-// nameAddresses is tagNetworks' value: which BOSH network holds the
-// instance's private address and which its public (elastic) one.
-func nameAddresses(primary, vip string) string {
-	m := map[string]string{}
-	if primary != "" {
-		m[primary] = "private"
-	}
-	if vip != "" {
-		m[vip] = "public"
-	}
-	return driver.EncodeNames(m, 256)
 }
 
 func firstNonEmpty(s ...string) string {
@@ -200,66 +194,6 @@ func firstNonEmpty(s ...string) string {
 		}
 	}
 	return ""
-}
-
-// placeNetworks maps the BOSH networks hash onto one interface: at most
-// one manual or dynamic network (subnet from its cloud properties, the
-// fixed IP for manual), plus an optional vip (an Elastic IP).
-func (d *Driver) placeNetworks(nets driver.Networks, p *vmProps, in *ec2.RunInstancesInput) (primary, vip string, err error) {
-	names := make([]string, 0, len(nets))
-	for name := range nets {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	subnet := p.SubnetID
-	for _, name := range names {
-		n := nets[name]
-		if err := n.Unbuilt(name, "aws"); err != nil {
-			return "", "", err
-		}
-		if strings.Contains(n.IP, ":") {
-			return "", "", fmt.Errorf("%w: %s: IPv6 addresses are not supported by the aws driver yet", driver.ErrNotSupported, describeNet(name, n))
-		}
-		switch n.Type {
-		case "vip":
-			if vip != "" {
-				return "", "", driver.Invalid("%s: only one vip network per VM", describeNet(name, n))
-			}
-			if n.IP == "" {
-				return "", "", driver.Invalid("%s has no ip", describeNet(name, n))
-			}
-			vip = name
-			continue
-		case "", "manual", "dynamic":
-		default:
-			return "", "", driver.Invalid("%s: unknown network type", describeNet(name, n))
-		}
-		if primary != "" {
-			return "", "", driver.Invalid("networks %q and %q: one manual or dynamic network per VM", primary, name)
-		}
-		primary = name
-		var np netProps
-		if err := n.CloudProperties.Decode("networks."+name+".cloud_properties", &np); err != nil {
-			return "", "", err
-		}
-		if np.Subnet != "" {
-			subnet = np.Subnet
-		}
-		p.SecurityGroups = append(p.SecurityGroups, np.SecurityGroups...)
-		if n.Type == "manual" || n.Type == "" {
-			if n.IP == "" {
-				return "", "", driver.Invalid("%s has no ip", describeNet(name, n))
-			}
-			if subnet == "" {
-				return "", "", driver.Invalid("%s needs cloud_properties.subnet for its fixed ip", describeNet(name, n))
-			}
-			in.PrivateIpAddress = aws.String(n.IP)
-		}
-	}
-	if subnet != "" {
-		in.SubnetId = aws.String(subnet)
-	}
-	return primary, vip, nil
 }
 
 // blockDevices sizes the root disk (which needs the AMI's root device
@@ -618,11 +552,7 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 		}
 		info := driver.VMInfo{CID: aws.ToString(i.InstanceId), AgentID: tags["agent_id"], Tags: tags, Metadata: tags, State: state}
 		for name, which := range driver.DecodeNames(tags[tagNetworks]) {
-			ip := aws.ToString(i.PrivateIpAddress)
-			if which == "public" {
-				ip = aws.ToString(i.PublicIpAddress)
-			}
-			if ip != "" {
+			if ip := address(i, which); ip != "" {
 				if info.Networks == nil {
 					info.Networks = driver.Networks{}
 				}

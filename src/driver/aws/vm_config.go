@@ -38,34 +38,54 @@ func mergeMetadataOptions(job, vm *MetadataOptions) *MetadataOptions {
 	return &out
 }
 
-// placeGroups sets the instance's security groups. Names are resolved to
-// ids within the VPC of the instance's subnet, as the official CPI maps
-// them (a name alone is ambiguous across VPCs); without a subnet they go
-// by name (the default VPC's).
+// placeGroups sets the instance's security groups (on every described
+// interface, else on the launch). Names are resolved to ids within the
+// VPC of the first interface's subnet, as the official CPI maps them (a
+// name alone is ambiguous across VPCs); without a subnet they go by name
+// (the default VPC's).
 func (d *Driver) placeGroups(ctx context.Context, groups []string, in *ec2.RunInstancesInput) error {
-	var names []string
+	var ids, names []string
 	for _, g := range groups {
 		if strings.HasPrefix(g, "sg-") {
-			in.SecurityGroupIds = append(in.SecurityGroupIds, g)
+			ids = append(ids, g)
 		} else {
 			names = append(names, g)
 		}
 	}
-	if len(names) == 0 {
+	subnet := aws.ToString(in.SubnetId)
+	if len(in.NetworkInterfaces) > 0 {
+		subnet = aws.ToString(in.NetworkInterfaces[0].SubnetId)
+	}
+	if len(names) > 0 && subnet != "" {
+		resolved, err := d.groupIDs(ctx, names, subnet)
+		if err != nil {
+			return err
+		}
+		ids, names = append(ids, resolved...), nil
+	}
+	if len(in.NetworkInterfaces) == 0 {
+		in.SecurityGroupIds, in.SecurityGroups = ids, names
 		return nil
 	}
-	if in.SubnetId == nil {
-		in.SecurityGroups = append(in.SecurityGroups, names...)
-		return nil
+	if len(names) > 0 {
+		return driver.Invalid("security group names %v need a subnet to be resolved in (several interfaces take ids)", names)
 	}
+	for i := range in.NetworkInterfaces {
+		in.NetworkInterfaces[i].Groups = ids
+	}
+	return nil
+}
+
+// groupIDs resolves security group names within the subnet's VPC.
+func (d *Driver) groupIDs(ctx context.Context, names []string, subnet string) ([]string, error) {
 	subnets, err := call(ctx, d, "DescribeSubnets", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSubnetsOutput, error) {
-		return c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{SubnetIds: []string{*in.SubnetId}})
+		return c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{SubnetIds: []string{subnet}})
 	})
 	if err != nil {
-		return d.cloudErr("DescribeSubnets "+*in.SubnetId, err)
+		return nil, d.cloudErr("DescribeSubnets "+subnet, err)
 	}
 	if len(subnets.Subnets) == 0 {
-		return driver.Invalid("subnet %s not found", *in.SubnetId)
+		return nil, driver.Invalid("subnet %s not found", subnet)
 	}
 	vpc := aws.ToString(subnets.Subnets[0].VpcId)
 	found, err := call(ctx, d, "DescribeSecurityGroups", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSecurityGroupsOutput, error) {
@@ -73,8 +93,9 @@ func (d *Driver) placeGroups(ctx context.Context, groups []string, in *ec2.RunIn
 			{Name: aws.String("vpc-id"), Values: []string{vpc}}, {Name: aws.String("group-name"), Values: names}}})
 	})
 	if err != nil {
-		return d.cloudErr("DescribeSecurityGroups in "+vpc, err)
+		return nil, d.cloudErr("DescribeSecurityGroups in "+vpc, err)
 	}
+	var out []string
 	for _, n := range names {
 		var ids []string
 		for _, g := range found.SecurityGroups {
@@ -84,20 +105,26 @@ func (d *Driver) placeGroups(ctx context.Context, groups []string, in *ec2.RunIn
 		}
 		switch len(ids) {
 		case 0:
-			return driver.Invalid("security group %q not found in %s (the VPC of subnet %s)", n, vpc, *in.SubnetId)
+			return nil, driver.Invalid("security group %q not found in %s (the VPC of subnet %s)", n, vpc, subnet)
 		case 1:
-			in.SecurityGroupIds = append(in.SecurityGroupIds, ids[0])
+			out = append(out, ids[0])
 		default:
-			return driver.Invalid("security group name %q matches %s in %s", n, strings.Join(ids, ", "), vpc)
+			return nil, driver.Invalid("security group name %q matches %s in %s", n, strings.Join(ids, ", "), vpc)
 		}
 	}
-	return nil
+	return out, nil
 }
 
-// moveToInterface describes the primary interface explicitly, the only
-// way RunInstances takes auto_assign_public_ip.
+// moveToInterface sets auto_assign_public_ip, which RunInstances takes
+// only on a described interface, and only when there is one.
 func moveToInterface(in *ec2.RunInstancesInput, public bool) error {
-	if len(in.SecurityGroups) > 0 {
+	switch {
+	case len(in.NetworkInterfaces) > 1:
+		return driver.Invalid("cloud_properties.auto_assign_public_ip needs a VM with one interface (EC2 refuses it with several)")
+	case len(in.NetworkInterfaces) == 1:
+		in.NetworkInterfaces[0].AssociatePublicIpAddress = aws.Bool(public)
+		return nil
+	case len(in.SecurityGroups) > 0:
 		return driver.Invalid("cloud_properties.auto_assign_public_ip with security group names needs a subnet (names are resolved in its VPC)")
 	}
 	in.NetworkInterfaces = []types.InstanceNetworkInterfaceSpecification{{DeviceIndex: aws.Int32(0),
