@@ -35,9 +35,8 @@ var officialAWSVMProps = map[string]any{
 	"tags":             map[string]string{"team": "a"},
 }
 
-var refusedAWSVMProps = map[string]string{
-	"raw_instance_storage": "raw_instance_storage is not supported",
-}
+// refusedAWSVMProps: none; every official VM key is implemented.
+var refusedAWSVMProps = map[string]string{}
 
 var officialAWSDiskProps = map[string]any{"type": "io2", "iops": 4000, "throughput": 250, "encrypted": true,
 	"kms_key_arn": "arn:aws:kms:us-east-1:1:key/k", "tags": map[string]string{"team": "a"}}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +13,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,6 +40,37 @@ type recorder struct {
 	fault  func(body string) (status int, xml string)
 }
 
+// withoutInstanceStore drops a RunInstances request's instance-store
+// mappings (VirtualName), which moto refuses ("must contain the
+// parameter ebs") and EC2 takes; the recorder keeps the original.
+func withoutInstanceStore(body string) string {
+	q, err := url.ParseQuery(body)
+	if err != nil || q.Get("Action") != "RunInstances" {
+		return body
+	}
+	var keep []string
+	for i := 1; q.Has(fmt.Sprintf("BlockDeviceMapping.%d.DeviceName", i)); i++ {
+		prefix := fmt.Sprintf("BlockDeviceMapping.%d.", i)
+		if q.Get(prefix+"VirtualName") == "" {
+			keep = append(keep, prefix)
+		}
+	}
+	out := url.Values{}
+	for k, v := range q {
+		if !strings.HasPrefix(k, "BlockDeviceMapping.") {
+			out[k] = v
+		}
+	}
+	for j, prefix := range keep {
+		for k, v := range q {
+			if strings.HasPrefix(k, prefix) {
+				out[fmt.Sprintf("BlockDeviceMapping.%d.", j+1)+strings.TrimPrefix(k, prefix)] = v
+			}
+		}
+	}
+	return out.Encode()
+}
+
 func newRecorder(t *testing.T, ep string) (*recorder, string) {
 	rec := &recorder{}
 	target, _ := url.Parse(ep)
@@ -54,7 +88,10 @@ func newRecorder(t *testing.T, ep string) (*recorder, string) {
 				return
 			}
 		}
-		r.Body = io.NopCloser(bytes.NewReader(b))
+		fwd := []byte(withoutInstanceStore(string(b)))
+		r.Body = io.NopCloser(bytes.NewReader(fwd))
+		r.ContentLength = int64(len(fwd))
+		r.Header.Set("Content-Length", strconv.Itoa(len(fwd)))
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
@@ -376,9 +413,72 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	}
 	cpi.OK(t, nil, "delete_vm", vm)
 
+	// raw_instance_storage: every instance-store disk of the type, mapped
+	// (xvdb*) or, where instance storage is NVMe, only announced.
+	userSettings := func(vm string) map[string]any {
+		t.Helper()
+		ud, err := c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameUserData})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		json.Unmarshal([]byte(decodeB64(aws.ToString(ud.UserData.Value))), &m)
+		return m
+	}
+	// moto's DescribeInstanceTypes answers instanceStorageInfo with its
+	// total size only: the recorder answers it for these two types in
+	// EC2's documented shape (disks and their count, nvmeSupport).
+	storage := map[string]string{"c3.large": `<totalSizeInGB>32</totalSizeInGB><disks><item><sizeInGB>16</sizeInGB><count>2</count><type>ssd</type></item></disks><nvmeSupport>unsupported</nvmeSupport>`,
+		"m5d.large": `<totalSizeInGB>75</totalSizeInGB><disks><item><sizeInGB>75</sizeInGB><count>1</count><type>ssd</type></item></disks><nvmeSupport>required</nvmeSupport>`}
+	rec.mu.Lock()
+	rec.fault = func(body string) (int, string) {
+		q, _ := url.ParseQuery(body)
+		if q.Get("Action") != "DescribeInstanceTypes" || storage[q.Get("InstanceType.1")] == "" {
+			return 0, ""
+		}
+		typ := q.Get("InstanceType.1")
+		return 200, `<DescribeInstanceTypesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r</requestId><instanceTypeSet><item><instanceType>` +
+			typ + `</instanceType><instanceStorageSupported>true</instanceStorageSupported><instanceStorageInfo>` + storage[typ] +
+			`</instanceStorageInfo></item></instanceTypeSet></DescribeInstanceTypesResponse>`
+	}
+	rec.mu.Unlock()
+	for typ, want := range map[string][]any{
+		"c3.large":  {map[string]any{"path": "/dev/xvdba"}, map[string]any{"path": "/dev/xvdbb"}},
+		"m5d.large": {map[string]any{"path": "/dev/nvme0n1"}},
+	} {
+		vm = cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", "agent-raw", ami, map[string]any{"instance_type": typ, "raw_instance_storage": true},
+			map[string]any{}, []string{}, map[string]any{}))
+		disks, _ := userSettings(vm)["disks"].(map[string]any)
+		if got, _ := disks["raw_ephemeral"].([]any); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: agent disks.raw_ephemeral = %v; want %v", typ, disks["raw_ephemeral"], want)
+		}
+		run = rec.last("RunInstances")
+		mapped := run.Get("BlockDeviceMapping.2.VirtualName") + "," + run.Get("BlockDeviceMapping.3.VirtualName")
+		if wantMapped := map[string]string{"c3.large": "ephemeral0,ephemeral1", "m5d.large": ","}[typ]; mapped != wantMapped {
+			t.Errorf("%s: RunInstances virtual names %q; want %q", typ, mapped, wantMapped)
+		}
+		cpi.OK(t, nil, "delete_vm", vm)
+	}
+	rec.mu.Lock()
+	rec.fault = nil
+	rec.mu.Unlock()
+	// use_instance_storage: the first instance-store volume is /dev/sdb.
+	vm = cpibin.VMCID(t, cpi.OK(t, nil, "create_vm", "agent-store", ami, map[string]any{"instance_type": "m5d.large",
+		"ephemeral_disk": map[string]any{"use_instance_storage": true}}, map[string]any{}, []string{}, map[string]any{}))
+	run = rec.last("RunInstances")
+	found := false
+	for i := 1; run.Has(fmt.Sprintf("BlockDeviceMapping.%d.DeviceName", i)); i++ {
+		found = found || run.Get(fmt.Sprintf("BlockDeviceMapping.%d.DeviceName", i)) == "/dev/sdb" &&
+			run.Get(fmt.Sprintf("BlockDeviceMapping.%d.VirtualName", i)) == "ephemeral0" && !run.Has(fmt.Sprintf("BlockDeviceMapping.%d.Ebs.VolumeSize", i))
+	}
+	if !found {
+		t.Errorf("use_instance_storage: RunInstances %v; want /dev/sdb from ephemeral0", run)
+	}
+	cpi.OK(t, nil, "delete_vm", vm)
+
 	// Refused by name, before anything is made.
 	for key, val := range map[string]any{
-		"raw_instance_storage": true,
+		"raw_instance_storage": true, // on t3.micro: no instance storage
 		"lb_target_group":      []string{"x"},
 		"tenancy":              "host",
 	} {

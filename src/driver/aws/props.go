@@ -124,9 +124,8 @@ func (p vmProps) validate() error {
 			return driver.Invalid("cloud_properties.ephemeral_disk: kms_key_arn with encrypted: false")
 		}
 	}
-	if p.RawInstanceStorage {
-		return fmt.Errorf("%w: cloud_properties.raw_instance_storage is not supported by the aws driver yet (use ephemeral_disk.use_instance_storage for the first instance-store volume)",
-			driver.ErrNotSupported)
+	if p.RawInstanceStorage && p.EphemeralDisk != nil && p.EphemeralDisk.UseInstanceStorage {
+		return driver.Invalid("cloud_properties: ephemeral_disk.use_instance_storage and raw_instance_storage exclude each other")
 	}
 	switch p.Tenancy {
 	case "", "default", "dedicated":

@@ -109,12 +109,21 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err := d.blockDevices(ctx, ami, p, in); err != nil {
 		return driver.VM{}, err
 	}
+	var raw []string
+	if p.RawInstanceStorage && (p.EphemeralDisk == nil || !p.EphemeralDisk.UseRootDisk) {
+		if raw, err = d.rawInstanceStorage(ctx, p.InstanceType, in); err != nil {
+			return driver.VM{}, err
+		}
+	}
 	userData := p.UserData
 	if userData == "" {
 		if s, ok := spec.Env["user_data"].(string); ok {
 			userData = s
 		} else {
 			userData = string(withoutEphemeral(spec.AgentSettings, p.EphemeralDisk != nil && p.EphemeralDisk.UseRootDisk))
+			if len(raw) > 0 {
+				userData = string(withRawEphemeral([]byte(userData), raw))
+			}
 		}
 	}
 	if userData != "" {

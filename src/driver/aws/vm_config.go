@@ -282,3 +282,66 @@ func (d *Driver) lbClients(ctx context.Context) (*elb.Client, *elbv2.Client, err
 	})
 	return d.elb, d.elbv2, nil
 }
+
+// rawInstanceStorage maps every instance-store volume of the type, as
+// the official CPI's raw_instance_storage does, and answers the paths
+// the agent finds them at: /dev/nvme<i>n1 where instance storage is NVMe
+// (no mapping needed: the type attaches them), else /dev/xvdb<a+i>
+// mapped from ephemeral<i>.
+func (d *Driver) rawInstanceStorage(ctx context.Context, instanceType string, in *ec2.RunInstancesInput) ([]string, error) {
+	out, err := call(ctx, d, "DescribeInstanceTypes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstanceTypesOutput, error) {
+		return c.DescribeInstanceTypes(ctx, &ec2.DescribeInstanceTypesInput{InstanceTypes: []types.InstanceType{types.InstanceType(instanceType)}})
+	})
+	if err != nil {
+		return nil, d.cloudErr("DescribeInstanceTypes "+instanceType, err)
+	}
+	var info *types.InstanceStorageInfo
+	if len(out.InstanceTypes) > 0 {
+		info = out.InstanceTypes[0].InstanceStorageInfo
+	}
+	count := 0
+	if info != nil {
+		for _, disk := range info.Disks {
+			count += int(aws.ToInt32(disk.Count))
+		}
+	}
+	if count == 0 {
+		return nil, driver.Invalid("cloud_properties.raw_instance_storage: instance type %s has no instance storage", instanceType)
+	}
+	nvme := info.NvmeSupport == types.EphemeralNvmeSupportRequired || info.NvmeSupport == types.EphemeralNvmeSupportSupported
+	paths := make([]string, count)
+	for i := range paths {
+		if nvme {
+			paths[i] = fmt.Sprintf("/dev/nvme%dn1", i)
+			continue
+		}
+		paths[i] = fmt.Sprintf("/dev/xvdb%c", 'a'+i)
+		in.BlockDeviceMappings = append(in.BlockDeviceMappings, types.BlockDeviceMapping{
+			DeviceName: aws.String(paths[i]), VirtualName: aws.String(fmt.Sprintf("ephemeral%d", i))})
+	}
+	return paths, nil
+}
+
+// withRawEphemeral tells the agent where the raw instance-store disks are
+// (disks.raw_ephemeral: [{path}], as the official CPI writes it).
+func withRawEphemeral(settings []byte, paths []string) []byte {
+	var s map[string]any
+	if json.Unmarshal(settings, &s) != nil {
+		return settings
+	}
+	disks, ok := s["disks"].(map[string]any)
+	if !ok {
+		disks = map[string]any{}
+		s["disks"] = disks
+	}
+	list := make([]map[string]string, len(paths))
+	for i, p := range paths {
+		list[i] = map[string]string{"path": p}
+	}
+	disks["raw_ephemeral"] = list
+	b, err := json.Marshal(s)
+	if err != nil {
+		return settings
+	}
+	return b
+}
