@@ -503,6 +503,17 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 		t.Errorf("the unencrypted original %s is still registered", cp.Get("SourceImageId"))
 	}
 	cpi.OK(t, nil, "delete_stemcell", enc)
+	// A light stemcell asked encrypted is an encrypted copy of its AMI:
+	// Runway's (no " light"), deleted by delete_stemcell; the AMI stays.
+	var lightEnc string
+	json.Unmarshal(cpi.OK(t, nil, "create_stemcell", "", map[string]any{"ami": map[string]string{region: ami}, "encrypted": true}), &lightEnc)
+	if cp := rec.last("CopyImage"); cp.Get("SourceImageId") != ami || lightEnc == ami || strings.HasSuffix(lightEnc, " light") {
+		t.Errorf("light encrypted stemcell %q from CopyImage %v; want an encrypted copy of %s", lightEnc, cp, ami)
+	}
+	cpi.OK(t, nil, "delete_stemcell", lightEnc)
+	if _, err := d.image(ctx, ami); err != nil {
+		t.Errorf("the light stemcell's AMI went with its encrypted copy: %v", err)
+	}
 	cpi.OK(t, nil, "delete_stemcell", ami)
 	assertNoLeftovers(t, ep, map[string]string{"director": "parity"})
 }
