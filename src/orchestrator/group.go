@@ -200,6 +200,17 @@ func (g *group) pass(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(d.reap) > 0 && !drained {
+		// Demand after the removals: a runner reaped in this pass (its job
+		// done) no longer covers a job queued meanwhile, which would
+		// otherwise wait a whole poll interval for the next pass.
+		if fresh, err := o.store.Active(g.cfg.Name); err == nil {
+			d.spawn = plan(&g.cfg, now, l, owned, fresh, inflight, drained).spawn
+		} else {
+			errs = append(errs, err)
+			d.spawn = nil
+		}
+	}
 	if spawnErr == nil {
 		for _, trigger := range d.spawn {
 			g.startSpawn(ctx, trigger, jobs[trigger].Repo)

@@ -24,6 +24,9 @@ func (g *group) sweep(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	// reaped: runners this sweep deleted. Their VMs are still in the list
+	// taken before: not strays, and not to be deleted a second time.
+	reaped := map[string]bool{}
 	live := map[string]store.Runner{}
 	for _, r := range runners {
 		live[r.Name] = r
@@ -62,6 +65,7 @@ func (g *group) sweep(ctx context.Context) error {
 		}
 		if reason != "" {
 			delete(live, r.Name)
+			reaped[r.Name] = true
 			errs = append(errs, g.destroy(ctx, r, reason))
 			continue
 		}
@@ -105,7 +109,7 @@ func (g *group) sweep(ctx context.Context) error {
 	}
 	foreign := 0
 	for _, vm := range vms {
-		if _, ok := live[vm.AgentID]; ok {
+		if _, ok := live[vm.AgentID]; ok || reaped[vm.AgentID] {
 			continue
 		}
 		// Only VMs this store made are its strays. Others of the group

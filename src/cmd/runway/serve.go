@@ -80,10 +80,36 @@ type daemon struct {
 func connect(fs *flag.FlagSet, args []string) (*daemon, error) {
 	cfg := fs.String("config", "runway.yml", "orchestrator config (YAML)")
 	addr := fs.String("addr", "", "daemon address (default: from the config)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return nil, err
 	}
 	return findDaemon(*cfg, *addr)
+}
+
+// parseAnywhere parses flags before, between and after the positional
+// arguments (`runway drain e2e -config X` as well as `runway drain
+// -config X e2e`); the flag package alone stops at the first positional
+// one and would leave -config unread. "--" ends the flags.
+func parseAnywhere(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	// Parse once more with only the positionals after "--", so fs.Args
+	// answers them.
+	return fs.Parse(append([]string{"--"}, pos...))
 }
 
 func findDaemon(cfgPath, addr string) (*daemon, error) {
@@ -135,6 +161,9 @@ func statusCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("usage: runway status [-json] [-config runway.yml] [-addr host:port] (unexpected %q)", fs.Args())
+	}
 	var groups []orchestrator.GroupStatus
 	if err := d.do("GET", "/api/v1/groups", &groups); err != nil {
 		return err
@@ -162,6 +191,9 @@ func runnersCmd(args []string) error {
 	d, err := connect(fs, args)
 	if err != nil {
 		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("usage: runway runners [-all] [-json] [-config runway.yml] [-addr host:port] (unexpected %q)", fs.Args())
 	}
 	var rs []orchestrator.RunnerView
 	path := "/api/v1/runners"
@@ -200,7 +232,7 @@ func drainCmd(args []string, drain bool) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("%s: one group name required", name)
+		return fmt.Errorf("usage: runway %s <group> [-config runway.yml] [-addr host:port] (got %d arguments: %q)", name, fs.NArg(), fs.Args())
 	}
 	var g orchestrator.GroupStatus
 	if err := d.do("POST", "/api/v1/groups/"+url.PathEscape(fs.Arg(0))+"/"+name, &g); err != nil {

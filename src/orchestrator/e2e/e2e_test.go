@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator"
 )
 
 func completed(e *env, ids ...int64) func() bool {
@@ -63,6 +64,14 @@ func TestQueuedJobsGetOneRunnerEach(t *testing.T) {
 	}
 	if n := len(e.gitea.Runners()); n != 0 {
 		t.Errorf("%d runner registrations left at the forge", n)
+	}
+	// Each VM was deleted once: a runner reaped by the sweep is not also
+	// a "VM no runner accounts for" (whose delete_vm answers VMNotFound).
+	if line := grep(e.stderr.String(), "deleting a VM no runner accounts for"); line != "" {
+		t.Errorf("a reaped runner's VM was deleted again as a stray: %s", line)
+	}
+	if m := grep(e.metrics(), `runway_cpi_call_errors_total{method="delete_vm"`); m != "" {
+		t.Errorf("delete_vm failed: %s", m)
 	}
 
 	// The blocked job becomes runnable: now it is demand.
@@ -168,4 +177,51 @@ func TestWebhookAndSignature(t *testing.T) {
 	if n := len(e.runners(true)); n != 1 {
 		t.Errorf("want 1 runner, got %d", n)
 	}
+}
+
+// A job queued while the last runner finishes its job gets a runner in the
+// same pass that reaps the finished one: demand is counted after the
+// removals. (It used to count the finished runner as supply, reap it,
+// and leave the new job for the next poll, a whole interval later.)
+func TestDemandAfterRemovals(t *testing.T) {
+	e := newEnv(t)
+	// One pass per poll, each with a fresh listing (as with the defaults:
+	// 15 s polls, 30 s sweeps).
+	const poll = 3 * time.Second
+	e.sweep = poll.String()
+	e.writeConfig(poll.String(), e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 1, ""))
+	e.start()
+	// A pass may fall between A finishing and B being queued (a window
+	// of milliseconds in 3 s): that round proves nothing and is repeated.
+	for round := 1; round <= 3; round++ {
+		must(t, os.WriteFile(e.hold, nil, 0o600))
+		a := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+		e.eventually(30*time.Second, "a runner took job A", func() bool { return e.gitea.Job(a).Status == forge.StatusInProgress })
+		// Between two passes: A finishes, B is queued. The daemon never
+		// saw the runner busy, so it is an idle row whose job is gone.
+		os.Remove(e.hold)
+		e.eventually(10*time.Second, "job A completes", completed(e, a))
+		b := e.gitea.AddJob("acme/app", "test", []string{"linux"}, forge.StatusQueued)
+		queued := time.Now()
+		e.eventually(30*time.Second, "job B completes", completed(e, b))
+		byName := map[string]orchestrator.RunnerView{}
+		for _, r := range e.runners(true) {
+			byName[r.Name] = r
+		}
+		first, ok1 := byName[e.gitea.Job(a).RunnerName]
+		second, ok2 := byName[e.gitea.Job(b).RunnerName]
+		if !ok1 || !ok2 || first.Name == second.Name {
+			t.Fatalf("runners %+v; want one for A and another for B", byName)
+		}
+		if first.StateAt.Before(queued) {
+			continue // reaped before B existed: inconclusive
+		}
+		// The first runner's deletion (its last state change) and the
+		// second's creation fall in one pass, not a poll interval apart.
+		if gap := second.CreatedAt.Sub(first.StateAt); gap > poll/2 {
+			t.Errorf("the runner for B was made %s after the runner for A was reaped; want the same pass (poll %s)", gap, poll)
+		}
+		return
+	}
+	t.Fatal("three rounds in a row had a pass between A finishing and B being queued")
 }

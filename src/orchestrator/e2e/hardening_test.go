@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -93,4 +94,35 @@ func grep(text, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A runner whose process exits before it ever registers is reaped by the
+// sweep (list_vms shows its VM stopped) — and its VM is deleted once: the
+// stray-VM check works from the VM list taken before the reap, and used to
+// delete it a second time ("a VM no runner accounts for", VMNotFound).
+func TestReapedRunnerIsNotAlsoAStray(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig("200ms", fmt.Sprintf(`
+  - name: crash
+    scope: org
+    org: acme
+    labels: ["linux"]
+    max_active_runners: 1
+    min_idle: 1
+    stemcell: {image: %q}
+    cloud_properties: {}
+    runner:
+      command: /bin/false
+    timeouts: {spawn: 2m, idle: 2m, max_lifetime: 10m}
+`, bins.stemcell))
+	e.start()
+	e.eventually(60*time.Second, "two crashed runners reaped by the sweep", func() bool {
+		return strings.Count(e.stderr.String(), "runner process exited") >= 2
+	})
+	if line := grep(e.stderr.String(), "deleting a VM no runner accounts for"); line != "" {
+		t.Errorf("a reaped runner's VM was deleted again as a stray: %s", line)
+	}
+	if m := grep(e.metrics(), `runway_cpi_call_errors_total{method="delete_vm"`); m != "" {
+		t.Errorf("delete_vm failed: %s", m)
+	}
 }

@@ -6,6 +6,7 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -89,6 +90,7 @@ type env struct {
 	exited   chan struct{}
 	forgeYML string
 	extraEnv []string // for the daemon, beyond PATH and HOME
+	sweep    string   // sweep_interval (default 1s: a pass every second)
 }
 
 type syncBuffer struct {
@@ -164,14 +166,14 @@ func (e *env) writeConfig(pollInterval string, groups ...string) {
 	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
 state_dir: %s
 log_level: debug
-sweep_interval: 1s
+sweep_interval: %s
 cpi:
   path: %s
   config: %s
   timeout: 60s
   director_uuid: %s
 forges:%s
-groups:%s`, filepath.Join(e.dir, "orch"), bins.cpi, e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
+groups:%s`, filepath.Join(e.dir, "orch"), cmp.Or(e.sweep, "1s"), bins.cpi, e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
 	e.cfgPath = filepath.Join(e.dir, "runway.yml")
 	must(e.t, os.WriteFile(e.cfgPath, []byte(cfg), 0o600))
 	if _, err := orchestrator.LoadConfig(e.cfgPath); err != nil {

@@ -190,7 +190,8 @@ func TestWarmPoolDrainResume(t *testing.T) {
 	if !e.groupStatus("warm").Drained || len(e.runners(false)) != 0 {
 		t.Fatalf("drain did not survive a restart: %+v", e.groupStatus("warm"))
 	}
-	out, err = e.runway("resume", "-config", e.cfgPath, "warm")
+	// Flags after the group name are read too (they used to be ignored).
+	out, err = e.runway("resume", "warm", "-config", e.cfgPath)
 	if err != nil || !strings.Contains(out, "drained=false") {
 		t.Fatalf("runway resume: %v\n%s", err, out)
 	}
