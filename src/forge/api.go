@@ -21,11 +21,14 @@ import (
 // bounded bodies, typed errors, and retries of throttles and transient
 // faults inside a small budget (the reconcile loop backs off beyond it).
 type API struct {
-	Base    string // e.g. https://gitea.example.com/api/v1
-	Auth    string // Authorization header value; never logged
-	Headers map[string]string
-	HTTP    *http.Client
-	Retry   retry.Policy
+	Base string // e.g. https://gitea.example.com/api/v1
+	Auth string // Authorization header value; never logged
+	// AuthFunc, when set, gives the header value for each request
+	// instead (a token re-read when its file changes).
+	AuthFunc func() string
+	Headers  map[string]string
+	HTTP     *http.Client
+	Retry    retry.Policy
 	// Observe is told about every answer: for metrics (requests, rate
 	// limit remaining).
 	Observe func(method string, status int, h http.Header)
@@ -61,8 +64,12 @@ func (a *API) Do(ctx context.Context, method, path string, q url.Values, in, out
 		if err != nil {
 			return err
 		}
-		if a.Auth != "" {
-			req.Header.Set("Authorization", a.Auth)
+		auth := a.Auth
+		if a.AuthFunc != nil {
+			auth = a.AuthFunc()
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
 		}
 		req.Header.Set("Accept", "application/json")
 		if in != nil {

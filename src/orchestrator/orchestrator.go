@@ -235,7 +235,7 @@ func better(a, b *group) bool {
 type forgeView struct {
 	cfg    ForgeConfig
 	client forge.Client
-	secret []byte
+	secret *reloadable // the webhook secret
 
 	mu     sync.Mutex
 	scopes map[string]*scopeJobs
@@ -260,15 +260,14 @@ type listing struct {
 
 func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
 	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}}
-	sec, err := o.secret(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret")
-	if err != nil {
+	var err error
+	if fv.secret, err = o.reloadable(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret"); err != nil {
 		return nil, err
 	}
-	fv.secret = []byte(sec)
 	if client != nil {
 		return fv, nil
 	}
-	token, err := o.secret(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token")
+	token, err := o.reloadable(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token")
 	if err != nil {
 		return nil, err
 	}
@@ -283,11 +282,13 @@ func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forge
 	}
 	switch fc.Type {
 	case "gitea":
-		c := gitea.New(fc.URL, token)
+		c := gitea.New(fc.URL, "")
+		c.API.AuthFunc = func() string { return "token " + token.get() }
 		c.API.Observe = observe
 		fv.client = c
 	case "github":
-		c := github.New(fc.URL, token)
+		c := github.New(fc.URL, "")
+		c.API.AuthFunc = func() string { return "Bearer " + token.get() }
 		c.API.Observe = observe
 		c.RunnerGroupID = fc.RunnerGroupID
 		fv.client = c
@@ -427,7 +428,7 @@ func (o *Orchestrator) signedBy(forgeType string, body []byte, h http.Header) st
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if fv := o.forges[n]; fv.cfg.Type == forgeType && forge.Verify(fv.secret, body, h) {
+		if fv := o.forges[n]; fv.cfg.Type == forgeType && forge.Verify([]byte(fv.secret.get()), body, h) {
 			return n
 		}
 	}

@@ -126,3 +126,25 @@ func TestReapedRunnerIsNotAlsoAStray(t *testing.T) {
 		t.Errorf("delete_vm failed: %s", m)
 	}
 }
+
+// A wrong token is fixed without a restart: the daemon reads the token
+// file again when it changes, and the queued job then gets its runner.
+func TestTokenFileIsReadAgainWhenItChanges(t *testing.T) {
+	e := newEnv(t)
+	tokenFile := filepath.Join(e.dir, "api-token")
+	must(t, os.WriteFile(tokenFile, []byte("a-wrong-token\n"), 0o600))
+	e.writeConfig("200ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 1, ""))
+	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.start()
+	e.eventually(30*time.Second, "the forge refusing the wrong token", func() bool {
+		return strings.Contains(e.groupStatus("linux").LastError, "401")
+	})
+	if n := len(e.runners(true)); n != 0 {
+		t.Fatalf("%d runners made with a token the forge refuses", n)
+	}
+	must(t, os.WriteFile(tokenFile, []byte(apiToken+"\n"), 0o600))
+	e.eventually(60*time.Second, "the job runs with the fixed token", completed(e, job))
+	if !strings.Contains(e.stderr.String(), "secret file changed: using the new value") {
+		t.Errorf("the reload was not logged")
+	}
+}
