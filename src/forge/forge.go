@@ -190,3 +190,9 @@ func (j JobJSON) Job(repo string) Job {
 	return Job{ID: j.ID, RunID: j.RunID, Repo: repo, Name: j.Name, Labels: j.Labels, Status: j.Status,
 		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
 }
+
+// Checker is a Client that can ask the forge for every endpoint a group
+// will use and say precisely what the token may not do.
+type Checker interface {
+	Check(ctx context.Context, s Scope) error
+}

@@ -149,6 +149,8 @@ func (o *Orchestrator) Store() *store.Store { return o.store }
 // slow forge or CPI stalls only its own groups.
 func (o *Orchestrator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); o.checkAccess(ctx) }()
 	for _, g := range o.groups {
 		wg.Add(1)
 		go func() { defer wg.Done(); g.loop(ctx) }()

@@ -13,6 +13,7 @@ func usage() {
 
 commands:
   serve -config runway.yml       run the runner orchestrator daemon
+  check -config runway.yml       ask each forge for every endpoint the groups need; name missing token scopes
   status                         groups: demand, runners, last check (from the daemon)
   runners [-all]                 runners and their state (from the daemon)
   drain <group>                  stop spawning for a group; running jobs finish
@@ -31,6 +32,8 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serveCmd(os.Args[2:])
+	case "check":
+		err = checkCmd(os.Args[2:])
 	case "status":
 		err = statusCmd(os.Args[2:])
 	case "runners":

@@ -69,6 +69,30 @@ func serveCmd(args []string) error {
 	return err
 }
 
+// checkCmd asks the forges with the config's tokens for everything the
+// groups will need (no daemon, no state dir needed).
+func checkCmd(args []string) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	cfgPath := fs.String("config", "runway.yml", "orchestrator config (YAML)")
+	if err := parseAnywhere(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("usage: runway check [-config runway.yml] (unexpected %q)", fs.Args())
+	}
+	cfg, err := orchestrator.LoadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := orchestrator.Check(ctx, cfg, orchestrator.Options{}); err != nil {
+		return fmt.Errorf("check failed:\n%w", err)
+	}
+	fmt.Printf("ok: %d groups on %d forges can list jobs and runners, register runners and check finished jobs\n", len(cfg.Groups), len(cfg.Forges))
+	return nil
+}
+
 // daemon finds the running daemon's address and admin token from the
 // config (or -addr).
 type daemon struct {

@@ -70,6 +70,10 @@ type Gitea struct {
 	*httptest.Server
 	APIToken string
 	User     string // the API token's user (for /user/... scope)
+	// TokenScopes are the API token's scopes as Gitea enforces them (an
+	// API category per path prefix, read for GET, write otherwise); nil
+	// allows everything. Set before requests are made.
+	TokenScopes []string
 
 	mu         sync.Mutex
 	jobs       map[int64]*GiteaJob
@@ -179,6 +183,10 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/api/v1")
+	if msg := g.scopeRefusal(path, r.Method); msg != "" {
+		writeJSON(w, 403, map[string]string{"message": msg})
+		return
+	}
 	scope, rest, ok := splitScope(path, g.User)
 	if !ok {
 		writeJSON(w, 404, map[string]string{"message": "not found"})
@@ -250,6 +258,28 @@ func splitScope(p, user string) (string, string, bool) {
 		return "/" + parts[0], "/" + strings.Join(parts[1:], "/"), true
 	}
 	return "", "", false
+}
+
+// scopeRefusal is Gitea's answer to a token lacking the scope a route
+// needs (checked before the route looks anything up), or "".
+func (g *Gitea) scopeRefusal(path, method string) string {
+	if g.TokenScopes == nil {
+		return ""
+	}
+	category := map[string]string{"admin": "admin", "orgs": "organization", "user": "user", "repos": "repository"}[strings.SplitN(strings.TrimPrefix(path, "/"), "/", 2)[0]]
+	if category == "" {
+		return ""
+	}
+	need := "read:" + category
+	if method != "GET" {
+		need = "write:" + category
+	}
+	for _, have := range g.TokenScopes {
+		if have == "all" || have == need || have == "write:"+category {
+			return ""
+		}
+	}
+	return fmt.Sprintf("token does not have at least one of required scope(s), required=[%s], token scope=%s", need, strings.Join(g.TokenScopes, ","))
 }
 
 func scopeCovers(scope, repo, user string) bool {

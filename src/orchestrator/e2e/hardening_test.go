@@ -148,3 +148,31 @@ func TestTokenFileIsReadAgainWhenItChanges(t *testing.T) {
 		t.Errorf("the reload was not logged")
 	}
 }
+
+// The token scope the docs name must be enough, and a missing one is
+// named: with write:organization alone, checking a finished job is
+// refused by Gitea (read:repository); runway check and the daemon's
+// start-up say so, and pass with both scopes.
+func TestCheckNamesTheMissingTokenScope(t *testing.T) {
+	e := newEnv(t)
+	e.gitea.TokenScopes = []string{"write:organization"}
+	e.writeConfig("200ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 1, ""))
+	out, err := e.runway("check", "-config", e.cfgPath)
+	if err == nil || !strings.Contains(out, "check a finished job") || !strings.Contains(out, "the token lacks the scope read:repository") ||
+		strings.Contains(out, "list runners") {
+		t.Fatalf("runway check with write:organization only: %v\n%s", err, out)
+	}
+	if strings.Contains(out, apiToken) {
+		t.Fatalf("runway check printed the token:\n%s", out)
+	}
+	e.start()
+	e.eventually(10*time.Second, "the daemon names the missing scope at start-up", func() bool {
+		return strings.Contains(e.stderr.String(), "the forge refuses what this group needs") &&
+			strings.Contains(e.stderr.String(), "read:repository")
+	})
+	e.stop(false)
+	e.gitea.TokenScopes = []string{"write:organization", "read:repository"}
+	if out, err := e.runway("check", "-config", e.cfgPath); err != nil || !strings.HasPrefix(out, "ok: 1 groups") {
+		t.Fatalf("runway check with the documented scopes: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,63 @@
+package gitea
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/runway-cpi/runway/src/forge"
+)
+
+// Check implements forge.Checker: every endpoint a group of scope s uses,
+// in the order a runner's life uses them. The finished-job lookup goes to
+// a repository that does not exist: Gitea checks the token's scope before
+// it looks the repository up, so 404 means allowed and 403 names the
+// missing scope.
+func (c *Client) Check(ctx context.Context, s forge.Scope) error {
+	base, err := scopeBase(s)
+	if err != nil {
+		return err
+	}
+	owner := s.Owner
+	if owner == "" {
+		owner = "runway"
+	}
+	var errs []error
+	note := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, scopeError(what, err))
+		}
+	}
+	_, err = c.Jobs(ctx, s)
+	note("list queued jobs (GET "+base+"/actions/jobs)", err)
+	_, err = c.Runners(ctx, s)
+	note("list runners (GET "+base+"/actions/runners)", err)
+	_, err = c.API.RegistrationToken(ctx, base)
+	note("get a runner registration token (POST "+base+"/actions/runners/registration-token)", err)
+	probe := "/repos/" + url.PathEscape(owner) + "/runway-scope-check/actions/jobs/0"
+	_, err = c.API.Do(ctx, "GET", probe, nil, nil, nil)
+	if !errors.Is(err, forge.ErrNotFound) {
+		note("check a finished job (GET /repos/{owner}/{repo}/actions/jobs/{id})", err)
+	}
+	return errors.Join(errs...)
+}
+
+// required is Gitea's list of acceptable scopes in a 403's message:
+// "token does not have at least one of required scope(s), required=[read:repository], token scope=write:organization".
+var required = regexp.MustCompile(`required=\[([^\]]*)\]`)
+
+func scopeError(what string, err error) error {
+	var ae *forge.APIError
+	if errors.As(err, &ae) {
+		switch m := required.FindStringSubmatch(ae.Message); {
+		case ae.Status == 403 && m != nil:
+			return fmt.Errorf("%s: the token lacks the scope %s (Gitea: %s)", what, strings.ReplaceAll(m[1], " ", " or "), ae.Message)
+		case ae.Status == 401:
+			return fmt.Errorf("%s: Gitea refuses the token (HTTP 401: %s)", what, ae.Message)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

@@ -1,0 +1,71 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/logging"
+)
+
+// Check asks each group's forge for every endpoint the group will use,
+// with the configured token, and answers what is refused (naming the
+// missing token scope where the forge says it). It needs neither the
+// state dir nor a running daemon: `runway check`.
+func Check(ctx context.Context, cfg *Config, opt Options) error {
+	logger, redact := opt.Logger, opt.Redactor
+	if logger == nil {
+		logger, redact = logging.New(boshlog.LevelError, io.Discard)
+	}
+	if redact == nil {
+		redact = &logging.Redactor{}
+	}
+	o := &Orchestrator{cfg: cfg, log: logging.Fields{Logger: logger, Tag: "orchestrator"}, redact: redact,
+		forges: map[string]*forgeView{}, now: time.Now, metrics: NewMetrics()}
+	var errs []error
+	for _, fc := range cfg.Forges {
+		fv, err := o.newForgeView(fc, opt.Forges[fc.Name])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		o.forges[fc.Name] = fv
+	}
+	for _, gc := range cfg.Groups {
+		fv := o.forges[gc.Forge]
+		if fv == nil {
+			continue
+		}
+		if err := checkGroup(ctx, fv.client, gc.ForgeScope()); err != nil {
+			errs = append(errs, fmt.Errorf("group %s (forge %s, %s): %w", gc.Name, gc.Forge, gc.ForgeScope(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkGroup uses the forge's own check when it has one, else lists jobs
+// and runners.
+func checkGroup(ctx context.Context, c forge.Client, s forge.Scope) error {
+	if ch, ok := c.(forge.Checker); ok {
+		return ch.Check(ctx, s)
+	}
+	_, jerr := c.Jobs(ctx, s)
+	_, rerr := c.Runners(ctx, s)
+	return errors.Join(jerr, rerr)
+}
+
+// checkAccess runs Check's checks for the daemon at start-up and logs
+// what is refused: the daemon still starts (a token may be fixed in its
+// file, which is read again), but the operator sees why at once.
+func (o *Orchestrator) checkAccess(ctx context.Context) {
+	for _, g := range o.groups {
+		if err := checkGroup(ctx, g.forge.client, g.scope); err != nil {
+			o.log.Error("the forge refuses what this group needs (runway check lists it)", "group", g.cfg.Name, "forge", g.cfg.Forge, "err", err)
+		}
+	}
+}
