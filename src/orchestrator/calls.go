@@ -24,6 +24,9 @@ func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclien
 			kind = ce.Type
 		}
 		g.o.metrics.cpiErrors.WithLabelValues(method, kind).Inc()
+		if kind != rpc.TypeVMNotFound {
+			g.o.failure(g.cfg.Name, "cpi "+method, err)
+		}
 	}
 	return resp, err
 }

@@ -152,7 +152,9 @@ func (g *group) pass(ctx context.Context) error {
 	if err != nil {
 		// The forge could not be read: decide nothing from it, delete
 		// nothing because of it.
-		return fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
+		err = fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
+		o.failure(g.cfg.Name, "forge", err)
+		return err
 	}
 	l := o.partition(g.forge, sj)
 	owned, jobs := l.owned[g.cfg.Name], l.jobs
@@ -242,6 +244,7 @@ func (g *group) refreshStatus(queued int) {
 	g.status.Creating, g.status.Idle, g.status.Busy, g.status.Deleting = c[store.Spawning], c[store.Idle], c[store.Busy], c[store.Deleting]
 	g.status.QueuedJobs = queued
 	g.mu.Unlock()
+	g.o.hist.record(g.cfg.Name, g.o.now(), queued, len(runners))
 	for _, s := range []string{store.Spawning, store.Idle, store.Busy, store.Deleting} {
 		g.o.metrics.runners.WithLabelValues(g.cfg.Name, s).Set(float64(c[s]))
 	}

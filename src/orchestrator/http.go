@@ -64,6 +64,7 @@ func (o *Orchestrator) Handler() (http.Handler, error) {
 		}
 		io.WriteString(w, "ok\n")
 	})
+	mux.HandleFunc("GET /{$}", o.statusHandler)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /api/v1/groups", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, o.Groups())

@@ -51,6 +51,8 @@ type Orchestrator struct {
 	ownMu  sync.Mutex
 	ownGen int // bumped when a drain flag changes: ownership may move
 
+	hist history // what the status page shows of the last hour
+
 	deliveryMu    sync.Mutex
 	deliveries    map[string]bool // webhook deliveries seen (bounded)
 	deliveryOrder []string

@@ -3,14 +3,19 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"image/color"
+	"image/png"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
 // runway.db deleted under a running daemon: health turns unhealthy and the
@@ -175,4 +180,68 @@ func TestCheckNamesTheMissingTokenScope(t *testing.T) {
 	if out, err := e.runway("check", "-config", e.cfgPath); err != nil || !strings.HasPrefix(out, "ok: 1 groups") {
 		t.Fatalf("runway check with the documented scopes: %v\n%s", err, out)
 	}
+}
+
+// The status page in a real headless Chromium: the rendered DOM has the
+// group, the busy runner with its job, the plot, and no secret; the
+// screenshot is a drawn page.
+func TestStatusPageInChromium(t *testing.T) {
+	chromium := testenv.Need(t, "apt-get install chromium; scripts/test exports it", "RUNWAY_CHROMIUM")[0]
+	e := newEnv(t)
+	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.writeConfig("200ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 2, ""))
+	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.start()
+	e.eventually(30*time.Second, "a runner runs the job", func() bool {
+		rs := e.runners(false)
+		return len(rs) == 1 && rs[0].State == store.Busy && rs[0].JobID == job
+	})
+	shot := filepath.Join(e.dir, "status.png")
+	browse := func(args ...string) string {
+		t.Helper()
+		args = append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+			"--user-data-dir=" + filepath.Join(e.dir, "chromium"), "--window-size=1200,900"}, args...)
+		cmd := exec.Command(chromium, append(args, "http://"+e.addr+"/")...)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("chromium %v: %v\n%s", args, err, stderr.String())
+		}
+		return string(out)
+	}
+	dom := browse("--dump-dom")
+	for _, want := range []string{`data-group="linux"`, `data-state="busy"`, fmt.Sprintf("acme/app #%d", job), `class="queued"`, `class="runners"`} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the rendered page lacks %q:\n%s", want, dom)
+		}
+	}
+	for _, secret := range []string{apiToken, webhookSecret} {
+		if strings.Contains(dom, secret) {
+			t.Errorf("the page shows a secret")
+		}
+	}
+	browse("--screenshot=" + shot)
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	colors := map[color.Color]bool{}
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y += 7 {
+		for x := b.Min.X; x < b.Max.X; x += 7 {
+			colors[img.At(x, y)] = true
+		}
+	}
+	if b.Dx() != 1200 || b.Dy() != 900 || len(colors) < 8 {
+		t.Errorf("screenshot %v with %d colours: not a drawn page", b, len(colors))
+	}
+	os.Remove(e.hold)
+	e.eventually(60*time.Second, "the job completes", completed(e, job))
 }

@@ -1,0 +1,178 @@
+package orchestrator
+
+import (
+	"fmt"
+	"html/template"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runway-cpi/runway/src/clip"
+)
+
+// history keeps what the status page shows beyond the current state:
+// per group, queued jobs and runners at each pass of the last hour; and
+// the most recent CPI and forge errors.
+type history struct {
+	mu      sync.Mutex
+	samples map[string][]sample
+	errs    []recentError
+}
+
+type sample struct {
+	at              time.Time
+	queued, runners int
+}
+
+type recentError struct {
+	At          time.Time
+	Group, Kind string
+	Message     string
+}
+
+const (
+	historySpan = time.Hour
+	maxSamples  = 3600
+	maxErrors   = 20
+)
+
+func (h *history) record(group string, at time.Time, queued, runners int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.samples == nil {
+		h.samples = map[string][]sample{}
+	}
+	s := append(h.samples[group], sample{at, queued, runners})
+	cut := 0
+	for cut < len(s) && (at.Sub(s[cut].at) > historySpan || len(s)-cut > maxSamples) {
+		cut++
+	}
+	h.samples[group] = s[cut:]
+}
+
+// failure keeps an error for the page (redacted, clipped).
+func (o *Orchestrator) failure(group, kind string, err error) {
+	if err == nil {
+		return
+	}
+	h := &o.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.errs = append(h.errs, recentError{At: o.now(), Group: group, Kind: kind, Message: clip.To(o.redact.Redact(err.Error()), 500)})
+	if len(h.errs) > maxErrors {
+		h.errs = h.errs[len(h.errs)-maxErrors:]
+	}
+}
+
+type statusPage struct {
+	Now     time.Time
+	Groups  []statusGroup
+	Runners []statusRunner
+	Errors  []recentError
+}
+
+type statusGroup struct {
+	GroupStatus
+	Plot template.HTML
+}
+
+type statusRunner struct {
+	RunnerView
+	Age string
+	Job string
+}
+
+// plot draws queued jobs and runners of the last hour as an inline SVG.
+func plot(samples []sample, now time.Time) template.HTML {
+	const w, h = 600, 120
+	top := 1
+	for _, s := range samples {
+		top = max(top, s.queued, s.runners)
+	}
+	line := func(v func(sample) int) string {
+		var pts []string
+		for _, s := range samples {
+			x := float64(w) * (1 - now.Sub(s.at).Seconds()/historySpan.Seconds())
+			y := float64(h-10) - float64(h-20)*float64(v(s))/float64(top)
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
+		}
+		return strings.Join(pts, " ")
+	}
+	// Only numbers go into the SVG: nothing to escape.
+	return template.HTML(fmt.Sprintf(`<svg class="plot" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="queued jobs and runners, last hour">`+
+		`<rect width="%d" height="%d" fill="#fafafa" stroke="#ccc"/>`+
+		`<polyline class="queued" fill="none" stroke="#d9534f" stroke-width="2" points="%s"/>`+
+		`<polyline class="runners" fill="none" stroke="#337ab7" stroke-width="2" points="%s"/>`+
+		`<text x="4" y="12" font-size="10">max %d</text></svg>`,
+		w, h, w, h, w, h, line(func(s sample) int { return s.queued }), line(func(s sample) int { return s.runners }), top))
+}
+
+var statusTemplate = template.Must(template.New("status").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
+<title>runway</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ddd;padding:.3em .6em;text-align:left}
+th{background:#f0f0f0}.err{color:#a94442}.legend span{display:inline-block;margin-right:1em}
+.q{color:#d9534f}.r{color:#337ab7}
+</style></head><body>
+<h1>runway</h1>
+<p>As of {{.Now.Format "2006-01-02 15:04:05 MST"}}; refreshes every 10 s.</p>
+<h2>Groups</h2>
+<table id="groups"><tr><th>group</th><th>forge / scope</th><th>queued</th><th>runners (max)</th><th>creating</th><th>idle</th><th>busy</th><th>deleting</th><th>drained</th><th>last error</th></tr>
+{{range .Groups}}<tr class="group" data-group="{{.Name}}"><td>{{.Name}}</td><td>{{.Forge}} / {{.Scope}}</td><td class="queued">{{.QueuedJobs}}</td><td class="runners">{{.ActiveRunners}} ({{.MaxActiveRunners}})</td><td>{{.Creating}}</td><td>{{.Idle}}</td><td>{{.Busy}}</td><td>{{.Deleting}}</td><td>{{.Drained}}</td><td class="err">{{.LastError}}</td></tr>
+{{end}}</table>
+<h2>Queued jobs and runners, last hour</h2>
+<p class="legend"><span class="q">&#9632; queued jobs</span><span class="r">&#9632; runners</span></p>
+{{range .Groups}}<h3>{{.Name}}</h3>{{.Plot}}
+{{end}}
+<h2>Runners</h2>
+<table id="runners"><tr><th>runner</th><th>group</th><th>state</th><th>age</th><th>job</th><th>VM</th></tr>
+{{range .Runners}}<tr class="runner" data-state="{{.State}}"><td>{{.Name}}</td><td>{{.Group}}</td><td>{{.State}}</td><td>{{.Age}}</td><td>{{.Job}}</td><td>{{.VMCID}}</td></tr>
+{{else}}<tr><td colspan="6">no runners</td></tr>
+{{end}}</table>
+<h2>Recent errors</h2>
+<table id="errors"><tr><th>when</th><th>group</th><th>kind</th><th>error</th></tr>
+{{range .Errors}}<tr class="error"><td>{{.At.Format "15:04:05"}}</td><td>{{.Group}}</td><td>{{.Kind}}</td><td class="err">{{.Message}}</td></tr>
+{{else}}<tr><td colspan="4">none</td></tr>
+{{end}}</table>
+</body></html>
+`))
+
+// statusHandler serves the page: the same data as /api/v1 (and the same
+// rule: reads are open), rendered on the server, no scripts.
+func (o *Orchestrator) statusHandler(w http.ResponseWriter, r *http.Request) {
+	now := o.now()
+	page := statusPage{Now: now}
+	o.hist.mu.Lock()
+	for _, g := range o.Groups() {
+		g.LastError = clip.To(o.redact.Redact(g.LastError), 500)
+		page.Groups = append(page.Groups, statusGroup{GroupStatus: g, Plot: plot(o.hist.samples[g.Name], now)})
+	}
+	page.Errors = append([]recentError(nil), o.hist.errs...)
+	o.hist.mu.Unlock()
+	sort.Slice(page.Errors, func(i, j int) bool { return page.Errors[i].At.After(page.Errors[j].At) })
+	rows, err := o.store.Active("")
+	if err != nil {
+		http.Error(w, "runway.db: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	for _, x := range rows {
+		v := view(x)
+		sr := statusRunner{RunnerView: v, Age: now.Sub(x.CreatedAt).Round(time.Second).String()}
+		switch {
+		case x.JobID != 0:
+			sr.Job = fmt.Sprintf("%s #%d", x.JobRepo, x.JobID)
+		case x.TriggerJob != 0:
+			sr.Job = fmt.Sprintf("(for #%d)", x.TriggerJob)
+		}
+		page.Runners = append(page.Runners, sr)
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := statusTemplate.Execute(w, page); err != nil {
+		o.log.Warn("rendering the status page", "err", err)
+	}
+}
