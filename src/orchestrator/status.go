@@ -105,8 +105,9 @@ func plot(samples []sample, now time.Time) template.HTML {
 		`<rect width="%d" height="%d" fill="#fafafa" stroke="#ccc"/>`+
 		`<polyline class="queued" fill="none" stroke="#d9534f" stroke-width="2" points="%s"/>`+
 		`<polyline class="runners" fill="none" stroke="#337ab7" stroke-width="2" points="%s"/>`+
-		`<text x="4" y="12" font-size="10">max %d</text></svg>`,
-		w, h, w, h, w, h, line(func(s sample) int { return s.queued }), line(func(s sample) int { return s.runners }), top))
+		`<text x="4" y="12" font-size="10">max %d</text>`+
+		`<text x="4" y="%d" font-size="10">-60 min</text><text x="%d" y="%d" font-size="10" text-anchor="end">now</text></svg>`,
+		w, h, w, h, w, h, line(func(s sample) int { return s.queued }), line(func(s sample) int { return s.runners }), top, h-2, w-4, h-2))
 }
 
 var statusTemplate = template.Must(template.New("status").Parse(`<!doctype html>
