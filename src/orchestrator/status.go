@@ -147,8 +147,9 @@ th{background:#f0f0f0}.err{color:#a94442}.legend span{display:inline-block;margi
 func (o *Orchestrator) statusHandler(w http.ResponseWriter, r *http.Request) {
 	now := o.now()
 	page := statusPage{Now: now}
+	groups := o.Groups() // before hist.mu: never hold it while taking a group's lock
 	o.hist.mu.Lock()
-	for _, g := range o.Groups() {
+	for _, g := range groups {
 		g.LastError = clip.To(o.redact.Redact(g.LastError), 500)
 		page.Groups = append(page.Groups, statusGroup{GroupStatus: g, Plot: plot(o.hist.samples[g.Name], now)})
 	}

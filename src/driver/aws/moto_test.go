@@ -11,8 +11,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -723,20 +721,8 @@ func TestOfficialMetadataOptionsAndEncryption(t *testing.T) {
 	arn := "arn:aws:kms:" + region + ":123456789012:key/runway-test"
 	// moto 5.1 takes MetadataOptions and does not store them: the request
 	// itself is checked, through a recording proxy.
-	var mu sync.Mutex
-	var bodies []string
-	target, _ := url.Parse(ep)
-	rp := httputil.NewSingleHostReverseProxy(target)
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		bodies = append(bodies, string(b))
-		mu.Unlock()
-		r.Body = io.NopCloser(bytes.NewReader(b))
-		rp.ServeHTTP(w, r)
-	}))
-	defer proxy.Close()
-	d, _ := newTestDriver(t, proxy.URL, "", map[string]any{"encrypted": true, "kms_key_arn": arn,
+	rec, proxy := newRecorder(t, ep)
+	d, _ := newTestDriver(t, proxy, "", map[string]any{"encrypted": true, "kms_key_arn": arn,
 		"metadata_options": map[string]any{"http_tokens": "required", "http_put_response_hop_limit": 2}})
 	ami := registerTestImage(t, d)
 	defer d.DeleteStemcell(ctx, ami)
@@ -752,17 +738,9 @@ func TestOfficialMetadataOptionsAndEncryption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	var run string
-	for _, b := range bodies {
-		if strings.Contains(b, "Action=RunInstances") {
-			run = b
-		}
-	}
-	mu.Unlock()
-	q, _ := url.ParseQuery(run)
+	q := rec.last("RunInstances")
 	if q.Get("MetadataOptions.HttpTokens") != "required" || q.Get("MetadataOptions.HttpPutResponseHopLimit") != "2" {
-		t.Errorf("RunInstances sent %q; want MetadataOptions.HttpTokens=required and HttpPutResponseHopLimit=2", run)
+		t.Errorf("RunInstances sent %v; want MetadataOptions.HttpTokens=required and HttpPutResponseHopLimit=2", q)
 	}
 	if len(inst.BlockDeviceMappings) != 2 {
 		t.Fatalf("block devices %+v", inst.BlockDeviceMappings)
