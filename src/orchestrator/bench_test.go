@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/rpc"
+	"github.com/runway-cpi/runway/src/testkit/pgtest"
 )
 
 // BenchmarkReconcilePass is the CPU of one full pass over 100 groups and
@@ -92,10 +94,11 @@ func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpi
 	return &cpiclient.Response{Reply: rpc.Reply{Result: json.RawMessage(`null`)}}, nil
 }
 
-func benchOrchestrator(b testing.TB, srv *forgetest.Gitea, poll, sweep time.Duration, cpi *recordingCPI) (*Orchestrator, *recordingCPI, *httptest.Server, context.CancelFunc) {
+func benchOrchestrator(b testing.TB, srv *forgetest.Gitea, poll, sweep time.Duration, cpi *recordingCPI, top ...string) (*Orchestrator, *recordingCPI, *httptest.Server, context.CancelFunc) {
 	dir := b.TempDir()
 	os.WriteFile(filepath.Join(dir, "secret"), []byte("s"), 0o600)
 	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
+%s
 state_dir: %s
 sweep_interval: %s
 cpi: {path: /nonexistent}
@@ -103,7 +106,7 @@ forges:
   - {name: gitea, type: gitea, url: %q, token_env: UNUSED, webhook_secret_file: %s, poll_interval: %s}
 groups:
   - {name: g, scope: org, org: acme, labels: [linux], max_active_runners: 100000, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
-`, dir, sweep, srv.URL, filepath.Join(dir, "secret"), poll)))
+`, strings.Join(top, "\n"), dir, sweep, srv.URL, filepath.Join(dir, "secret"), poll)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -131,8 +134,14 @@ func BenchmarkWebhookToCreateVM(b *testing.B) {
 	defer srv.Close()
 	_, cpi, web, stop := benchOrchestrator(b, srv, time.Hour, time.Hour, nil)
 	defer stop()
-	srv.AddHook(web.URL+"/webhooks/gitea", []byte("s"))
-	time.Sleep(200 * time.Millisecond) // let the first (empty) pass finish
+	measureWebhooks(b, srv, cpi, web.URL)
+}
+
+// measureWebhooks queues b.N jobs at srv, whose hook delivers to url, and
+// reports the mean time from queueing to create_vm.
+func measureWebhooks(b *testing.B, srv *forgetest.Gitea, cpi *recordingCPI, url string) {
+	srv.AddHook(url+"/webhooks/gitea", []byte("s"))
+	time.Sleep(200 * time.Millisecond) // let the first (empty) passes finish
 	var total time.Duration
 	b.ResetTimer()
 	for n := 0; n < b.N; n++ {
@@ -142,6 +151,45 @@ func BenchmarkWebhookToCreateVM(b *testing.B) {
 		total += at.Sub(start)
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N)/1000, "ms/webhook-to-create_vm")
+}
+
+// BenchmarkWebhookToCreateVMReplicas is BenchmarkWebhookToCreateVM with
+// three replicas on one PostgreSQL store: the delivery reaches the acting
+// replica, or a standby, which relays it (NOTIFY) to the acting one.
+func BenchmarkWebhookToCreateVMReplicas(b *testing.B) {
+	dsn := pgtest.Database(b)
+	dsnFile := filepath.Join(b.TempDir(), "dsn")
+	os.WriteFile(dsnFile, []byte(dsn), 0o600)
+	for _, to := range []string{"acting", "standby"} {
+		b.Run("to-"+to, func(b *testing.B) {
+			srv := forgetest.NewGitea("tok")
+			defer srv.Close()
+			cpi := &recordingCPI{created: make(chan time.Time, 100000)}
+			var reps []*Orchestrator
+			var webs []*httptest.Server
+			for i := 0; i < 3; i++ {
+				o, _, web, stop := benchOrchestrator(b, srv, time.Hour, time.Hour, cpi, "store: postgres", "postgres: {dsn_file: "+dsnFile+"}")
+				defer stop()
+				reps, webs = append(reps, o), append(webs, web)
+			}
+			acting := -1
+			for deadline := time.Now().Add(10 * time.Second); acting < 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				for i, o := range reps {
+					if o.group("g").Status().Acting {
+						acting = i
+					}
+				}
+			}
+			if acting < 0 {
+				b.Fatal("no replica acts for the group")
+			}
+			target := acting
+			if to == "standby" {
+				target = (acting + 1) % len(reps)
+			}
+			measureWebhooks(b, srv, cpi, webs[target].URL)
+		})
+	}
 }
 
 // BenchmarkSteadyStateForgeRequests counts the forge requests one group

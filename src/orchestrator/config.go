@@ -31,6 +31,18 @@ type Config struct {
 	AdminTokenFile string `yaml:"admin_token_file"`
 	// HTTP bounds what clients of the daemon's HTTP interface may hold.
 	HTTP HTTPConfig `yaml:"http"`
+	// Store is where the state lives: "sqlite" (the default: state_dir's
+	// runway.db, one daemon) or "postgres" (shared by replicas, one of
+	// which acts for each group at a time).
+	Store    string         `yaml:"store"`
+	Postgres PostgresConfig `yaml:"postgres"`
+}
+
+// PostgresConfig locates the database of `store: postgres`. The DSN is a
+// secret (it may carry a password): from a file or the environment only.
+type PostgresConfig struct {
+	DSNFile string `yaml:"dsn_file"`
+	DSNEnv  string `yaml:"dsn_env"`
 }
 
 // HTTPConfig: timeouts and a cap on concurrent connections, so slow or
@@ -210,6 +222,9 @@ func (c *Config) defaults() {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	if c.Store == "" {
+		c.Store = "sqlite"
+	}
 	def(&c.SweepInterval, 30*time.Second)
 	if c.HTTP.MaxConnections == 0 {
 		c.HTTP.MaxConnections = 256
@@ -272,6 +287,18 @@ func (c *Config) validate() error {
 	}
 	if c.StateDir == "" {
 		bad("state_dir", "required (the SQLite store and the daemon's lock live there)")
+	}
+	switch c.Store {
+	case "sqlite":
+		if c.Postgres != (PostgresConfig{}) {
+			bad("postgres", "set only with store: postgres")
+		}
+	case "postgres":
+		if (c.Postgres.DSNFile == "") == (c.Postgres.DSNEnv == "") {
+			bad("postgres.dsn_file", "set exactly one of dsn_file or dsn_env (the DSN may hold a password: never inline)")
+		}
+	default:
+		bad("store", "%q must be sqlite or postgres", c.Store)
 	}
 	if _, err := logging.Level(c.LogLevel); err != nil {
 		bad("log_level", "%q: want debug, info, warn, error or none", c.LogLevel)

@@ -29,7 +29,7 @@ func TestConfigDefaults(t *testing.T) {
 	g := c.Groups[0]
 	if g.Forge != "gitea" || g.Timeouts.Idle.Duration != 15*time.Minute || g.SpawnConcurrency != 4 ||
 		c.Forges[0].PollInterval.Duration != 15*time.Second || c.Forges[0].RunnerURL != "https://gitea.example" ||
-		c.CPI.Timeout.Duration != 10*time.Minute || c.Listen != "127.0.0.1:8480" {
+		c.CPI.Timeout.Duration != 10*time.Minute || c.Listen != "127.0.0.1:8480" || c.Store != "sqlite" {
 		t.Errorf("defaults: %+v %+v", c, g)
 	}
 	if s := g.ForgeScope(); s.Kind != "org" || s.Owner != "acme" {
@@ -50,6 +50,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"runner: {command: /usr/bin/runner}", "runner: {command: /usr/bin/runner, env: {\"A-B\": x}}", "groups[0].runner.env"},
 		{"max_active_runners: 2", "max_active_runners: 2\n    timeouts: {idle: soon}", "soon"},
 		{"max_active_runners: 2", "max_active_runners: 2\n    colour: blue", "colour"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nstore: mysql", "store"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nstore: postgres", "postgres.dsn_file"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nstore: postgres\npostgres: {dsn_file: /a, dsn_env: B}", "postgres.dsn_file"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\npostgres: {dsn_file: /a}", "postgres"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nstore: postgres\npostgres: {dsn: \"postgres://u:p@h/db\"}", "dsn"},
 	} {
 		_, err := ParseConfig([]byte(strings.Replace(minimal, c.from, c.to, 1)))
 		if err == nil || !strings.Contains(err.Error(), c.field) {

@@ -32,6 +32,11 @@ type group struct {
 	spawnSem  chan struct{}
 	spawns    sync.WaitGroup
 	spawnErr  error // failures of background spawns, reported by the next pass
+
+	// While this process acts for the group: the context its work runs
+	// under, cancelled when the lead is lost.
+	leadCtx    context.Context
+	leadCancel context.CancelFunc
 }
 
 // GroupStatus is what /api/v1/groups shows (seed 001's status, and more).
@@ -52,6 +57,10 @@ type GroupStatus struct {
 	LastCheckTime    time.Time `json:"last_check_time"`
 	LastError        string    `json:"last_error,omitempty"`
 	BackoffUntil     time.Time `json:"backoff_until,omitzero"`
+	// Acting: this process acts for the group (with replicas on
+	// PostgreSQL, exactly one does; the others keep Acting false).
+	Acting      bool      `json:"acting"`
+	ActingSince time.Time `json:"acting_since,omitzero"`
 }
 
 func (g *group) wake() {
@@ -97,7 +106,12 @@ func (g *group) loop(ctx context.Context) {
 	// listing, so a long poll interval costs no forge requests.
 	poll := min(g.pollInterval(), g.o.cfg.SweepInterval.Duration)
 	for ctx.Err() == nil {
-		err := g.pass(ctx)
+		var err error
+		if lctx, acting := g.lead(ctx); acting {
+			err = g.pass(lctx)
+		} else {
+			g.standby()
+		}
 		g.mu.Lock()
 		next := poll
 		if err != nil && ctx.Err() == nil {
@@ -139,10 +153,13 @@ func (g *group) pass(ctx context.Context) error {
 	if err := o.store.Check(); err != nil {
 		return err
 	}
+	drained, err := g.syncDrained()
+	if err != nil {
+		return err
+	}
 	now := o.now()
 	g.mu.Lock()
 	g.status.LastCheckTime = now
-	drained := g.drained
 	// A spawn failed since the last pass: report it (the loop backs off)
 	// and make no new runner in this pass.
 	spawnErr := g.spawnErr
@@ -229,7 +246,8 @@ func (g *group) pass(ctx context.Context) error {
 	return errors.Join(append(errs, spawnErr)...)
 }
 
-// refreshStatus recounts the group's runners for status and metrics.
+// refreshStatus recounts the group's runners for status and metrics
+// (queued < 0: not known, as on a replica not acting for the group).
 func (g *group) refreshStatus(queued int) {
 	runners, err := g.o.store.Active(g.cfg.Name)
 	if err != nil {
@@ -242,9 +260,13 @@ func (g *group) refreshStatus(queued int) {
 	g.mu.Lock()
 	g.status.ActiveRunners = len(runners)
 	g.status.Creating, g.status.Idle, g.status.Busy, g.status.Deleting = c[store.Spawning], c[store.Idle], c[store.Busy], c[store.Deleting]
-	g.status.QueuedJobs = queued
+	if queued >= 0 {
+		g.status.QueuedJobs = queued
+	}
 	g.mu.Unlock()
-	g.o.hist.record(g.cfg.Name, g.o.now(), queued, len(runners))
+	if queued >= 0 {
+		g.o.hist.record(g.cfg.Name, g.o.now(), queued, len(runners))
+	}
 	for _, s := range []string{store.Spawning, store.Idle, store.Busy, store.Deleting} {
 		g.o.metrics.runners.WithLabelValues(g.cfg.Name, s).Set(float64(c[s]))
 	}

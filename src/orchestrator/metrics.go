@@ -18,6 +18,7 @@ type Metrics struct {
 	reconcileErrors    *prometheus.CounterVec
 	webhooks           *prometheus.CounterVec
 	foreignVMs         *prometheus.GaugeVec
+	acting             *prometheus.GaugeVec
 }
 
 // NewMetrics registers every series.
@@ -45,9 +46,11 @@ func NewMetrics() *Metrics {
 			Help: "Webhook deliveries by forge type and result."}, []string{"type", "result"}),
 		foreignVMs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_foreign_vms",
 			Help: "VMs of the group made by another state store (left alone)."}, []string{"group"}),
+		acting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_group_acting",
+			Help: "1 while this process acts for the group (replicas on PostgreSQL: one does)."}, []string{"group"}),
 	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
-		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs, m.acting,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,8 +1,8 @@
 // Package orchestrator keeps ephemeral CI runners matched to the job queues
 // of Gitea and GitHub. It is a CPI caller like the BOSH Director: every VM
 // is made and removed by running bin/cpi (through cpiclient), never by
-// importing a driver. Its state lives in a SQLite store so that a restart
-// loses track of nothing.
+// importing a driver. Its state lives in a SQLite store (or PostgreSQL,
+// shared by replicas) so that a restart loses track of nothing.
 package orchestrator
 
 import (
@@ -45,6 +45,8 @@ type Orchestrator struct {
 	groups  []*group
 	now     func() time.Time
 	lock    *flock.Flock
+	leader  leader // who acts for each group
+	replica string // this process, in notifications to the others
 
 	stemcellMu sync.Mutex // one upload per image
 
@@ -83,17 +85,11 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 	if !ok {
 		return nil, fmt.Errorf("state_dir %s is in use by another runway serve", cfg.StateDir)
 	}
-	st, err := store.Open(filepath.Join(cfg.StateDir, "runway.db"))
-	if err != nil {
-		lk.Unlock()
-		return nil, err
-	}
 	logger, redact := opt.Logger, opt.Redactor
 	if logger == nil {
 		level, err := logging.Level(cfg.LogLevel)
 		if err != nil {
 			lk.Unlock()
-			st.Close()
 			return nil, err
 		}
 		logger, redact = logging.New(level, os.Stderr)
@@ -101,11 +97,16 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 	if redact == nil {
 		redact = &logging.Redactor{}
 	}
-	o := &Orchestrator{cfg: cfg, store: st, log: logging.Fields{Logger: logger, Tag: "orchestrator"}, redact: redact,
-		forges: map[string]*forgeView{}, now: opt.Now, lock: lk, metrics: NewMetrics()}
+	o := &Orchestrator{cfg: cfg, log: logging.Fields{Logger: logger, Tag: "orchestrator"}, redact: redact,
+		forges: map[string]*forgeView{}, now: opt.Now, lock: lk, metrics: NewMetrics(), replica: randHex(6)}
 	if o.now == nil {
 		o.now = time.Now
 	}
+	if err := o.openStore(); err != nil {
+		lk.Unlock()
+		return nil, err
+	}
+	st := o.store
 	for _, fc := range cfg.Forges {
 		fv, err := o.newForgeView(fc, opt.Forges[fc.Name])
 		if err != nil {
@@ -137,8 +138,9 @@ func cpiFor(c CPIConfig) *cpiclient.Client {
 		StemcellAPIVersion: c.StemcellAPIVersion, Timeout: c.Timeout.Duration}
 }
 
-// Close releases the store and the lock.
+// Close releases the store, the groups' leadership and the lock.
 func (o *Orchestrator) Close() error {
+	o.leader.Close()
 	err := o.store.Close()
 	o.lock.Unlock()
 	return err
@@ -159,6 +161,8 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); o.sweepLoop(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); o.listen(ctx) }()
 	<-ctx.Done()
 	wg.Wait()
 	return nil
@@ -203,6 +207,7 @@ func (o *Orchestrator) SetDrained(name string, drained bool) error {
 	o.ownMu.Unlock()
 	o.log.Info("group drain changed", "group", name, "drained", drained)
 	g.wake()
+	o.relay(relayed{Group: name})
 	return nil
 }
 
@@ -457,6 +462,7 @@ func (o *Orchestrator) Webhook(forgeType, delivery string, body []byte, h http.H
 	}
 	o.forges[n].apply(ev)
 	o.Kick(n, ev.Job.Repo)
+	o.relay(relayed{Forge: n, Action: ev.Action, Job: &ev.Job})
 	return n, ev, nil
 }
 

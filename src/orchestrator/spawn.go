@@ -160,7 +160,19 @@ func (g *group) stemcell(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("create_stemcell answered %s", clip.Quote(string(resp.Result), 120))
 	}
 	g.o.log.Info("stemcell uploaded", "image", sc.Image, "cid", cid)
-	return cid, g.o.store.PutStemcell(key, cid)
+	kept, err := g.o.store.PutStemcell(key, cid)
+	if err != nil {
+		return "", err
+	}
+	if kept != cid {
+		// Another replica uploaded the same image meanwhile: use its
+		// stemcell, remove ours.
+		g.o.log.Info("another replica uploaded the stemcell first: deleting ours", "cid", cid, "kept", kept)
+		if _, err := g.call(ctx, "delete_stemcell", cid); err != nil {
+			g.o.log.Warn("deleting a duplicate stemcell", "cid", cid, "err", err)
+		}
+	}
+	return kept, nil
 }
 
 func stemcellKey(cpi string, sc StemcellConfig) (string, error) {

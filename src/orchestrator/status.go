@@ -122,8 +122,8 @@ th{background:#f0f0f0}.err{color:#a94442}.legend span{display:inline-block;margi
 <h1>runway</h1>
 <p>As of {{.Now.Format "2006-01-02 15:04:05 MST"}}; refreshes every 10 s.</p>
 <h2>Groups</h2>
-<table id="groups"><tr><th>group</th><th>forge / scope</th><th>queued</th><th>runners (max)</th><th>creating</th><th>idle</th><th>busy</th><th>deleting</th><th>drained</th><th>last error</th></tr>
-{{range .Groups}}<tr class="group" data-group="{{.Name}}"><td>{{.Name}}</td><td>{{.Forge}} / {{.Scope}}</td><td class="queued">{{.QueuedJobs}}</td><td class="runners">{{.ActiveRunners}} ({{.MaxActiveRunners}})</td><td>{{.Creating}}</td><td>{{.Idle}}</td><td>{{.Busy}}</td><td>{{.Deleting}}</td><td>{{.Drained}}</td><td class="err">{{.LastError}}</td></tr>
+<table id="groups"><tr><th>group</th><th>forge / scope</th><th>queued</th><th>runners (max)</th><th>creating</th><th>idle</th><th>busy</th><th>deleting</th><th>drained</th><th>here</th><th>last error</th></tr>
+{{range .Groups}}<tr class="group" data-group="{{.Name}}"><td>{{.Name}}</td><td>{{.Forge}} / {{.Scope}}</td><td class="queued">{{.QueuedJobs}}</td><td class="runners">{{.ActiveRunners}} ({{.MaxActiveRunners}})</td><td>{{.Creating}}</td><td>{{.Idle}}</td><td>{{.Busy}}</td><td>{{.Deleting}}</td><td>{{.Drained}}</td><td class="acting">{{if .Acting}}acting{{else}}standby{{end}}</td><td class="err">{{.LastError}}</td></tr>
 {{end}}</table>
 <h2>Queued jobs and runners, last hour</h2>
 <p class="legend"><span class="q">&#9632; queued jobs</span><span class="r">&#9632; runners</span></p>

@@ -192,6 +192,24 @@ func TestOrchestratorJobRenders(t *testing.T) {
 	if msg, err := exec.Command("bash", "-n", filepath.Join(out, "bin", "ctl")).CombinedOutput(); err != nil {
 		t.Fatalf("ctl is not valid bash: %v\n%s", err, msg)
 	}
+	if cfg.Store != "sqlite" {
+		t.Errorf("store without postgres.dsn: %q, want sqlite", cfg.Store)
+	}
+
+	// With a DSN: store postgres, the DSN only in secrets.env.
+	props["runway_orchestrator"].(map[string]any)["postgres"] = map[string]any{"dsn": "postgres://runway:pw-SECRET@db:5432/runway"}
+	out2 := renderRepoJob(t, "runway_orchestrator", props)
+	cfgText = readFile(t, filepath.Join(out2, "config", "runway.yml"))
+	if strings.Contains(cfgText, "pw-SECRET") {
+		t.Fatalf("the DSN is in the config file:\n%s", cfgText)
+	}
+	if cfg, err = orchestrator.ParseConfig([]byte(cfgText)); err != nil || cfg.Store != "postgres" || cfg.Postgres.DSNEnv != "RUNWAY_POSTGRES_DSN" {
+		t.Errorf("rendered config with postgres.dsn: %+v (%v)\n%s", cfg, err, cfgText)
+	}
+	got, err = exec.Command("bash", "-c", `set -a; . "$1"; printf '%s' "$RUNWAY_POSTGRES_DSN"`, "-", filepath.Join(out2, "config", "secrets.env")).Output()
+	if err != nil || string(got) != "postgres://runway:pw-SECRET@db:5432/runway" {
+		t.Errorf("secrets.env gives the DSN as %q (%v)", got, err)
+	}
 	monit := readFile(t, filepath.Join(out, "monit"))
 	for _, want := range []string{"check process runway_orchestrator", "/var/vcap/jobs/runway_orchestrator/bin/ctl start",
 		"/var/vcap/sys/run/runway_orchestrator/runway_orchestrator.pid"} {

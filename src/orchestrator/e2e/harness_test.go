@@ -91,6 +91,7 @@ type env struct {
 	forgeYML string
 	extraEnv []string // for the daemon, beyond PATH and HOME
 	sweep    string   // sweep_interval (default 1s: a pass every second)
+	top      string   // more top-level YAML (store: postgres, ...)
 }
 
 type syncBuffer struct {
@@ -167,13 +168,14 @@ func (e *env) writeConfig(pollInterval string, groups ...string) {
 state_dir: %s
 log_level: debug
 sweep_interval: %s
+%s
 cpi:
   path: %s
   config: %s
   timeout: 60s
   director_uuid: %s
 forges:%s
-groups:%s`, filepath.Join(e.dir, "orch"), cmp.Or(e.sweep, "1s"), bins.cpi, e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
+groups:%s`, filepath.Join(e.dir, "orch"), cmp.Or(e.sweep, "1s"), e.top, bins.cpi, e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
 	e.cfgPath = filepath.Join(e.dir, "runway.yml")
 	must(e.t, os.WriteFile(e.cfgPath, []byte(cfg), 0o600))
 	if _, err := orchestrator.LoadConfig(e.cfgPath); err != nil {
@@ -193,44 +195,59 @@ func (e *env) start() {
 	e.daemon = cmd
 	e.exited = make(chan struct{})
 	go func() { cmd.Wait(); close(e.exited) }()
-	e.eventually(10*time.Second, "runway serve answers /healthz", func() bool {
+	e.addr = e.waitHealthy("runway serve", filepath.Join(e.dir, "orch"), e.exited, e.stderr)
+}
+
+// waitHealthy waits until the daemon whose state dir is dir answers
+// /healthz at the address it wrote there, and returns that address.
+func (e *env) waitHealthy(what, dir string, exited chan struct{}, out *syncBuffer) string {
+	e.t.Helper()
+	var addr string
+	e.eventually(20*time.Second, what+" answers /healthz", func() bool {
 		select {
-		case <-e.exited:
-			e.t.Fatalf("runway serve exited: %s", e.stderr.String())
+		case <-exited:
+			e.t.Fatalf("%s exited: %s", what, out.String())
 		default:
 		}
-		b, err := os.ReadFile(filepath.Join(e.dir, "orch", "listen.addr"))
+		b, err := os.ReadFile(filepath.Join(dir, "listen.addr"))
 		if err != nil {
 			return false
 		}
-		e.addr = strings.TrimSpace(string(b))
-		resp, err := http.Get("http://" + e.addr + "/healthz")
+		addr = strings.TrimSpace(string(b))
+		resp, err := http.Get("http://" + addr + "/healthz")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
+	return addr
 }
 
 // stop ends the daemon with SIGTERM (kill9: SIGKILL) and waits.
 func (e *env) stop(kill9 bool) {
-	if e.daemon == nil {
-		return
-	}
 	sig := syscall.SIGTERM
 	if kill9 {
 		sig = syscall.SIGKILL
 	}
-	e.daemon.Process.Signal(sig)
-	select {
-	case <-e.exited:
-	case <-time.After(30 * time.Second):
-		e.daemon.Process.Kill()
-		<-e.exited
-		e.t.Errorf("runway serve did not stop on %v", sig)
-	}
+	stopProcess(e.t, "runway serve", e.daemon, e.exited, sig)
 	e.daemon = nil
+}
+
+// stopProcess signals cmd (if started) and waits for it to exit (exited
+// closed), killing it after 30 s.
+func stopProcess(t *testing.T, what string, cmd *exec.Cmd, exited chan struct{}, sig syscall.Signal) {
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Errorf("%s did not stop on %v", what, sig)
+	}
 }
 
 // cleanup stops the daemon and deletes every VM left, so no test runner

@@ -1,8 +1,9 @@
-// Package store is the orchestrator's durable state: one SQLite file
-// (modernc.org/sqlite, pure Go) holding every runner it ever intended to
-// make, the stemcells it uploaded and each group's drain flag. A runner's
-// row is written BEFORE create_vm is called, so a crash mid-call leaves a
-// record to recover from rather than an orphan.
+// Package store is the orchestrator's durable state: every runner it ever
+// intended to make, the stemcells it uploaded and each group's drain flag,
+// in one SQLite file (modernc.org/sqlite, pure Go; the embedded default)
+// or in PostgreSQL (pgx), which replicas share. A runner's row is written
+// BEFORE create_vm is called, so a crash mid-call leaves a record to
+// recover from rather than an orphan.
 package store
 
 import (
@@ -10,9 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -53,11 +57,16 @@ func (r Runner) Unassigned() bool { return r.State == Spawning || r.State == Idl
 
 // Store is the database.
 type Store struct {
-	db   *sql.DB
-	path string
-	file os.FileInfo // the file opened: a replaced or deleted one is noticed
-	id   string
+	db    *sql.DB
+	pg    bool            // PostgreSQL: $n placeholders
+	pgcfg *pgx.ConnConfig // PostgreSQL: for sessions of its own (LISTEN)
+	path  string          // SQLite
+	file  os.FileInfo     // SQLite: the file opened; a replaced or deleted one is noticed
+	id    string
 }
+
+// One schema for both databases: BIGINT is SQLite's INTEGER, and the
+// upserts are the ON CONFLICT form both understand.
 
 const schema = `
 CREATE TABLE IF NOT EXISTS runners (
@@ -66,23 +75,23 @@ CREATE TABLE IF NOT EXISTS runners (
   agent_id TEXT NOT NULL,
   vm_cid TEXT NOT NULL DEFAULT '',
   state TEXT NOT NULL,
-  trigger_job INTEGER NOT NULL DEFAULT 0,
-  job_id INTEGER NOT NULL DEFAULT 0,
+  trigger_job BIGINT NOT NULL DEFAULT 0,
+  job_id BIGINT NOT NULL DEFAULT 0,
   job_repo TEXT NOT NULL DEFAULT '',
-  forge_runner_id INTEGER NOT NULL DEFAULT 0,
+  forge_runner_id BIGINT NOT NULL DEFAULT 0,
   reason TEXT NOT NULL DEFAULT '',
   last_error TEXT NOT NULL DEFAULT '',
-  created_at INTEGER NOT NULL,
-  state_at INTEGER NOT NULL,
-  vm_checked_at INTEGER NOT NULL DEFAULT 0
+  created_at BIGINT NOT NULL,
+  state_at BIGINT NOT NULL,
+  vm_checked_at BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runners_grp_state ON runners (grp, state);
-CREATE TABLE IF NOT EXISTS stemcells (key TEXT PRIMARY KEY, cid TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS stemcells (key TEXT PRIMARY KEY, cid TEXT NOT NULL, created_at BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS groups (name TEXT PRIMARY KEY, drained INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 `
 
-// Open opens (creating if needed) the database at path.
+// Open opens (creating if needed) the SQLite database at path.
 func Open(path string) (*Store, error) {
 	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
 	db, err := sql.Open("sqlite", dsn)
@@ -92,18 +101,8 @@ func Open(path string) (*Store, error) {
 	// One writer connection: SQLite serialises writes anyway, and one
 	// connection means no SQLITE_BUSY between our own goroutines.
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("state store %s: %w", path, err)
-	}
-	// The store's identity: VMs are tagged with it, so a store made anew
-	// (the old one deleted) never takes the old one's VMs for strays.
-	if _, err := db.Exec(`INSERT OR IGNORE INTO meta (k, v) VALUES ('store_id', ?)`, uuid.NewString()); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("state store %s: %w", path, err)
-	}
 	s := &Store{db: db, path: path}
-	if err := db.QueryRow(`SELECT v FROM meta WHERE k = 'store_id'`).Scan(&s.id); err != nil {
+	if err := s.init(func() error { _, err := db.Exec(schema); return err }); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("state store %s: %w", path, err)
 	}
@@ -114,28 +113,80 @@ func Open(path string) (*Store, error) {
 	return s, nil
 }
 
+// init creates the schema and reads (or makes) the store's identity: VMs
+// are tagged with it, so a store made anew (the old one deleted) never
+// takes the old one's VMs for strays.
+func (s *Store) init(create func() error) error {
+	if err := create(); err != nil {
+		return err
+	}
+	if _, err := s.exec(`INSERT INTO meta (k, v) VALUES ('store_id', ?) ON CONFLICT (k) DO NOTHING`, uuid.NewString()); err != nil {
+		return err
+	}
+	return s.db.QueryRow(`SELECT v FROM meta WHERE k = 'store_id'`).Scan(&s.id)
+}
+
+// rebind turns ? placeholders into PostgreSQL's $n (no query here has a
+// literal question mark).
+func (s *Store) rebind(q string) string {
+	if !s.pg {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range q {
+		if c == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func (s *Store) exec(q string, args ...any) (sql.Result, error) {
+	return s.db.Exec(s.rebind(q), args...)
+}
+
+func (s *Store) query(q string, args ...any) (*sql.Rows, error) {
+	return s.db.Query(s.rebind(q), args...)
+}
+
+func (s *Store) queryRow(q string, args ...any) *sql.Row { return s.db.QueryRow(s.rebind(q), args...) }
+
 // ID is the store's identity, made with the file.
 func (s *Store) ID() string { return s.id }
 
-// Check reports whether the store is still the file it opened, readable:
-// a database deleted or replaced under a running daemon keeps answering
-// from the open descriptor, and everything written from then on is lost.
+// Check reports whether the store is still the database it opened:
+// for SQLite the same readable file (a database deleted or replaced under
+// a running daemon keeps answering from the open descriptor, and
+// everything written from then on is lost); for PostgreSQL a database
+// that answers with the same store id (not one recreated empty).
 func (s *Store) Check() error {
-	now, err := os.Stat(s.path)
-	if err != nil {
-		return fmt.Errorf("state store %s: %w", s.path, err)
+	where := s.path
+	if s.pg {
+		where = "(postgres)"
+	} else {
+		now, err := os.Stat(s.path)
+		if err != nil {
+			return fmt.Errorf("state store %s: %w", s.path, err)
+		}
+		if !os.SameFile(s.file, now) {
+			return fmt.Errorf("state store %s was replaced by another file", s.path)
+		}
+		f, err := os.Open(s.path)
+		if err != nil {
+			return fmt.Errorf("state store %s: %w", s.path, err)
+		}
+		f.Close()
 	}
-	if !os.SameFile(s.file, now) {
-		return fmt.Errorf("state store %s was replaced by another file", s.path)
-	}
-	f, err := os.Open(s.path)
-	if err != nil {
-		return fmt.Errorf("state store %s: %w", s.path, err)
-	}
-	f.Close()
 	var id string
 	if err := s.db.QueryRow(`SELECT v FROM meta WHERE k = 'store_id'`).Scan(&id); err != nil {
-		return fmt.Errorf("state store %s: %w", s.path, err)
+		return fmt.Errorf("state store %s: %w", where, err)
+	}
+	if id != s.id {
+		return fmt.Errorf("state store %s is another store now (id %s, opened as %s)", where, id, s.id)
 	}
 	return nil
 }
@@ -159,7 +210,7 @@ func fromMS(v int64) time.Time {
 
 // Save inserts or replaces a runner row (durably, before returning).
 func (s *Store) Save(r Runner) error {
-	_, err := s.db.Exec(`INSERT INTO runners (name, grp, agent_id, vm_cid, state, trigger_job, job_id, job_repo,
+	_, err := s.exec(`INSERT INTO runners (name, grp, agent_id, vm_cid, state, trigger_job, job_id, job_repo,
 		forge_runner_id, reason, last_error, created_at, state_at, vm_checked_at)
 		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(name) DO UPDATE SET grp=excluded.grp, agent_id=excluded.agent_id, vm_cid=excluded.vm_cid,
@@ -200,7 +251,7 @@ func (s *Store) Active(group string) ([]Runner, error) {
 		q += ` AND grp = ?`
 		args = append(args, group)
 	}
-	rows, err := s.db.Query(q+` ORDER BY created_at, name`, args...)
+	rows, err := s.query(q+` ORDER BY created_at, name`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +260,7 @@ func (s *Store) Active(group string) ([]Runner, error) {
 
 // All lists every runner, newest first, up to limit.
 func (s *Store) All(limit int) ([]Runner, error) {
-	rows, err := s.db.Query(`SELECT `+cols+` FROM runners ORDER BY created_at DESC, name LIMIT ?`, limit)
+	rows, err := s.query(`SELECT `+cols+` FROM runners ORDER BY created_at DESC, name LIMIT ?`, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +269,7 @@ func (s *Store) All(limit int) ([]Runner, error) {
 
 // Get returns one runner.
 func (s *Store) Get(name string) (Runner, error) {
-	rows, err := s.db.Query(`SELECT `+cols+` FROM runners WHERE name = ?`, name)
+	rows, err := s.query(`SELECT `+cols+` FROM runners WHERE name = ?`, name)
 	if err != nil {
 		return Runner{}, err
 	}
@@ -237,7 +288,7 @@ var ErrNotFound = errors.New("not found")
 
 // Purge drops deleted rows older than before.
 func (s *Store) Purge(before time.Time) (int64, error) {
-	res, err := s.db.Exec(`DELETE FROM runners WHERE state = ? AND state_at < ?`, Deleted, ms(before))
+	res, err := s.exec(`DELETE FROM runners WHERE state = ? AND state_at < ?`, Deleted, ms(before))
 	if err != nil {
 		return 0, err
 	}
@@ -247,17 +298,23 @@ func (s *Store) Purge(before time.Time) (int64, error) {
 // Stemcell returns the CID recorded for key.
 func (s *Store) Stemcell(key string) (string, bool, error) {
 	var cid string
-	err := s.db.QueryRow(`SELECT cid FROM stemcells WHERE key = ?`, key).Scan(&cid)
+	err := s.queryRow(`SELECT cid FROM stemcells WHERE key = ?`, key).Scan(&cid)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}
 	return cid, err == nil, err
 }
 
-// PutStemcell records an uploaded stemcell.
-func (s *Store) PutStemcell(key, cid string) error {
-	_, err := s.db.Exec(`INSERT OR REPLACE INTO stemcells (key, cid, created_at) VALUES (?,?,?)`, key, cid, ms(time.Now()))
-	return err
+// PutStemcell records an uploaded stemcell and returns the CID the store
+// keeps for key: another replica's, when it recorded one first.
+func (s *Store) PutStemcell(key, cid string) (string, error) {
+	if _, err := s.exec(`INSERT INTO stemcells (key, cid, created_at) VALUES (?,?,?) ON CONFLICT (key) DO NOTHING`,
+		key, cid, ms(time.Now())); err != nil {
+		return "", err
+	}
+	var kept string
+	err := s.queryRow(`SELECT cid FROM stemcells WHERE key = ?`, key).Scan(&kept)
+	return kept, err
 }
 
 // SetDrained records a group's drain flag.
@@ -266,14 +323,14 @@ func (s *Store) SetDrained(group string, drained bool) error {
 	if drained {
 		v = 1
 	}
-	_, err := s.db.Exec(`INSERT INTO groups (name, drained) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET drained = excluded.drained`, group, v)
+	_, err := s.exec(`INSERT INTO groups (name, drained) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET drained = excluded.drained`, group, v)
 	return err
 }
 
 // Drained reads a group's drain flag.
 func (s *Store) Drained(group string) (bool, error) {
 	var v int
-	err := s.db.QueryRow(`SELECT drained FROM groups WHERE name = ?`, group).Scan(&v)
+	err := s.queryRow(`SELECT drained FROM groups WHERE name = ?`, group).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
