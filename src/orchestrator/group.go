@@ -37,6 +37,7 @@ type group struct {
 	// under, cancelled when the lead is lost.
 	leadCtx    context.Context
 	leadCancel context.CancelFunc
+	leadErr    string // the last leadership error logged
 }
 
 // GroupStatus is what /api/v1/groups shows (seed 001's status, and more).
@@ -123,7 +124,7 @@ func (g *group) loop(ctx context.Context) {
 			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg.Name, "err", err, "retry_in", next)
 		} else {
 			g.backoff = 0
-			g.status.LastError = ""
+			g.status.LastError = g.leadErr // "" unless leadership is unknown
 			g.status.BackoffUntil = time.Time{}
 		}
 		g.mu.Unlock()

@@ -113,12 +113,21 @@ func (o *Orchestrator) listen(ctx context.Context) {
 // rows left for the new leader to recover) and waits for it to stop.
 func (g *group) lead(ctx context.Context) (context.Context, bool) {
 	ok, err := g.o.leader.Lead(ctx, g.cfg.Name)
+	msg := ""
 	if err != nil && ctx.Err() == nil {
-		g.o.log.Warn("leadership unknown: not acting", "group", g.cfg.Name, "err", err)
+		msg = "leadership unknown (not acting): " + err.Error()
 	}
 	g.mu.Lock()
 	was := g.leadCancel != nil
+	// Logged when it changes, not every pass while the database is away.
+	logIt := msg != g.leadErr
+	g.leadErr = msg
 	g.mu.Unlock()
+	if logIt && msg != "" {
+		g.o.log.Warn(msg, "group", g.cfg.Name)
+	} else if logIt {
+		g.o.log.Info("leadership known again", "group", g.cfg.Name)
+	}
 	switch {
 	case ok && !was:
 		lctx, cancel := context.WithCancel(ctx)
