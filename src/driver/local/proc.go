@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,7 +37,16 @@ func startProcess(vmDir string, argv, env []string) error {
 	cmd := exec.Command("/bin/sh", append([]string{"-c", wrapper, "runway-vm"}, argv...)...)
 	cmd.Dir = vmDir
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Pdeathsig: a bin/cpi killed while the wrapper is between fork and
+	// exec takes the wrapper with it. Until its exec the child carries
+	// bin/cpi's environment, not the VM's marker, so a delete_vm then could
+	// not find it, and it would start the command after the delete. The
+	// wrapper's own children (the VM) do not inherit it. The signal follows
+	// the forking thread: the goroutine keeps its thread until the wrapper
+	// has exited.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	// stdin/stdout/stderr are /dev/null: the VM must never inherit bin/cpi's
 	// stdout, which carries the response.
 	if err := cmd.Start(); err != nil {
