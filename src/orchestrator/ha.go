@@ -52,12 +52,7 @@ func (o *Orchestrator) openStore() error {
 	if err != nil {
 		return err
 	}
-	l, err := store.NewLeadership(dsn)
-	if err != nil {
-		st.Close()
-		return err
-	}
-	o.store, o.leader = st, l
+	o.store, o.leader = st, st.Leadership()
 	return nil
 }
 

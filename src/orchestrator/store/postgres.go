@@ -65,27 +65,20 @@ func parseDSN(dsn string) (*pgx.ConnConfig, error) {
 // the group's PostgreSQL session-level advisory lock. The database is the
 // coordinator: a replica that dies (or whose session ends) loses its
 // locks at once, and another one's next try takes them. All of one
-// replica's locks live on one dedicated session, and every check asks
-// that session, so a replica that lost it (reconnected elsewhere) cannot
-// believe it still leads.
+// replica's locks live on one dedicated session, and every check is a
+// query on that session (a pgx.Conn never reconnects by itself), so a
+// replica that lost it cannot believe it still leads.
 type Leadership struct {
 	cfg *pgx.ConnConfig
 
 	mu   sync.Mutex
 	conn *pgx.Conn
-	pid  uint32
 	held map[string]bool
 }
 
-// NewLeadership prepares leadership on the database dsn names; it
-// connects on first use.
-func NewLeadership(dsn string) (*Leadership, error) {
-	cfg, err := parseDSN(dsn)
-	if err != nil {
-		return nil, err
-	}
-	return &Leadership{cfg: cfg}, nil
-}
+// Leadership prepares leadership on the store's database; it connects on
+// first use. Only for PostgreSQL.
+func (s *Store) Leadership() *Leadership { return &Leadership{cfg: s.pgcfg} }
 
 // lockKey is the group's advisory lock id.
 func lockKey(group string) int64 {
@@ -106,15 +99,14 @@ func (l *Leadership) Lead(ctx context.Context, group string) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("leadership session: %w", err)
 		}
-		l.conn, l.pid, l.held = c, c.PgConn().PID(), map[string]bool{}
+		l.conn, l.held = c, map[string]bool{}
 	}
 	var ok bool
 	var err error
 	if l.held[group] {
-		// Still the session that took the lock: then it still holds it.
-		var pid uint32
-		err = l.conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
-		ok = err == nil && pid == l.pid
+		// The session that took the lock still answers: it still holds it.
+		_, err = l.conn.Exec(ctx, `SELECT 1`)
+		ok = err == nil
 	} else {
 		err = l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, lockKey(group)).Scan(&ok)
 	}

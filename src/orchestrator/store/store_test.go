@@ -180,12 +180,14 @@ func mustConfig(t *testing.T, dsn string) *pgx.ConnConfig {
 func TestLeadershipIsExclusiveAndEndsWithTheSession(t *testing.T) {
 	dsn := pgtest.Database(t)
 	ctx := context.Background()
-	a, err := NewLeadership(dsn)
+	st, err := OpenPostgres(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close()
+	a := st.Leadership()
 	defer a.Close()
-	b, _ := NewLeadership(dsn)
+	b := st.Leadership()
 	defer b.Close()
 	lead := func(l *Leadership, g string) bool {
 		t.Helper()
@@ -221,7 +223,7 @@ func TestLeadershipIsExclusiveAndEndsWithTheSession(t *testing.T) {
 	}
 	// The server ends b's session (an administrator, a failover): b no
 	// longer leads, and says so on its next check rather than acting.
-	a2, _ := NewLeadership(dsn)
+	a2 := st.Leadership()
 	defer a2.Close()
 	if lead(a2, "g") {
 		t.Fatal("a2 leads g while b holds it")
@@ -229,7 +231,7 @@ func TestLeadershipIsExclusiveAndEndsWithTheSession(t *testing.T) {
 	db := sql.OpenDB(stdlib.GetConnector(*mustConfig(t, dsn)))
 	defer db.Close()
 	// With a timeout, pg_terminate_backend waits for the session to end.
-	if _, err := db.Exec(`SELECT pg_terminate_backend($1, 10000)`, b.pid); err != nil {
+	if _, err := db.Exec(`SELECT pg_terminate_backend($1, 10000)`, b.conn.PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := b.Lead(ctx, "g"); ok || err == nil {
