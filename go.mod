@@ -20,6 +20,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/onsi/ginkgo/v2 v2.34.0
 	github.com/onsi/gomega v1.44.0
+	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/prometheus/client_golang v1.25.0
 	golang.org/x/net v0.59.0
 	golang.org/x/sys v0.48.0

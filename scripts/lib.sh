@@ -20,3 +20,13 @@ apt_need() {
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# debian_mirror is the first Debian archive URI apt itself uses (no
+# hard-coded host), for debootstrap.
+debian_mirror() {
+  local m
+  m=$(grep -h -E '^(URIs:|deb )' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
+    grep -v -- '-security' | head -n1 | awk '{ if ($1 == "deb") { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } } else print $2 }')
+  [ -n "$m" ] || { echo "no Debian mirror found in apt's sources" >&2; exit 1; }
+  echo "$m"
+}

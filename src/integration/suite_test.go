@@ -52,6 +52,10 @@ type fixture struct {
 	IPPool []string `json:"ip_pool"`
 	// Local means the suite may look inside the state dir.
 	Local bool `json:"-"`
+	// Exec runs bin/cpi (container mode: inside the suite's network
+	// namespace); NetNS is that namespace's name.
+	Exec  []string `json:"-"`
+	NetNS string   `json:"-"`
 }
 
 var poolNext atomic.Int64
@@ -85,12 +89,23 @@ var (
 	// localDriver is known when the spec tree is built (from the
 	// environment, as loadFixture reads it later).
 	localDriver = os.Getenv("RUNWAY_IT_DRIVER") == "" || os.Getenv("RUNWAY_IT_DRIVER") == "local"
+	// containerMode: the local driver with isolation "container"
+	// (RUNWAY_IT_ISOLATION=container; docs/testing.md).
+	containerMode = localDriver && os.Getenv("RUNWAY_IT_ISOLATION") == "container"
 )
+
+// describeContainer registers specs for container mode only.
+func describeContainer(text string, args ...any) bool {
+	if containerMode {
+		Describe(text, args...)
+	}
+	return true
+}
 
 // describeLocal, itLocal and itCloud register specs only for the drivers
 // they apply to, instead of skipping them at run time.
 func describeLocal(text string, body func()) bool {
-	if localDriver {
+	if localDriver && !containerMode { // hooks and examples: not about VMs
 		Describe(text, body)
 	}
 	return true
@@ -138,8 +153,11 @@ func loadFixture() fixture {
 			Networks:  map[string]any{"default": map[string]any{"type": "dynamic", "default": []string{"dns", "gateway"}}},
 			DiskProps: map[string]any{},
 			UnknownVM: "vm-00000000-0000-0000-0000-000000000000", UnknownDisk: "disk-00000000-0000-0000-0000-000000000000"}
-		cfg := map[string]any{"driver": "local", "state_dir": f.StateDir, "log_level": "debug",
-			"local": map[string]any{"stop_grace_seconds": 2}}
+		local := map[string]any{"stop_grace_seconds": 2}
+		if containerMode {
+			setupContainerMode(&f, dir, local)
+		}
+		cfg := map[string]any{"driver": "local", "state_dir": f.StateDir, "log_level": "debug", "local": local}
 		b, _ := json.Marshal(cfg)
 		Expect(os.WriteFile(f.ConfigPath, b, 0o600)).To(Succeed())
 		return f
@@ -178,7 +196,11 @@ type Response struct {
 
 // directorEnv is the environment the Director gives a CPI.
 func directorEnv() []string {
-	return []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TMPDIR=" + os.TempDir(), "HOME=" + os.Getenv("HOME")}
+	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TMPDIR=" + os.TempDir(), "HOME=" + os.Getenv("HOME")}
+	if v, ok := os.LookupEnv("RUNWAY_IT_SECRET"); ok { // a spec's stand-in for a credential
+		env = append(env, "RUNWAY_IT_SECRET="+v)
+	}
+	return env
 }
 
 // runRaw runs bin/cpi once with stdin and checks the process contract:
@@ -187,7 +209,8 @@ func runRaw(stdin string) Response { return runWith(fx.ConfigPath, stdin) }
 
 // runWith is runRaw with an explicit config file.
 func runWith(configPath, stdin string) Response {
-	cmd := exec.Command(cpiBin, "-configPath", configPath)
+	argv := append(append([]string{}, fx.Exec...), cpiBin, "-configPath", configPath)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = directorEnv()
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer

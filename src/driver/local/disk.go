@@ -132,7 +132,8 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 		return nil, err
 	}
 	defer unlock()
-	if _, err := d.loadVM(vm); err != nil {
+	vmRec, err := d.loadVM(vm)
+	if err != nil {
 		return nil, err
 	}
 	rec, err := d.loadDisk(disk)
@@ -154,6 +155,16 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 			return nil, fmt.Errorf("linking disk %s into vm %s: %w", disk, vm, err)
 		}
 	}
+	if vmRec.Isolation == IsolationContainer {
+		inside, err := d.attachInside(vm, disk)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.updateDiskSettings(vm, disk, inside); err != nil {
+			return nil, fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, vm, err)
+		}
+		return map[string]any{"path": inside}, nil
+	}
 	return map[string]any{"path": link}, nil
 }
 
@@ -164,12 +175,22 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 		return err
 	}
 	defer unlock()
-	if _, err := d.loadVM(vm); err != nil {
+	vmRec, err := d.loadVM(vm)
+	if err != nil {
 		return err
 	}
 	rec, err := d.loadDisk(disk)
 	if err != nil {
 		return err
+	}
+	if vmRec.Isolation == IsolationContainer && rec.AttachedTo == vm {
+		// Out of the VM first: the record says attached until it is.
+		if err := d.detachInside(vm, disk); err != nil {
+			return err
+		}
+		if err := d.updateDiskSettings(vm, disk, ""); err != nil {
+			return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, vm, err)
+		}
 	}
 	if rec.AttachedTo != vm {
 		return fmt.Errorf("%w: disk %s is not attached to vm %s", driver.ErrDiskNotAttached, disk, vm)

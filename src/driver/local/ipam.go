@@ -21,8 +21,18 @@ func (d *Driver) allocate(ctx context.Context, cid string, in driver.Networks) (
 	need := 0
 	for name, n := range in {
 		if n.Type == "manual" && n.IP != "" {
-			if _, err := netip.ParseAddr(n.IP); err != nil {
+			a, err := netip.ParseAddr(n.IP)
+			if err != nil {
 				return nil, driver.Invalid("network %s: ip %q is not an IP address", name, n.IP)
+			}
+			if d.containers() {
+				// The address is configured inside the VM: it must be
+				// one of the bridge's, and held once.
+				if err := d.usable(a); err != nil {
+					return nil, driver.Invalid("network %s: ip %s: %v", name, n.IP, err)
+				}
+				n.Netmask, n.Gateway = netmask(d.prefix), d.gateway().String()
+				need++
 			}
 		} else {
 			need++
@@ -48,6 +58,15 @@ func (d *Driver) allocate(ctx context.Context, cid string, in driver.Networks) (
 	}
 	// .0 is the network, .1 the gateway.
 	addr := d.prefix.Addr().Next().Next()
+	// Fixed addresses first, so no dynamic one takes them.
+	for name, n := range out {
+		if n.Type == "manual" && n.IP != "" && d.containers() {
+			if owner := table[n.IP]; owner != "" && owner != cid {
+				return nil, fmt.Errorf("network %s: ip %s is held by vm %s", name, n.IP, owner)
+			}
+			table[n.IP] = cid
+		}
+	}
 	for name, n := range out {
 		if n.Type == "manual" && n.IP != "" {
 			continue
@@ -104,4 +123,18 @@ func (d *Driver) ownerAlive(cid string) bool {
 func netmask(p netip.Prefix) string {
 	m := uint32(0xffffffff) << (32 - p.Bits())
 	return fmt.Sprintf("%d.%d.%d.%d", m>>24, m>>16&0xff, m>>8&0xff, m&0xff)
+}
+
+// usable: a VM address inside the bridge's network that is neither the
+// network, the host (.1) nor the broadcast address.
+func (d *Driver) usable(a netip.Addr) error {
+	switch {
+	case !d.prefix.Contains(a):
+		return fmt.Errorf("outside the vm network %s", d.prefix)
+	case a == d.prefix.Addr() || a == d.gateway():
+		return fmt.Errorf("is the network's or the host's address in %s", d.prefix)
+	case !d.prefix.Contains(a.Next()):
+		return fmt.Errorf("is the broadcast address of %s", d.prefix)
+	}
+	return nil
 }

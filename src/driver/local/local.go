@@ -36,6 +36,12 @@ type Config struct {
 	RunProcesses *bool `json:"run_processes,omitempty"`
 	// MaxImageMiB caps what one stemcell image may unpack to.
 	MaxImageMiB int `json:"max_image_mib,omitempty"`
+	// Isolation: "process" (VMs are process groups on the host, the
+	// default) or "container" (each VM an OCI container made from a rootfs
+	// stemcell, with its own address on a bridge; needs root and runc).
+	Isolation string `json:"isolation,omitempty"`
+	// Container configures isolation "container".
+	Container ContainerConfig `json:"container,omitempty"`
 }
 
 // Defaults.
@@ -96,6 +102,19 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	p, err := netip.ParsePrefix(c.LoopbackCIDR)
 	if err != nil || !p.Addr().Is4() || !p.Addr().IsLoopback() || p.Bits() > 30 {
 		return nil, fmt.Errorf("local: loopback_cidr: must be an IPv4 range inside 127.0.0.0/8 with at least 4 addresses, got %q", c.LoopbackCIDR)
+	}
+	switch c.Isolation {
+	case "", IsolationProcess:
+		c.Isolation = IsolationProcess
+	case IsolationContainer:
+		if os.Geteuid() != 0 {
+			return nil, errors.New(`local: isolation "container" needs root (mounts, cgroups, network namespaces)`)
+		}
+		if p, err = c.setupContainer(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf(`local: isolation: must be "process" or "container", got %q`, c.Isolation)
 	}
 	if c.Shell == "" {
 		c.Shell = DefaultShell

@@ -74,7 +74,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	if err != nil {
 		return fail(err)
 	}
-	if err := untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget); err != nil {
+	if err := untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget, d.containers()); err != nil {
 		return fail(fmt.Errorf("unpacking stemcell image %s: %w", spec.ImagePath, err))
 	}
 	rec := stemcellRecord{CID: cid, CloudProps: spec.CloudProps, Tags: spec.Tags, Source: spec.ImagePath, CreatedAt: now()}
@@ -106,9 +106,12 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 }
 
 // untar unpacks src into dst, refusing entries that would land outside dst
-// and anything but regular files, directories and symlinks, and stopping
-// with the call's context or when the content outgrows budget.
-func untar(ctx context.Context, src, dst string, budget *spaceBudget) error {
+// and anything but regular files, directories, symlinks and hard links,
+// and stopping with the call's context or when the content outgrows
+// budget. rootfs: the image is a VM's root file system (container mode):
+// owners and modes (setuid, sticky) are kept, and device nodes and FIFOs
+// skipped (the runtime makes /dev).
+func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs bool) error {
 	f, err := os.Open(src)
 	if err != nil {
 		return err
@@ -153,9 +156,25 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget) error {
 			}
 		}
 		target := filepath.Join(dst, name)
+		keep := func() error {
+			if !rootfs {
+				return nil
+			}
+			if err := os.Lchown(target, h.Uid, h.Gid); err != nil {
+				return err
+			}
+			if h.Typeflag == tar.TypeSymlink {
+				return nil
+			}
+			// After chown, which clears setuid bits.
+			return os.Chmod(target, os.FileMode(h.Mode&0o777)|modeBits(h.Mode))
+		}
 		switch h.Typeflag {
 		case tar.TypeDir:
 			if err := os.MkdirAll(target, 0o755); err != nil {
+				return err
+			}
+			if err := keep(); err != nil {
 				return err
 			}
 		case tar.TypeReg:
@@ -176,6 +195,9 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget) error {
 			if err != nil {
 				return err
 			}
+			if err := keep(); err != nil {
+				return err
+			}
 		case tar.TypeSymlink:
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 				return err
@@ -184,6 +206,29 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget) error {
 				return err
 			}
 			links[name] = true
+			if err := keep(); err != nil {
+				return err
+			}
+		case tar.TypeLink:
+			old := filepath.Clean(h.Linkname)
+			if filepath.IsAbs(old) || old == ".." || strings.HasPrefix(old, "../") || old == "." {
+				return fmt.Errorf("hard link %q escapes the image directory", h.Name)
+			}
+			for p := old; p != "."; p = filepath.Dir(p) {
+				if links[p] {
+					return fmt.Errorf("hard link %q points through symlink %q", h.Name, p)
+				}
+			}
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			if err := os.Link(filepath.Join(dst, old), target); err != nil {
+				return err
+			}
+		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+			if !rootfs {
+				return fmt.Errorf("entry %q has unsupported type %q", h.Name, h.Typeflag)
+			}
 		default:
 			return fmt.Errorf("entry %q has unsupported type %q", h.Name, h.Typeflag)
 		}
@@ -192,4 +237,19 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget) error {
 		return errors.New("not a valid tar archive: no entries")
 	}
 	return nil
+}
+
+// modeBits maps tar's setuid, setgid and sticky bits to Go's.
+func modeBits(m int64) os.FileMode {
+	var out os.FileMode
+	if m&0o4000 != 0 {
+		out |= os.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		out |= os.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		out |= os.ModeSticky
+	}
+	return out
 }

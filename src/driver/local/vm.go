@@ -24,8 +24,11 @@ type vmRecord struct {
 	Tags        map[string]string `json:"tags"`
 	Metadata    map[string]string `json:"metadata"`
 	Command     []string          `json:"command,omitempty"`
-	Stopped     bool              `json:"stopped,omitempty"`
-	CreatedAt   string            `json:"created_at"`
+	// Isolation is "container" for a container VM (the config may change
+	// while it lives; deleting it must still undo what made it).
+	Isolation string `json:"isolation,omitempty"`
+	Stopped   bool   `json:"stopped,omitempty"`
+	CreatedAt string `json:"created_at"`
 }
 
 // loadVM reads a VM record; a missing VM is ErrVMNotFound.
@@ -42,6 +45,9 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	}
 	if err := checkCID("vm", cid); err != nil {
 		return driver.VM{}, err
+	}
+	if d.containers() && len(cid) >= maxHostname {
+		return driver.VM{}, driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
 	}
 	if err := checkCID("stemcell", spec.StemcellCID); err != nil {
 		return driver.VM{}, err
@@ -70,9 +76,11 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err != nil {
 		return driver.VM{}, err
 	}
-	if d.cfg.RunProcesses != nil && !*d.cfg.RunProcesses {
+	run := d.cfg.RunProcesses == nil || *d.cfg.RunProcesses
+	if !run {
 		argv = nil
 	}
+	container := d.containers() && run
 
 	// The VM's lock is held from the first directory to the started
 	// process: delete_vm waits for a create in flight, and a sweeper that
@@ -105,6 +113,10 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: argv, CreatedAt: now(),
 	}
 	settings := spec.AgentSettings
+	if container {
+		rec.Isolation = IsolationContainer
+		settings = withAddresses(settings, nets)
+	}
 	if settings != nil {
 		if err := os.WriteFile(filepath.Join(tmp, "agent-settings.json"), settings, 0o600); err != nil {
 			return fail(err, true)
@@ -117,6 +129,17 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	}
 	if err := d.publish(vms, cid, tmp, rec); err != nil {
 		return fail(err, true)
+	}
+	if container {
+		if err := d.runContainer(ctx, rec, props, settings, userData); err != nil {
+			// Leave nothing behind: the VM never ran.
+			if derr := d.deleteLocked(ctx, cid); derr != nil {
+				d.log.Warn("local", "removing vm %s after its failed start: %v", cid, derr)
+			}
+			return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
+		}
+		d.log.Info("local", "vm %s started in a container", cid)
+		return driver.VM{CID: cid, Networks: nets}, nil
 	}
 	if len(argv) > 0 {
 		if err := startProcess(d.path(vms, cid), argv, d.processEnv(rec, props)); err != nil {
@@ -173,7 +196,12 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 			if len(argv) == 0 || argv[0] == "" {
 				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
 			}
-			if err := findExecutable(argv[0]); err != nil {
+			check := findExecutable
+			if d.containers() {
+				image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
+				check = func(name string) error { return findExecutableIn(image, name) }
+			}
+			if err := check(argv[0]); err != nil {
 				return nil, "", &driver.CreationError{Err: err}
 			}
 			return argv, userData, nil
@@ -182,10 +210,14 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 		}
 	}
 	if userData != "" {
-		if strings.HasPrefix(userData, "#!") {
-			return []string{"./user-data"}, userData, nil
+		script := "./user-data"
+		if d.containers() {
+			script = userDataPath
 		}
-		return []string{d.cfg.Shell, "./user-data"}, userData, nil
+		if strings.HasPrefix(userData, "#!") {
+			return []string{script}, userData, nil
+		}
+		return []string{d.cfg.Shell, script}, userData, nil
 	}
 	return nil, "", nil
 }
@@ -278,7 +310,15 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 		return err
 	}
 	dir := d.path(vms, cid)
-	if len(rec.Command) > 0 { // a VM without a command never had a process
+	switch {
+	case rec.Isolation == IsolationContainer:
+		if err := d.stopContainer(ctx, cid); err != nil {
+			return err
+		}
+		if err := d.teardownContainer(cid); err != nil {
+			return err
+		}
+	case len(rec.Command) > 0: // a VM without a command never had a process
 		if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
 			return err
 		}
@@ -328,12 +368,31 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		return err
 	}
 	dir := d.path(vms, cid)
-	if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
+	container := rec.Isolation == IsolationContainer
+	stop := func() error { return stopVM(ctx, cid, readPGID(dir), d.grace()) }
+	if container {
+		stop = func() error { return d.stopContainer(ctx, cid) }
+	}
+	if err := stop(); err != nil {
 		return err
 	}
 	rec.Stopped = !start
 	if err := d.save(vms, cid, rec); err != nil {
 		return err
+	}
+	if start && container {
+		props, err := decodeVMProps(rec.CloudProps)
+		if err != nil {
+			return err
+		}
+		if err := d.ensureBridge(ctx); err != nil {
+			return err
+		}
+		if err := d.startContainer(ctx, *rec, d.netPlan(d.ctr(cid), rec.Networks), props.RAM); err != nil {
+			return err
+		}
+		d.log.Info("local", "vm %s restarted", cid)
+		return nil
 	}
 	if start && len(rec.Command) > 0 {
 		props, err := decodeVMProps(rec.CloudProps)
@@ -406,7 +465,7 @@ func (d *Driver) state(rec *vmRecord) string {
 	if rec.Stopped {
 		return "stopped"
 	}
-	if len(rec.Command) == 0 || len(liveMembers(readPGID(dir), rec.CID)) > 0 {
+	if (len(rec.Command) == 0 && rec.Isolation == "") || len(liveMembers(readPGID(dir), rec.CID)) > 0 {
 		return "running"
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "exit_status"))

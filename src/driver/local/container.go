@@ -1,0 +1,598 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// ContainerConfig is the "local.container" section: how container-mode
+// VMs are run and networked.
+type ContainerConfig struct {
+	// Runtime is the OCI runtime's executable (runc or crun); default:
+	// runc, else crun, from PATH.
+	Runtime string `json:"runtime,omitempty"`
+	// Bridge is the host bridge the driver manages; VMs get addresses on it.
+	Bridge string `json:"bridge,omitempty"`
+	// CIDR is the bridge's network: .1 is the host, the rest VMs.
+	CIDR string `json:"cidr,omitempty"`
+	// PidsLimit caps the processes of one VM (a fork bomb stays inside).
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+}
+
+// Container-mode defaults.
+const (
+	IsolationProcess   = "process"
+	IsolationContainer = "container"
+	DefaultBridge      = "runway0"
+	DefaultBridgeCIDR  = "10.244.0.0/16"
+	DefaultPidsLimit   = 4096
+	// Where a warden stemcell's bosh-agent looks (agent.json's File
+	// settings source), and where the warden CPI puts persistent disks.
+	agentSettingsPath = "/var/vcap/bosh/warden-cpi-agent-env.json"
+	userDataJSONPath  = "/var/vcap/bosh/warden-cpi-user-data.json"
+	metadataJSONPath  = "/var/vcap/bosh/warden-cpi-metadata.json"
+	userDataPath      = "/var/vcap/bosh/user-data"
+	diskMountDir      = "/warden-cpi-dev"
+	// maxHostname: HOST_NAME_MAX; the hostname is the CID.
+	maxHostname = 64
+)
+
+// ociVersion: the spec version written; Debian 12's crun 1.8 refuses the
+// library's newer one, and nothing used here is newer than 1.0.2.
+const ociVersion = "1.0.2"
+
+// idleCommand is what a container VM with no command runs: a PID 1 that
+// ends on SIGTERM (a plain sleep as PID 1 ignores it).
+var idleCommand = []string{"/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"}
+
+func (d *Driver) containers() bool { return d.cfg.Isolation == IsolationContainer }
+
+// setupContainer validates and completes the container section.
+func (c *Config) setupContainer() (netip.Prefix, error) {
+	cc := &c.Container
+	if cc.Runtime == "" {
+		for _, name := range []string{"runc", "crun"} {
+			if p, err := exec.LookPath(name); err == nil {
+				cc.Runtime = p
+				break
+			}
+		}
+		if cc.Runtime == "" {
+			return netip.Prefix{}, errors.New(`local: isolation "container" needs an OCI runtime: install runc (or crun), or set local.container.runtime`)
+		}
+	} else if !filepath.IsAbs(cc.Runtime) {
+		return netip.Prefix{}, fmt.Errorf("local: container.runtime: must be an absolute path, got %q", cc.Runtime)
+	}
+	if cc.Bridge == "" {
+		cc.Bridge = DefaultBridge
+	}
+	if len(cc.Bridge) > 15 || !ifName(cc.Bridge) {
+		return netip.Prefix{}, fmt.Errorf("local: container.bridge: %q is not an interface name (letters, digits, '-', '_', at most 15)", cc.Bridge)
+	}
+	if cc.CIDR == "" {
+		cc.CIDR = DefaultBridgeCIDR
+	}
+	p, err := netip.ParsePrefix(cc.CIDR)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p.Bits() < 8 {
+		return netip.Prefix{}, fmt.Errorf("local: container.cidr: must be an IPv4 network of /8 to /29, got %q", cc.CIDR)
+	}
+	if cc.PidsLimit == 0 {
+		cc.PidsLimit = DefaultPidsLimit
+	}
+	if cc.PidsLimit < 0 {
+		return netip.Prefix{}, errors.New("local: container.pids_limit: must be positive")
+	}
+	return p.Masked(), nil
+}
+
+func ifName(s string) bool {
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// ctr names everything of one container VM.
+type ctr struct {
+	d   *Driver
+	cid string
+	dir string
+}
+
+func (d *Driver) ctr(cid string) ctr { return ctr{d: d, cid: cid, dir: d.path(vms, cid)} }
+
+func (c ctr) bundle() string { return filepath.Join(c.dir, "bundle") }
+func (c ctr) rootfs() string { return filepath.Join(c.dir, "rootfs") }
+func (c ctr) devs() string   { return filepath.Join(c.dir, "devs") }
+
+// stateKey tells apart the containers of different state dirs on one host
+// (two drivers may use the same VM name).
+func (d *Driver) stateKey() string {
+	h := sha256.Sum256([]byte(d.root))
+	return hex.EncodeToString(h[:4])
+}
+
+// id is the runtime's container id; cgroup is its cgroups path; hostIf
+// the host end of its veth (IFNAMSIZ allows 15 bytes).
+func (c ctr) id() string     { return "runway-" + c.d.stateKey() + "-" + c.cid }
+func (c ctr) cgroup() string { return "/runway/" + c.d.stateKey() + "-" + c.cid }
+func (c ctr) hostIf() string {
+	h := sha256.Sum256([]byte(c.d.root + "\x00" + c.cid))
+	return "rw" + hex.EncodeToString(h[:6])
+}
+
+// runtimeRoot is the runtime's own state, kept under the state dir.
+func (d *Driver) runtimeRoot() string { return filepath.Join(d.root, "runtime") }
+
+// runtime runs the OCI runtime with args and returns its combined output.
+func (d *Driver) runtime(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, d.cfg.Container.Runtime, append([]string{"--root", d.runtimeRoot()}, args...)...)
+	cmd.Env = []string{"PATH=" + vmPath}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(d.cfg.Container.Runtime), args[0], err, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+// runContainer makes and starts a published container VM.
+func (d *Driver) runContainer(ctx context.Context, rec vmRecord, props vmProps, settings []byte, userData string) error {
+	if err := d.prepareContainer(rec, props, rec.Command, settings, userData); err != nil {
+		return err
+	}
+	if err := d.ensureBridge(ctx); err != nil {
+		return err
+	}
+	return d.startContainer(ctx, rec, d.netPlan(d.ctr(rec.CID), rec.Networks), props.RAM)
+}
+
+// prepareContainer makes a published VM's bundle: the root file system
+// (an overlay on the stemcell's unpacked image), the disks mount point,
+// the settings files inside and the OCI config. Everything it mounts lies
+// under the VM's directory, where teardown finds it.
+func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, settings []byte, userData string) error {
+	c := d.ctr(rec.CID)
+	image := filepath.Join(d.path(stemcells, rec.StemcellCID), "image")
+	for _, dir := range []string{c.bundle(), c.rootfs(), c.devs(), filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	for _, p := range []string{image, c.dir} {
+		if strings.ContainsAny(p, ",:") {
+			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work"))
+	if err := unix.Mount("overlay", c.rootfs(), "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mounting the vm's root file system: %w", err)
+	}
+	// Disks are mounted below devs on the host; being a shared mount, each
+	// one propagates into the running container's slave copy.
+	if err := unix.Mount(c.devs(), c.devs(), "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("binding the disks directory: %w", err)
+	}
+	if err := unix.Mount("", c.devs(), "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("sharing the disks directory: %w", err)
+	}
+	if err := d.writeInside(rec, settings, userData); err != nil {
+		return err
+	}
+	if len(argv) == 0 {
+		argv = idleCommand
+	}
+	spec := d.ociSpec(c, rec, props, argv)
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.bundle(), "config.json"), b, 0o600)
+}
+
+// writeInside puts the agent settings and user data where a warden
+// stemcell's bosh-agent reads them. The root is the VM's own file system,
+// so every path is resolved inside it (os.Root): a symlink the image (or
+// a running VM) planted cannot make bin/cpi write on the host.
+func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) error {
+	root, err := os.OpenRoot(d.ctr(rec.CID).rootfs())
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := root.MkdirAll(strings.TrimPrefix(filepath.Dir(agentSettingsPath), "/"), 0o755); err != nil {
+		return fmt.Errorf("making %s in the vm: %w", filepath.Dir(agentSettingsPath), err)
+	}
+	if err := root.MkdirAll(strings.TrimPrefix(diskMountDir, "/"), 0o755); err != nil {
+		return fmt.Errorf("making %s in the vm: %w", diskMountDir, err)
+	}
+	write := func(path string, b []byte, mode os.FileMode) error {
+		if err := root.WriteFile(strings.TrimPrefix(path, "/"), b, mode); err != nil {
+			return fmt.Errorf("writing %s in the vm: %w", path, err)
+		}
+		return nil
+	}
+	if settings != nil {
+		if err := write(agentSettingsPath, settings, 0o600); err != nil {
+			return err
+		}
+	}
+	ud, _ := json.Marshal(map[string]any{
+		"server":   map[string]string{"name": rec.CID},
+		"registry": map[string]string{"endpoint": agentSettingsPath},
+	})
+	md, _ := json.Marshal(map[string]any{"instance-id": rec.CID, "hostname": rec.CID})
+	if err := write(userDataJSONPath, ud, 0o600); err != nil {
+		return err
+	}
+	if err := write(metadataJSONPath, md, 0o600); err != nil {
+		return err
+	}
+	if userData != "" {
+		return write(userDataPath, []byte(userData), 0o700)
+	}
+	return nil
+}
+
+// withAddresses answers the agent settings with the networks the VM got:
+// a dynamic network's address is only known here.
+func withAddresses(settings []byte, nets driver.Networks) []byte {
+	var m map[string]any
+	if settings == nil || json.Unmarshal(settings, &m) != nil || m == nil {
+		return settings
+	}
+	n, _ := m["networks"].(map[string]any)
+	if n == nil {
+		n = map[string]any{}
+	}
+	for name, net := range nets {
+		entry, _ := n[name].(map[string]any)
+		if entry == nil {
+			entry = map[string]any{"type": net.Type}
+		}
+		entry["ip"], entry["netmask"], entry["gateway"] = net.IP, net.Netmask, net.Gateway
+		n[name] = entry
+	}
+	m["networks"] = n
+	b, err := json.Marshal(m)
+	if err != nil {
+		return settings
+	}
+	return b
+}
+
+// ociSpec is the VM's OCI runtime config: the runtime's own defaults
+// (what `runc spec` writes: namespaces, masked paths, three
+// capabilities, no new privileges) plus hostname, limits, the disks mount
+// and the VM's command and environment — nothing of the host's.
+func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) *specs.Spec {
+	caps := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+	env := []string{"PATH=" + vmPath, "HOME=/root", "TERM=dumb",
+		envMarker + "=" + rec.CID, "RUNWAY_AGENT_ID=" + rec.AgentID,
+		"RUNWAY_AGENT_SETTINGS=" + agentSettingsPath, "RUNWAY_DISKS_DIR=" + diskMountDir}
+	keys := make([]string, 0, len(p.Env))
+	for k := range p.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k != envMarker {
+			env = append(env, k+"="+p.Env[k])
+		}
+	}
+	pids := d.cfg.Container.PidsLimit
+	res := &specs.LinuxResources{
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+		Pids:    &specs.LinuxPids{Limit: pids},
+	}
+	if p.RAM > 0 {
+		limit := int64(p.RAM) << 20
+		res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+	}
+	if p.CPU > 0 {
+		period := uint64(100000)
+		quota := int64(p.CPU) * int64(period)
+		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	return &specs.Spec{
+		Version:  ociVersion,
+		Hostname: rec.CID,
+		Root:     &specs.Root{Path: c.rootfs(), Readonly: false},
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: argv, Env: env, Cwd: "/",
+			Capabilities:    &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+			NoNewPrivileges: true,
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			// rslave: disks mounted below devs later appear inside.
+			{Destination: diskMountDir, Type: "bind", Source: c.devs(), Options: []string{"rbind", "rslave"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath:       c.cgroup(),
+			Resources:         res,
+			RootfsPropagation: "rslave",
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			},
+			MaskedPaths: []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"},
+			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+		},
+		Annotations: map[string]string{"org.runway-cpi.vm": rec.CID},
+	}
+}
+
+// stopContainer ends a container VM for certain: SIGTERM reaches the VM's
+// PID 1 through its supervisor, SIGKILL follows after the grace; then the
+// runtime's forced delete, and whatever is left in the VM's cgroups (a
+// runtime killed part-way through a create) is killed and removed.
+func (d *Driver) stopContainer(ctx context.Context, cid string) error {
+	c := d.ctr(cid)
+	err := stopVM(ctx, cid, readPGID(c.dir), d.grace())
+	_, _ = d.runtime(ctx, "delete", "--force", c.id())
+	if cerr := c.killCgroups(ctx); cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		return err
+	}
+	// A supervisor found by marker only (create killed part-way) may have
+	// started a runtime meanwhile: look once more.
+	return stopVM(ctx, cid, 0, d.grace())
+}
+
+// cgroupDirs lists the VM's cgroup directories on this host, under every
+// v1 controller hierarchy and the v2 one.
+func (c ctr) cgroupDirs() []string {
+	var out []string
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	hier = append(hier, "/sys/fs/cgroup")
+	for _, h := range hier {
+		p := filepath.Join(h, c.cgroup())
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// killCgroups kills every process left in the VM's cgroups and removes
+// them.
+func (c ctr) killCgroups(ctx context.Context) error {
+	dirs := c.cgroupDirs()
+	if len(dirs) == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		alive := false
+		for _, dir := range dirs {
+			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					alive = true
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		if !alive {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("processes of vm %s still in its cgroups after SIGKILL", c.cid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, dir := range dirs {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing cgroup %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// teardownContainer undoes what prepareContainer and the network set up,
+// after the VM is stopped: the host end of the veth, then every mount under
+// the VM's directory, innermost first. It fails rather than leave a mount
+// (removing the directory with a disk still mounted would delete the
+// disk's data).
+func (d *Driver) teardownContainer(cid string) error {
+	c := d.ctr(cid)
+	if err := deleteLink(c.hostIf()); err != nil {
+		return err
+	}
+	return unmountAll(c.dir)
+}
+
+// mountsUnder lists the mount points at or below dir, innermost first.
+func mountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	// Deepest first; a path mounted twice is listed twice.
+	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountAll unmounts everything at or below dir and checks none is left.
+func unmountAll(dir string) error {
+	for range 3 {
+		mps, err := mountsUnder(dir)
+		if err != nil {
+			return err
+		}
+		if len(mps) == 0 {
+			return nil
+		}
+		for _, mp := range mps {
+			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("unmounting %s: %w", mp, err)
+			}
+		}
+	}
+	if mps, _ := mountsUnder(dir); len(mps) > 0 {
+		return fmt.Errorf("still mounted after unmounting: %s", strings.Join(mps, ", "))
+	}
+	return nil
+}
+
+// attachInside mounts a disk's data directory where the VM sees it.
+func (d *Driver) attachInside(vm, disk string) (string, error) {
+	c := d.ctr(vm)
+	target := filepath.Join(c.devs(), disk)
+	if mps, _ := mountsUnder(target); len(mps) > 0 {
+		return diskMountDir + "/" + disk, nil // attached before
+	}
+	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	if err := unix.Mount(filepath.Join(d.path(disks, disk), "data"), target, "", unix.MS_BIND, ""); err != nil {
+		return "", fmt.Errorf("mounting disk %s into vm %s: %w", disk, vm, err)
+	}
+	return diskMountDir + "/" + disk, nil
+}
+
+// detachInside unmounts a disk from the VM (it disappears inside at once).
+func (d *Driver) detachInside(vm, disk string) error {
+	target := filepath.Join(d.ctr(vm).devs(), disk)
+	if err := unmountAll(target); err != nil {
+		return err
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// updateDiskSettings records an attached (path) or detached ("") disk in
+// the agent settings inside the VM, as the warden CPI does.
+func (d *Driver) updateDiskSettings(vm, disk, path string) error {
+	root, err := os.OpenRoot(d.ctr(vm).rootfs())
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	name := strings.TrimPrefix(agentSettingsPath, "/")
+	b, err := root.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // no settings given: nothing to keep current
+	}
+	if err != nil {
+		return err
+	}
+	var m map[string]any
+	if json.Unmarshal(b, &m) != nil || m == nil {
+		return nil
+	}
+	ds, _ := m["disks"].(map[string]any)
+	if ds == nil {
+		ds = map[string]any{}
+	}
+	p, _ := ds["persistent"].(map[string]any)
+	if p == nil {
+		p = map[string]any{}
+	}
+	if path == "" {
+		delete(p, disk)
+	} else {
+		p[disk] = path
+	}
+	ds["persistent"] = p
+	m["disks"] = ds
+	out, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return root.WriteFile(name, out, 0o600)
+}
+
+// findExecutableIn checks the command exists in the VM's image.
+func findExecutableIn(image, name string) error {
+	root, err := os.OpenRoot(image)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	ok := func(p string) bool {
+		st, err := root.Stat(strings.TrimPrefix(p, "/"))
+		if err != nil {
+			// An absolute symlink (/etc/alternatives) cannot be followed
+			// inside a root: the VM's own exec will tell.
+			return !errors.Is(err, fs.ErrNotExist)
+		}
+		return !st.IsDir() && st.Mode()&0o111 != 0
+	}
+	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) || ok(name) {
+			return nil
+		}
+		return fmt.Errorf("command %s is not an executable file in the stemcell", name)
+	}
+	if slices.ContainsFunc(filepath.SplitList(vmPath), func(dir string) bool { return ok(filepath.Join(dir, name)) }) {
+		return nil
+	}
+	return fmt.Errorf("command %q not found in the stemcell's %s", name, vmPath)
+}

@@ -1,0 +1,285 @@
+package local
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A container VM is watched by a supervisor: the driver's own executable
+// started again, detached, with superviseEnv naming the VM's directory
+// (the pattern of containerd's shims and conmon). It is the child
+// subreaper of the container's init, so it learns its exit status; it
+// reads the cgroup's OOM counter before the runtime removes it, writes
+// both where process-mode VMs have them (exit_status, console.log), and
+// forwards SIGTERM to the VM. It carries the VM's marker, so delete_vm
+// finds it like a process-mode VM's processes.
+const superviseEnv = "RUNWAY_SUPERVISE_VM"
+
+func init() {
+	if dir := os.Getenv(superviseEnv); dir != "" {
+		os.Exit(supervise(dir))
+	}
+}
+
+// superviseSpec is vms/<cid>/supervise.json.
+type superviseSpec struct {
+	CID         string  `json:"cid"`
+	ID          string  `json:"id"`
+	Runtime     string  `json:"runtime"`
+	RuntimeRoot string  `json:"runtime_root"`
+	Cgroup      string  `json:"cgroup"`
+	RAM         int     `json:"ram,omitempty"`
+	Net         netPlan `json:"net"`
+}
+
+// startContainer starts the VM's supervisor and returns once the VM runs
+// (or failed to start: then nothing of it runs).
+func (d *Driver) startContainer(ctx context.Context, rec vmRecord, nets netPlan, ram int) error {
+	c := d.ctr(rec.CID)
+	spec := superviseSpec{CID: rec.CID, ID: c.id(), Runtime: d.cfg.Container.Runtime, RuntimeRoot: d.runtimeRoot(),
+		Cgroup: c.cgroup(), RAM: ram, Net: nets}
+	if err := writeJSON(filepath.Join(c.dir, "supervise.json"), spec); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer goW.Close()
+	resR, resW, err := os.Pipe()
+	if err != nil {
+		goR.Close()
+		return err
+	}
+	defer resR.Close()
+	cmd := exec.Command(self)
+	cmd.Dir = c.dir
+	cmd.Env = []string{superviseEnv + "=" + c.dir, envMarker + "=" + rec.CID, "PATH=" + vmPath}
+	cmd.ExtraFiles = []*os.File{goR, resW}
+	// As the process-mode wrapper: a bin/cpi killed before the go-ahead
+	// takes the supervisor with it (it clears this once it has it).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	err = cmd.Start()
+	goR.Close()
+	resW.Close()
+	if err != nil {
+		return fmt.Errorf("starting the vm's supervisor: %w", err)
+	}
+	go func() { _ = cmd.Wait() }() // reaped here when bin/cpi lives on
+	if err := writeFileAtomic(filepath.Join(c.dir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		return fmt.Errorf("recording the vm's supervisor: %w", err)
+	}
+	if _, err := goW.Write([]byte{'g'}); err != nil {
+		return fmt.Errorf("starting the vm's supervisor: %w", err)
+	}
+	type answer struct {
+		b   []byte
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() { b, err := io.ReadAll(resR); ch <- answer{b, err} }()
+	select {
+	case a := <-ch:
+		msg := strings.TrimSpace(string(a.b))
+		if msg == "ok" {
+			return nil
+		}
+		if msg == "" {
+			msg = "the supervisor exited without an answer"
+		}
+		return errors.New(msg)
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		return ctx.Err()
+	}
+}
+
+// supervise is the supervisor's main: fd 3 carries the go-ahead, fd 4 the
+// answer ("ok" once the VM runs, else the error).
+func supervise(dir string) int {
+	goR, res := os.NewFile(3, "go"), os.NewFile(4, "answer")
+	fail := func(err error) int {
+		fmt.Fprintln(res, err)
+		res.Close()
+		return 1
+	}
+	if b := make([]byte, 1); func() bool { n, _ := goR.Read(b); return n != 1 }() {
+		return 1 // bin/cpi died before the VM was recorded
+	}
+	goR.Close()
+	_ = unix.Prctl(unix.PR_SET_PDEATHSIG, 0, 0, 0, 0)
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fail(fmt.Errorf("supervisor: %w", err))
+	}
+	var s superviseSpec
+	if err := readJSON(filepath.Join(dir, "supervise.json"), &s); err != nil {
+		return fail(fmt.Errorf("supervisor: %w", err))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "vm.json")); err != nil {
+		return fail(errors.New("the vm was deleted before it started"))
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	rt := func(args ...string) error {
+		cmd := exec.Command(s.Runtime, append([]string{"--root", s.RuntimeRoot, "--log", filepath.Join(dir, "runtime.log")}, args...)...)
+		cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s %s: %w: %s%s", filepath.Base(s.Runtime), args[0], err, bytes.TrimSpace(out.Bytes()), lastLine(filepath.Join(dir, "runtime.log")))
+		}
+		return nil
+	}
+	_ = os.Remove(filepath.Join(dir, "exit_status"))
+	_ = os.Remove(filepath.Join(dir, "container.pid"))
+	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fail(err)
+	}
+	// The runtime hands its stdio to the VM's init: the console.
+	create := exec.Command(s.Runtime, "--root", s.RuntimeRoot, "--log", filepath.Join(dir, "runtime.log"),
+		"create", "--bundle", filepath.Join(dir, "bundle"), "--pid-file", filepath.Join(dir, "container.pid"), s.ID)
+	create.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
+	create.Stdout, create.Stderr = console, console
+	err = create.Run()
+	console.Close()
+	if err != nil {
+		_ = rt("delete", "--force", s.ID)
+		return fail(fmt.Errorf("%s create: %w%s", filepath.Base(s.Runtime), err, lastLine(filepath.Join(dir, "runtime.log"))))
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "container.pid"))
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	abort := func(err error) int {
+		_ = rt("delete", "--force", s.ID)
+		return fail(err)
+	}
+	if pid <= 1 {
+		return abort(errors.New("the runtime recorded no process for the vm"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	err = s.Net.connect(ctx, pid)
+	cancel()
+	if err != nil {
+		return abort(err)
+	}
+	select {
+	case <-sigs:
+		return abort(errors.New("the vm was stopped while starting"))
+	default:
+	}
+	if err := rt("start", s.ID); err != nil {
+		return abort(err)
+	}
+	fmt.Fprintln(res, "ok")
+	res.Close()
+
+	go func() {
+		for range sigs {
+			_ = rt("kill", s.ID, "TERM")
+		}
+	}()
+	status := waitExit(pid)
+	msg := ""
+	if n := oomKills(s.Cgroup); n > 0 {
+		msg = fmt.Sprintf("runway: vm %s was killed by the kernel's out-of-memory killer at its memory limit", s.CID)
+		if s.RAM > 0 {
+			msg += fmt.Sprintf(" of %d MiB (cloud_properties.ram)", s.RAM)
+		}
+		msg += "\n"
+	}
+	if msg != "" {
+		if f, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_APPEND, 0); err == nil {
+			_, _ = f.WriteString(msg)
+			f.Close()
+		}
+	}
+	_ = writeFileAtomic(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
+	_ = rt("delete", "--force", s.ID)
+	return 0
+}
+
+// waitExit reaps children until pid is among them and answers its status
+// the way a shell reports it (128+n for a signal).
+func waitExit(pid int) int {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return 255 // no child left: the VM is gone
+		}
+		if got != pid {
+			continue
+		}
+		if ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ws.ExitStatus()
+	}
+}
+
+// oomKills reads how many processes the OOM killer took in the cgroup
+// (cgroup v1 memory.oom_control, or v2 memory.events).
+func oomKills(cgroup string) int {
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", cgroup, "memory.oom_control"),
+		filepath.Join("/sys/fs/cgroup", cgroup, "memory.events"),
+		filepath.Join("/sys/fs/cgroup/unified", cgroup, "memory.events"),
+	} {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if n, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
+				f.Close()
+				v, _ := strconv.Atoi(n)
+				return v
+			}
+		}
+		f.Close()
+	}
+	return 0
+}
+
+// lastLine is the runtime log's last line, for an error message.
+func lastLine(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if l := lines[len(lines)-1]; l != "" {
+		var m struct {
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(l), &m) == nil && m.Msg != "" {
+			l = m.Msg
+		}
+		return " (" + l + ")"
+	}
+	return ""
+}

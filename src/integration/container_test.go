@@ -1,0 +1,318 @@
+package integration_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+)
+
+// Container mode: the local driver with isolation "container", bin/cpi
+// run inside a network namespace the suite makes, so its bridge and VM
+// addresses exist there only.
+func setupContainerMode(f *fixture, dir string, local map[string]any) {
+	Expect(os.Geteuid()).To(Equal(0), "container mode needs root")
+	f.Image = os.Getenv("RUNWAY_TEST_ROOTFS")
+	Expect(f.Image).NotTo(BeEmpty(), "RUNWAY_TEST_ROOTFS must name a rootfs tarball (scripts/rootfs-dev path)")
+	f.NetNS = fmt.Sprintf("rwit%d", os.Getpid())
+	run("ip", "netns", "add", f.NetNS)
+	DeferCleanup(func() { run("ip", "netns", "del", f.NetNS) })
+	run("ip", "-n", f.NetNS, "link", "set", "lo", "up")
+	f.Exec = []string{"nsenter", "--net=/run/netns/" + f.NetNS, "--"}
+	// PID 1 of a container ignores SIGTERM unless it handles it.
+	f.VMProps = map[string]any{"ram": 256, "cpu": 1,
+		"command": "echo vm-output-on-stdout; echo vm-output-on-stderr >&2; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"}
+	local["isolation"] = "container"
+	ctr := map[string]any{"bridge": "rwit0", "cidr": "10.250.0.0/22"}
+	if rt := os.Getenv("RUNWAY_IT_RUNTIME"); rt != "" { // runc (default) or crun
+		p, err := exec.LookPath(rt)
+		Expect(err).NotTo(HaveOccurred())
+		ctr["runtime"] = p
+	}
+	local["container"] = ctr
+}
+
+func run(argv ...string) string {
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "%s: %s", strings.Join(argv, " "), out)
+	return string(out)
+}
+
+// inNetNS runs f on a thread inside the suite's network namespace.
+func inNetNS(f func()) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	Expect(err).NotTo(HaveOccurred())
+	defer self.Close()
+	ns, err := os.Open("/run/netns/" + fx.NetNS)
+	Expect(err).NotTo(HaveOccurred())
+	defer ns.Close()
+	Expect(unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)).To(Succeed())
+	defer func() { Expect(unix.Setns(int(self.Fd()), unix.CLONE_NEWNET)).To(Succeed()) }()
+	f()
+}
+
+// httpGet fetches a path from a VM's address, from the suite's namespace.
+func httpGet(addr, path string) (string, error) {
+	var body string
+	var err error
+	inNetNS(func() {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, 2*time.Second); err != nil {
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.0\r\n\r\n", path)
+		var b []byte
+		b, err = io.ReadAll(c)
+		body = string(b)
+	})
+	return body, err
+}
+
+func vmDir(cid string) string { return filepath.Join(fx.StateDir, "vms", cid) }
+
+func console(cid string) func() string {
+	return func() string { b, _ := os.ReadFile(filepath.Join(vmDir(cid), "console.log")); return string(b) }
+}
+
+// createVM makes a VM with props and answers its cid and first address.
+func createVM(stemcell string, props map[string]any, nets map[string]any) (string, string) {
+	var res []json.RawMessage
+	ExpectWithOffset(1, json.Unmarshal(call("create_vm", "agent-c", stemcell, props, nets, []string{}, map[string]any{}), &res)).To(Succeed())
+	var got map[string]struct {
+		IP string `json:"ip"`
+	}
+	ExpectWithOffset(1, json.Unmarshal(res[1], &got)).To(Succeed())
+	ip := ""
+	for _, n := range got {
+		ip = n.IP
+	}
+	return asString(res[0]), ip
+}
+
+var dynamic = map[string]any{"default": map[string]any{"type": "dynamic"}}
+
+// expectNothingLeft: no VM, mount, runtime state, cgroup or interface of
+// the suite's VMs is left on the host.
+func expectNothingLeft() {
+	entries, _ := os.ReadDir(filepath.Join(fx.StateDir, "vms"))
+	ExpectWithOffset(1, entries).To(BeEmpty(), "vm directories")
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	ExpectWithOffset(1, string(mi)).NotTo(ContainSubstring(fx.StateDir), "mounts under the state dir")
+	rt, _ := os.ReadDir(filepath.Join(fx.StateDir, "runtime"))
+	ExpectWithOffset(1, rt).To(BeEmpty(), "containers in the runtime's state")
+	// The driver names its cgroups after a hash of the state dir.
+	sum := sha256.Sum256([]byte(fx.StateDir))
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/runway/" + hex.EncodeToString(sum[:4]) + "-*")
+	ExpectWithOffset(1, cg).To(BeEmpty(), "cgroups left")
+	links := run("ip", "-n", fx.NetNS, "-o", "link", "show")
+	ExpectWithOffset(1, strings.Count(links, "\n")).To(BeNumerically("<=", 2), "only lo and the bridge: %s", links)
+	var table map[string]string
+	b, err := os.ReadFile(filepath.Join(fx.StateDir, "ipam.json"))
+	if err == nil {
+		Expect(json.Unmarshal(b, &table)).To(Succeed())
+		ExpectWithOffset(1, table).To(BeEmpty(), "addresses not released")
+	}
+	// Supervisors name their VM's directory in their environment.
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		ExpectWithOffset(1, string(b)).NotTo(ContainSubstring(fx.StateDir), "a process of the suite's VMs: %s", p)
+	}
+}
+
+var _ = describeContainer("container isolation", Ordered, func() {
+	var stemcell string
+	var made []string
+	BeforeAll(func() {
+		stemcell = asString(call("create_stemcell", fx.Image, map[string]any{"infrastructure": "warden"}))
+		DeferCleanup(func() {
+			for _, vm := range made {
+				runRaw(request("delete_vm", 2, vm))
+			}
+			runRaw(request("delete_stemcell", 2, stemcell))
+		})
+	})
+	vm := func(props map[string]any, nets map[string]any) (string, string) {
+		cid, ip := createVM(stemcell, props, nets)
+		made = append(made, cid)
+		return cid, ip
+	}
+
+	It("gives each VM its hostname, its address on the bridge (reachable from the host) and the agent settings with it", func() {
+		web, ip := vm(map[string]any{"command": "mkdir -p /www && hostname > /www/name && exec busybox httpd -f -p 8080 -h /www"}, dynamic)
+		Expect(ip).To(HavePrefix("10.250."))
+		Eventually(func() (string, error) { return httpGet(ip+":8080", "/name") }, "10s", "50ms").Should(ContainSubstring(web))
+		// The bridge exists in the suite's namespace only.
+		_, err := net.InterfaceByName("rwit0")
+		Expect(err).To(HaveOccurred(), "the bridge was made in the host's namespace")
+
+		b, err := os.ReadFile(filepath.Join(vmDir(web), "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
+		Expect(err).NotTo(HaveOccurred())
+		var settings struct {
+			AgentID  string `json:"agent_id"`
+			Networks map[string]struct {
+				IP string `json:"ip"`
+			} `json:"networks"`
+		}
+		Expect(json.Unmarshal(b, &settings)).To(Succeed())
+		Expect(settings.AgentID).To(Equal("agent-c"))
+		Expect(settings.Networks["default"].IP).To(Equal(ip))
+	})
+
+	It("honours a manual network's address inside the range and refuses one outside", func() {
+		manual := func(ip string) map[string]any {
+			return map[string]any{"default": map[string]any{"type": "manual", "ip": ip, "netmask": "255.255.252.0", "gateway": "10.250.0.1"}}
+		}
+		cid, ip := vm(map[string]any{"command": "busybox ip -4 addr show eth0; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"}, manual("10.250.1.77"))
+		Expect(ip).To(Equal("10.250.1.77"))
+		Eventually(console(cid), "10s", "50ms").Should(ContainSubstring("inet 10.250.1.77/22"))
+		r := runRaw(request("create_vm", 2, "agent-x", stemcell, fx.VMProps, manual("192.168.7.7"), []string{}, map[string]any{}))
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Message).To(ContainSubstring("outside the vm network"))
+		r = runRaw(request("create_vm", 2, "agent-x", stemcell, fx.VMProps, manual("10.250.1.77"), []string{}, map[string]any{}))
+		Expect(r.Error).NotTo(BeNil(), "an address held by another vm")
+		Expect(r.Error.Message).To(ContainSubstring("is held by vm " + cid))
+	})
+
+	It("keeps a VM from other VMs' and the host's processes and files, the state dir, the host's environment and extra capabilities", func() {
+		n := rand.Int64()
+		token := fmt.Sprintf("peer-token-%d", n)
+		// sleep's extra argument is only a marker (it sleeps the sum).
+		peer, _ := vm(map[string]any{"command": "trap 'exit 0' TERM; while :; do sleep 600 " + token + " 2>/dev/null & echo peer-ready; wait $!; done"}, dynamic)
+		Eventually(console(peer), "10s", "20ms").Should(ContainSubstring("peer-ready"))
+		probe := strings.Join([]string{
+			"echo procs=$(ls /proc | grep -c '^[0-9]')",
+			// The token is put together at run time and only ever held in
+			// the shell's variables: no probe command line holds it.
+			fmt.Sprintf("t=peer-token; t=$t-%d", n),
+			`for f in /proc/[0-9]*/cmdline; do case "$(tr '\0' ' ' <$f 2>/dev/null)" in *"$t"*) echo SEES-PEER;; esac; done`,
+			// Every VM's supervisor runs on the host with this variable.
+			"cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' ' ' | grep -q RUNWAY_SUPERVISE_VM && echo SEES-HOST",
+			"[ -e " + fx.StateDir + " ] && echo SEES-STATE",
+			"[ -e " + filepath.Join(vmDir(peer), "rootfs") + " ] && echo SEES-PEER-FILES",
+			"env | grep -q RUNWAY_IT_SECRET && echo SEES-HOST-ENV",
+			"grep CapEff /proc/self/status",
+			"echo probe-done",
+			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done",
+		}, "; ")
+		// The host's environment: bin/cpi runs with a secret in it.
+		os.Setenv("RUNWAY_IT_SECRET", "host-secret")
+		defer os.Unsetenv("RUNWAY_IT_SECRET")
+		cid, _ := vm(map[string]any{"command": probe}, dynamic)
+		Eventually(console(cid), "10s", "50ms").Should(ContainSubstring("probe-done"))
+		out := console(cid)()
+		for _, leak := range []string{"SEES-PEER", "SEES-HOST", "SEES-STATE", "SEES-PEER-FILES", "SEES-HOST-ENV"} {
+			Expect(out).NotTo(ContainSubstring(leak))
+		}
+		// sh, its probe commands and sleep: a handful, not the host's.
+		Expect(out).To(MatchRegexp(`procs=[1-6]\n`))
+		// runc's defaults: CAP_AUDIT_WRITE, CAP_KILL, CAP_NET_BIND_SERVICE.
+		Expect(out).To(ContainSubstring("CapEff:\t0000000020000420"))
+	})
+
+	It("OOM-kills a VM at its memory limit and says so on its console", func() {
+		cid, _ := vm(map[string]any{"ram": 48, "command": "echo allocating; exec dd if=/dev/zero of=/dev/null bs=256M count=1"}, dynamic)
+		Eventually(console(cid), "20s", "50ms").Should(ContainSubstring("out-of-memory killer at its memory limit of 48 MiB"))
+		// Its PID 1 was the one killed: SIGKILL, as a shell reports it.
+		Eventually(func() string {
+			b, _ := os.ReadFile(filepath.Join(vmDir(cid), "exit_status"))
+			return string(b)
+		}, "10s", "50ms").Should(Equal("137\n"))
+	})
+
+	It("attaches a disk into the running VM, detaches it, and keeps its data for the next VM", func() {
+		writer := "until [ -n \"$(ls /warden-cpi-dev)\" ]; do sleep 0.05; done; d=$(ls /warden-cpi-dev); " +
+			"echo data-from-vm > /warden-cpi-dev/$d/file && echo wrote-$d; " +
+			"while [ -n \"$(ls /warden-cpi-dev)\" ]; do sleep 0.05; done; echo detached; " +
+			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
+		a, _ := vm(map[string]any{"command": writer}, dynamic)
+		disk := asString(call("create_disk", 16, map[string]any{}, a))
+		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		var hint map[string]string
+		Expect(json.Unmarshal(call("attach_disk", a, disk), &hint)).To(Succeed())
+		Expect(hint["path"]).To(Equal("/warden-cpi-dev/" + disk))
+		Eventually(console(a), "10s", "20ms").Should(ContainSubstring("wrote-" + disk))
+		b, err := os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(b)).To(Equal("data-from-vm\n"))
+		settings, err := os.ReadFile(filepath.Join(vmDir(a), "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
+		if err == nil { // only when the caller gave settings
+			Expect(string(settings)).To(ContainSubstring(`"` + disk + `":"/warden-cpi-dev/` + disk + `"`))
+		}
+
+		call("detach_disk", a, disk)
+		Eventually(console(a), "10s", "20ms").Should(ContainSubstring("detached"))
+		call("delete_vm", a)
+
+		reader := "until [ -n \"$(ls /warden-cpi-dev)\" ]; do sleep 0.05; done; cat /warden-cpi-dev/*/file; " +
+			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
+		c, _ := vm(map[string]any{"command": reader}, dynamic)
+		call("attach_disk", c, disk)
+		Eventually(console(c), "10s", "20ms").Should(ContainSubstring("data-from-vm"))
+		call("delete_vm", c) // detaches: the disk outlives it
+		Expect(os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))).To(Equal([]byte("data-from-vm\n")))
+	})
+
+	It("leaves nothing the next delete cannot remove when bin/cpi is killed at any point", func() {
+		const trials = 20
+		for i := range trials {
+			req := request("create_vm", 2, "agent-k", stemcell, fx.VMProps, dynamic, []string{}, map[string]any{})
+			argv := append(append([]string{}, fx.Exec...), cpiBin, "-configPath", fx.ConfigPath)
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = directorEnv()
+			cmd.Stdin = strings.NewReader(req)
+			Expect(cmd.Start()).To(Succeed())
+			// Spread the kills over create_vm's whole run (~100 ms here).
+			time.Sleep(time.Duration(i*150/trials) * time.Millisecond)
+			_ = cmd.Process.Signal(os.Kill)
+			_ = cmd.Wait()
+			// Kill a delete part-way too, every other trial.
+			entries, _ := os.ReadDir(filepath.Join(fx.StateDir, "vms"))
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), ".") {
+					continue
+				}
+				if i%2 == 1 {
+					argv := append(append([]string{}, fx.Exec...), cpiBin, "-configPath", fx.ConfigPath)
+					d := exec.Command(argv[0], argv[1:]...)
+					d.Env = directorEnv()
+					d.Stdin = strings.NewReader(request("delete_vm", 2, e.Name()))
+					Expect(d.Start()).To(Succeed())
+					time.Sleep(time.Duration(rand.IntN(60)) * time.Millisecond)
+					_ = d.Process.Signal(os.Kill)
+					_ = d.Wait()
+				}
+				r := runRaw(request("delete_vm", 2, e.Name()))
+				if r.Error != nil {
+					Expect(r.Error.Type).To(Equal("Bosh::Clouds::VMNotFound"), r.Error.Message)
+				}
+			}
+		}
+		// A sweep runs with every delete: one more for what the last left.
+		runRaw(request("delete_vm", 2, "vm-00000000-0000-0000-0000-000000000000"))
+		for _, vm := range made { // the disk spec deleted its own
+			if r := runRaw(request("delete_vm", 2, vm)); r.Error != nil {
+				Expect(r.Error.Type).To(Equal("Bosh::Clouds::VMNotFound"), r.Error.Message)
+			}
+		}
+		made = nil
+		expectNothingLeft()
+	})
+})
