@@ -270,6 +270,38 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Expect(os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))).To(Equal([]byte("data-from-vm\n")))
 	})
 
+	It("runs garm's instances as containers, through garm's provider protocol", func() {
+		garm := func(command, instance string, stdin []byte) string {
+			argv := append(append([]string{}, fx.Exec...), cpiBin)
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "GARM_COMMAND=" + command, "GARM_CONTROLLER_ID=ctl-c",
+				"GARM_POOL_ID=pool-c", "GARM_PROVIDER_CONFIG_FILE=" + fx.ConfigPath, "GARM_INSTANCE_ID=" + instance}
+			cmd.Stdin = strings.NewReader(string(stdin))
+			out, err := cmd.Output()
+			ExpectWithOffset(1, err).NotTo(HaveOccurred(), "%s: %s", command, out)
+			return string(out)
+		}
+		userData := "#!/bin/sh\necho garm-instance-up $(hostname)\ntrap 'exit 0' TERM; while :; do sleep 600 & wait $!; done\n"
+		bi, _ := json.Marshal(map[string]any{"name": "garm-c1", "pool_id": "pool-c", "os_type": "linux", "os_arch": "amd64",
+			"flavor": "small", "image": "debian", "labels": []string{"runway"},
+			"extra_specs": map[string]any{"stemcell": stemcell, "user_data": userData}})
+		var inst struct {
+			ProviderID string `json:"provider_id"`
+			Status     string `json:"status"`
+			Addresses  []struct {
+				Address string `json:"address"`
+			} `json:"addresses"`
+		}
+		Expect(json.Unmarshal([]byte(garm("CreateInstance", "", bi)), &inst)).To(Succeed())
+		Expect(inst.Status).To(Equal("running"))
+		Expect(inst.Addresses).NotTo(BeEmpty())
+		Expect(inst.Addresses[0].Address).To(HavePrefix("10.250."))
+		Eventually(console(inst.ProviderID), "10s", "20ms").Should(ContainSubstring("garm-instance-up " + inst.ProviderID))
+		Expect(garm("GetInstance", "garm-c1", nil)).To(ContainSubstring(`"status":"running"`))
+		garm("DeleteInstance", "garm-c1", nil)
+		Expect(asBool(call("has_vm", inst.ProviderID))).To(BeFalse())
+	})
+
 	It("leaves nothing the next delete cannot remove when bin/cpi is killed at any point", func() {
 		const trials = 20
 		for i := range trials {

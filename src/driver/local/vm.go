@@ -103,7 +103,13 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		_ = os.RemoveAll(tmp)
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: retryable}
 	}
-	nets, err := d.allocate(ctx, cid, spec.Networks)
+	want := spec.Networks
+	if container && len(want) == 0 {
+		// Every container VM has its address (callers such as the
+		// orchestrator name no network).
+		want = driver.Networks{"default": {Type: "dynamic"}}
+	}
+	nets, err := d.allocate(ctx, cid, want)
 	if err != nil {
 		return fail(err, true)
 	}

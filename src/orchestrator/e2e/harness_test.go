@@ -92,6 +92,9 @@ type env struct {
 	extraEnv []string // for the daemon, beyond PATH and HOME
 	sweep    string   // sweep_interval (default 1s: a pass every second)
 	top      string   // more top-level YAML (store: postgres, ...)
+	// cpiPath, runnerPath and stemcell replace bins.cpi, bins.testrunner
+	// and bins.stemcell when set (container mode).
+	cpiPath, runnerPath, stemcell string
 }
 
 type syncBuffer struct {
@@ -148,7 +151,7 @@ func (e *env) group(name, scopeYAML string, labels []string, maxActive int, extr
       command: %q
       env: {TESTRUNNER_HOLD_FILE: %q, TESTRUNNER_IDLE: "60s"}
     timeouts: {spawn: 2m, idle: 2m, max_lifetime: 10m}
-%s`, name, scopeYAML, ls, maxActive, bins.stemcell, bins.testrunner, e.hold, extra)
+%s`, name, scopeYAML, ls, maxActive, cmp.Or(e.stemcell, bins.stemcell), cmp.Or(e.runnerPath, bins.testrunner), e.hold, extra)
 }
 
 // writeConfig writes runway.yml for the given groups (forge: the Gitea
@@ -175,7 +178,7 @@ cpi:
   timeout: 60s
   director_uuid: %s
 forges:%s
-groups:%s`, filepath.Join(e.dir, "orch"), cmp.Or(e.sweep, "1s"), e.top, bins.cpi, e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
+groups:%s`, filepath.Join(e.dir, "orch"), cmp.Or(e.sweep, "1s"), e.top, cmp.Or(e.cpiPath, bins.cpi), e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
 	e.cfgPath = filepath.Join(e.dir, "runway.yml")
 	must(e.t, os.WriteFile(e.cfgPath, []byte(cfg), 0o600))
 	if _, err := orchestrator.LoadConfig(e.cfgPath); err != nil {
@@ -272,7 +275,7 @@ func (e *env) cleanup() {
 }
 
 func (e *env) cpi() *cpiclient.Client {
-	return &cpiclient.Client{Path: bins.cpi, ConfigPath: e.cpiCfg, DirectorUUID: "e2e-observer", Timeout: 30 * time.Second}
+	return &cpiclient.Client{Path: cmp.Or(e.cpiPath, bins.cpi), ConfigPath: e.cpiCfg, DirectorUUID: "e2e-observer", Timeout: 30 * time.Second}
 }
 
 type vm struct {

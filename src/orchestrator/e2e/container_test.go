@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
+)
+
+// The orchestrator unchanged, its CPI in container mode: runner VMs are
+// containers made from a debootstrap rootfs holding the test runner, and
+// reach the forge only through the bridge — the Gitea contract server
+// listens a second time inside the network namespace bin/cpi runs in.
+func TestRunnersInContainers(t *testing.T) {
+	rootfs := testenv.Need(t, "scripts/rootfs-dev path; root, runc", "RUNWAY_TEST_ROOTFS")[0]
+	if os.Geteuid() != 0 {
+		t.Fatal("container mode needs root")
+	}
+	ns := fmt.Sprintf("rwe2e%d", os.Getpid())
+	sh(t, "ip", "netns", "add", ns)
+	// Registered first, so it runs last: after the env's cleanup, which
+	// deletes VMs through bin/cpi in the namespace.
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	e := newEnv(t)
+
+	// bin/cpi, run by the daemon and by the test, always inside ns.
+	e.cpiPath = filepath.Join(e.dir, "cpi-in-ns")
+	must(t, os.WriteFile(e.cpiPath, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, bins.cpi)), 0o755))
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
+		"local": map[string]any{"stop_grace_seconds": 1, "isolation": "container",
+			"container": map[string]any{"bridge": "rwe0", "cidr": "10.251.0.0/24"}}})
+	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
+	e.stemcell = filepath.Join(e.dir, "runner-rootfs.tgz")
+	e.runnerPath = "/usr/local/bin/testrunner"
+	must(t, withFile(rootfs, e.stemcell, bins.testrunner, e.runnerPath[1:]))
+
+	// Runners reach the forge at the bridge's host address.
+	var registrations atomic.Int64
+	ln := listenInNetNS(t, ns)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/Register") {
+			registrations.Add(1)
+		}
+		e.gitea.Config.Handler.ServeHTTP(w, r)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	port := ln.Addr().(*net.TCPAddr).Port
+
+	e.forgeYML = fmt.Sprintf(`
+  - name: gitea
+    type: gitea
+    url: %s
+    runner_url: http://10.251.0.1:%d
+    token_file: %s
+    webhook_secret_file: %s
+    poll_interval: 300ms`, e.gitea.URL, port, filepath.Join(e.dir, "api-token"), filepath.Join(e.dir, "hook-secret"))
+	e.writeConfig("300ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
+	jobs := []int64{
+		e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued),
+		e.gitea.AddJob("acme/app", "test", []string{"linux"}, forge.StatusQueued),
+		e.gitea.AddJob("acme/lib", "lint", []string{"linux"}, forge.StatusQueued),
+	}
+	e.start()
+	e.eventually(45*time.Second, "the jobs complete, run by runners in containers", completed(e, jobs...))
+	e.eventually(60*time.Second, "every runner VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	// Only a runner inside a container could have used the bridge address.
+	if n := registrations.Load(); n != int64(len(jobs)) {
+		t.Errorf("%d runners registered through the bridge, want %d", n, len(jobs))
+	}
+	for _, id := range jobs {
+		if j := e.gitea.Job(id); !strings.HasPrefix(j.RunnerName, "linux-") {
+			t.Errorf("job %d ran on %q", id, j.RunnerName)
+		}
+	}
+}
+
+func sh(t *testing.T, argv ...string) {
+	t.Helper()
+	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(argv, " "), err, out)
+	}
+}
+
+// listenInNetNS opens a TCP listener on all addresses of namespace ns (a
+// socket keeps the namespace it was made in).
+func listenInNetNS(t *testing.T, ns string) net.Listener {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	must(t, err)
+	defer self.Close()
+	target, err := os.Open("/run/netns/" + ns)
+	must(t, err)
+	defer target.Close()
+	must(t, unix.Setns(int(target.Fd()), unix.CLONE_NEWNET))
+	ln, lerr := net.Listen("tcp4", "0.0.0.0:0")
+	must(t, unix.Setns(int(self.Fd()), unix.CLONE_NEWNET))
+	must(t, lerr)
+	return ln
+}
+
+// withFile writes dst: the rootfs tarball src plus the executable file at
+// name inside.
+func withFile(src, dst, file, name string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	gz, err := gzip.NewReader(in)
+	if err != nil {
+		return err
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	zw, _ := gzip.NewWriterLevel(out, gzip.BestSpeed)
+	tw := tar.NewWriter(zw)
+	tr := tar.NewReader(gz)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
+	body, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: "./" + name, Mode: 0o755, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(body); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return zw.Close()
+}
