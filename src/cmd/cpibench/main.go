@@ -23,13 +23,16 @@ func main() {
 	cpiPath := flag.String("cpi", "bin/cpi", "bin/cpi to measure")
 	n := flag.Int("n", 200, "calls per measurement")
 	procs := flag.Int("procs", 32, "concurrent processes for the throughput run")
-	suite := flag.String("suite", "local", "local (driver timings), startup (info beside an empty program), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
+	suite := flag.String("suite", "local", "local (driver timings), container (the local driver's container mode; root), startup (info beside an empty program), hooks (hook overhead), aws (calls against -endpoint) or openstack (calls against the cloud in OS_AUTH_URL)")
 	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
 	drivers := flag.String("drivers", "local,openstack,aws", "configs -suite startup measures info with")
+	rootfs := flag.String("rootfs", "", "rootfs tarball for -suite container (scripts/rootfs-dev path)")
 	lb := flag.Bool("lb", false, "every VM with a floating IP (vip network) and an Octavia pool member (-suite openstack), or in a target group with an encrypted ephemeral disk (-suite aws)")
 	flag.Parse()
 	runSuite := run
 	switch *suite {
+	case "container":
+		runSuite = func(cpi string, n, procs int) error { return runContainer(cpi, *rootfs, n, procs) }
 	case "hooks":
 		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
 	case "startup":
