@@ -149,11 +149,23 @@ func (d *Driver) runtimeRoot() string { return filepath.Join(d.root, "runtime") 
 
 // runtime runs the OCI runtime with args and returns its combined output.
 func (d *Driver) runtime(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, d.cfg.Container.Runtime, append([]string{"--root", d.runtimeRoot()}, args...)...)
+	rt := d.cfg.Container.Runtime
+	if rt == "" { // process mode now, deleting a VM made in container mode
+		for _, name := range []string{"runc", "crun"} {
+			if p, err := exec.LookPath(name); err == nil {
+				rt = p
+				break
+			}
+		}
+		if rt == "" {
+			return nil, errors.New("no OCI runtime (runc, crun) on PATH")
+		}
+	}
+	cmd := exec.CommandContext(ctx, rt, append([]string{"--root", d.runtimeRoot()}, args...)...)
 	cmd.Env = []string{"PATH=" + vmPath}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(d.cfg.Container.Runtime), args[0], err, bytes.TrimSpace(out))
+		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(rt), args[0], err, bytes.TrimSpace(out))
 	}
 	return out, nil
 }

@@ -375,6 +375,9 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 	}
 	dir := d.path(vms, cid)
 	container := rec.Isolation == IsolationContainer
+	if container && start && !d.containers() {
+		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", cid)
+	}
 	stop := func() error { return stopVM(ctx, cid, readPGID(dir), d.grace()) }
 	if container {
 		stop = func() error { return d.stopContainer(ctx, cid) }
