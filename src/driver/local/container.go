@@ -445,7 +445,29 @@ func (d *Driver) teardownContainer(cid string) error {
 	if err := deleteLink(c.hostIf()); err != nil {
 		return err
 	}
-	return unmountAll(c.dir)
+	if err := unmountAll(c.dir); err != nil {
+		return err
+	}
+	// Belt and braces before the directory is removed: a mount the
+	// mount table did not show under this path (a symlinked state dir)
+	// would have another device.
+	var top syscall.Stat_t
+	if err := syscall.Stat(c.dir, &top); err != nil {
+		return err
+	}
+	check := []string{c.rootfs(), c.devs()}
+	if ents, err := os.ReadDir(c.devs()); err == nil {
+		for _, e := range ents {
+			check = append(check, filepath.Join(c.devs(), e.Name()))
+		}
+	}
+	for _, p := range check {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err == nil && st.Dev != top.Dev {
+			return fmt.Errorf("%s is still a mount point: not removing vm %s", p, c.cid)
+		}
+	}
+	return nil
 }
 
 // mountsUnder lists the mount points at or below dir, innermost first.

@@ -113,6 +113,17 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 		if p, err = c.setupContainer(); err != nil {
 			return nil, err
 		}
+		// Mounts are found by path in the mount table, which holds
+		// resolved paths.
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("local: state dir: %w", err)
+		}
+		if stateDir, err = filepath.Abs(stateDir); err == nil {
+			stateDir, err = filepath.EvalSymlinks(stateDir)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("local: state dir: %w", err)
+		}
 	default:
 		return nil, fmt.Errorf(`local: isolation: must be "process" or "container", got %q`, c.Isolation)
 	}
