@@ -52,18 +52,44 @@ func run(argv ...string) string {
 }
 
 // inNetNS runs f on a thread inside the suite's network namespace.
-func inNetNS(f func()) {
+func inNetNS(f func()) { inNamedNetNS(fx.NetNS, f) }
+
+func inNamedNetNS(name string, f func()) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	self, err := os.Open("/proc/thread-self/ns/net")
 	Expect(err).NotTo(HaveOccurred())
 	defer self.Close()
-	ns, err := os.Open("/run/netns/" + fx.NetNS)
+	ns, err := os.Open("/run/netns/" + name)
 	Expect(err).NotTo(HaveOccurred())
 	defer ns.Close()
 	Expect(unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)).To(Succeed())
 	defer func() { Expect(unix.Setns(int(self.Fd()), unix.CLONE_NEWNET)).To(Succeed()) }()
 	f()
+}
+
+// listenIn opens a TCP listener inside network namespace ns.
+func listenIn(ns, addr string) net.Listener {
+	var ln net.Listener
+	inNamedNetNS(ns, func() {
+		var err error
+		ln, err = net.Listen("tcp4", addr)
+		Expect(err).NotTo(HaveOccurred())
+	})
+	return ln
+}
+
+// dialFrom connects from namespace ns (1 s): whether anything there can
+// reach addr.
+func dialFrom(ns, addr string) error {
+	var err error
+	inNamedNetNS(ns, func() {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+		}
+	})
+	return err
 }
 
 // httpGet fetches a path from a VM's address, from the suite's namespace.
@@ -268,6 +294,87 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Eventually(console(c), "10s", "20ms").Should(ContainSubstring("data-from-vm"))
 		call("delete_vm", c) // detaches: the disk outlives it
 		Expect(os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))).To(Equal([]byte("data-from-vm\n")))
+	})
+
+	It("keeps VMs to the host, or with container.nat lets them out masqueraded; never lets anything beyond the host in", func() {
+		// Beyond the host: another namespace behind a veth, with a route
+		// back to the VM networks, and the host forwarding (as a router
+		// or a Docker host does).
+		up := fmt.Sprintf("rwup%d", os.Getpid())
+		run("ip", "netns", "add", up)
+		DeferCleanup(func() { run("ip", "netns", "del", up) })
+		run("ip", "-n", fx.NetNS, "link", "add", "upl0", "type", "veth", "peer", "name", "upl1", "netns", up)
+		run("ip", "-n", fx.NetNS, "addr", "add", "172.31.250.1/30", "dev", "upl0")
+		run("ip", "-n", fx.NetNS, "link", "set", "upl0", "up")
+		run("ip", "-n", up, "addr", "add", "172.31.250.2/30", "dev", "upl1")
+		run("ip", "-n", up, "link", "set", "upl1", "up")
+		run("ip", "-n", up, "route", "add", "10.250.0.0/16", "via", "172.31.250.1")
+		// Turned on after the bridge exists, forwarding is on for the
+		// bridge too (as when Docker starts after Runway): only the
+		// driver's firewall rules stand between.
+		vm(fx.VMProps, dynamic)
+		run("ip", "netns", "exec", fx.NetNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		Expect(run("ip", "netns", "exec", fx.NetNS, "sysctl", "-n", "net.ipv4.conf.rwit0.forwarding")).To(Equal("1\n"))
+
+		// A server beyond the host that names who connected.
+		var peers = make(chan string, 8)
+		ln := listenIn(up, "172.31.250.2:0")
+		DeferCleanup(ln.Close)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				peers <- c.RemoteAddr().(*net.TCPAddr).IP.String()
+				fmt.Fprintf(c, "hello from beyond\n")
+				c.Close()
+			}
+		}()
+		dial := "busybox nc -w 3 " + strings.Replace(ln.Addr().String(), ":", " ", 1) + " </dev/null || echo dial-failed; " +
+			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
+
+		closed, ip := vm(map[string]any{"command": "busybox httpd -p 8080 -h /; " + dial}, dynamic)
+		Eventually(console(closed), "15s", "50ms").Should(ContainSubstring("dial-failed"))
+		Expect(console(closed)()).NotTo(ContainSubstring("hello from beyond"))
+		Expect(peers).To(BeEmpty())
+		// Its web server answers the host, and nothing beyond it.
+		Eventually(func() (string, error) { return httpGet(ip+":8080", "/etc/hostname") }, "10s", "50ms").ShouldNot(BeEmpty())
+		Expect(dialFrom(up, ip+":8080")).To(HaveOccurred())
+
+		// The same with container.nat, on its own bridge and state dir.
+		natDir := GinkgoT().TempDir()
+		natCfg := filepath.Join(natDir, "cpi.json")
+		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(natDir, "state"),
+			"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2,
+				"container": map[string]any{"bridge": "rwnat0", "cidr": "10.250.8.0/24", "nat": true}}})
+		Expect(os.WriteFile(natCfg, b, 0o600)).To(Succeed())
+		natCall := func(method string, args ...any) json.RawMessage {
+			r := runWith(natCfg, request(method, 2, args...))
+			ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
+			return r.Result
+		}
+		sc := asString(natCall("create_stemcell", fx.Image, map[string]any{}))
+		var res []json.RawMessage
+		Expect(json.Unmarshal(natCall("create_vm", "agent-nat", sc, map[string]any{"command": "busybox httpd -p 8080 -h /; " + dial}, dynamic, []string{}, map[string]any{}), &res)).To(Succeed())
+		natVM := asString(res[0])
+		var nets map[string]struct {
+			IP string `json:"ip"`
+		}
+		Expect(json.Unmarshal(res[1], &nets)).To(Succeed())
+		DeferCleanup(func() {
+			natCall("delete_vm", natVM)
+			natCall("delete_stemcell", sc)
+		})
+		natConsole := func() string {
+			b, _ := os.ReadFile(filepath.Join(natDir, "state", "vms", natVM, "console.log"))
+			return string(b)
+		}
+		Eventually(natConsole, "15s", "50ms").Should(ContainSubstring("hello from beyond"))
+		Expect(<-peers).To(Equal("172.31.250.1"), "the VM's connection is masqueraded as the host's")
+		// Out, not in: the VM's web server is closed to what lies beyond.
+		Expect(dialFrom(up, nets["default"].IP+":8080")).To(HaveOccurred())
+		Eventually(func() (string, error) { return httpGet(nets["default"].IP+":8080", "/etc/hostname") }, "10s", "50ms").ShouldNot(BeEmpty())
 	})
 
 	It("runs garm's instances as containers, through garm's provider protocol", func() {

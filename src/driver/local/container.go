@@ -38,6 +38,10 @@ type ContainerConfig struct {
 	CIDR string `json:"cidr,omitempty"`
 	// PidsLimit caps the processes of one VM (a fork bomb stays inside).
 	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// NAT lets VMs reach beyond the host (masqueraded as the host, as
+	// Garden and Docker do): what runners need to reach a forge elsewhere.
+	// Connections into the VMs from beyond the host stay refused.
+	NAT bool `json:"nat,omitempty"`
 }
 
 // Container-mode defaults.

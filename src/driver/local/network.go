@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -55,10 +56,73 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 			return fmt.Errorf("addressing bridge %s: %w", br, err)
 		}
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+br+"/forwarding", []byte("0\n"), 0o644); err != nil {
-		return fmt.Errorf("bridge %s: turning forwarding off: %w", br, err)
+	if err := d.firewall(ctx); err != nil {
+		return fmt.Errorf("bridge %s: %w", br, err)
 	}
 	return ip(ctx, "link", "set", br, "up")
+}
+
+// firewall sets what may cross the bridge, once, when the driver makes it.
+// Never: a connection from beyond the host into a VM. Without NAT, VMs
+// reach the host only (the bridge does not forward); with it, their
+// connections out are masqueraded as the host's.
+func (d *Driver) firewall(ctx context.Context) error {
+	br, cidr := d.cfg.Container.Bridge, d.prefix.String()
+	fwd := "0\n"
+	if d.cfg.Container.NAT {
+		// Forwarding on for the namespace (every interface), as Docker does.
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("turning IPv4 forwarding on: %w", err)
+		}
+		fwd = "1\n"
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+br+"/forwarding", []byte(fwd), 0o644); err != nil {
+		return fmt.Errorf("setting forwarding: %w", err)
+	}
+	if _, err := exec.LookPath("iptables"); err != nil {
+		if d.cfg.Container.NAT {
+			return errors.New("container.nat needs iptables (Debian's iptables package)")
+		}
+		return nil // no forwarding from the bridge; inbound: the host's own rules
+	}
+	// Each rule goes to the top of its chain, so later ones come first:
+	// the accepting ones before the catch-all drop.
+	out := "DROP"
+	if d.cfg.Container.NAT {
+		out = "ACCEPT"
+	}
+	rules := [][]string{
+		{"filter", "FORWARD", "!", "-i", br, "-o", br, "-j", "DROP"},
+		{"filter", "FORWARD", "-i", br, "!", "-o", br, "-j", out},
+	}
+	if d.cfg.Container.NAT {
+		rules = append(rules,
+			[]string{"filter", "FORWARD", "!", "-i", br, "-o", br, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
+			[]string{"nat", "POSTROUTING", "-s", cidr, "!", "-o", br, "-j", "MASQUERADE"})
+	}
+	for _, r := range rules {
+		if err := ensureRule(ctx, r[0], r[1], r[2:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureRule inserts an iptables rule unless it is there.
+func ensureRule(ctx context.Context, table, chain string, spec ...string) error {
+	run := func(op string) error {
+		cmd := exec.CommandContext(ctx, "iptables", append([]string{"-w", "-t", table, op, chain}, spec...)...)
+		cmd.Env = []string{"PATH=" + vmPath}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables -t %s %s %s %s: %w: %s", table, op, chain, strings.Join(spec, " "), err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	if run("-C") == nil {
+		return nil
+	}
+	return run("-I")
 }
 
 func hasAddr(ifname, prefix string) bool {
