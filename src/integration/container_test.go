@@ -147,8 +147,9 @@ func expectNothingLeft() {
 	sum := sha256.Sum256([]byte(fx.StateDir))
 	cg, _ := filepath.Glob("/sys/fs/cgroup/*/runway/" + hex.EncodeToString(sum[:4]) + "-*")
 	ExpectWithOffset(1, cg).To(BeEmpty(), "cgroups left")
+	// The host ends of VMs' veths are named rw<12 hex digits>.
 	links := run("ip", "-n", fx.NetNS, "-o", "link", "show")
-	ExpectWithOffset(1, strings.Count(links, "\n")).To(BeNumerically("<=", 2), "only lo and the bridge: %s", links)
+	ExpectWithOffset(1, links).NotTo(MatchRegexp(`\d+: rw[0-9a-f]{12}@`), "veths left")
 	var table map[string]string
 	b, err := os.ReadFile(filepath.Join(fx.StateDir, "ipam.json"))
 	if err == nil {
@@ -294,6 +295,30 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Eventually(console(c), "10s", "20ms").Should(ContainSubstring("data-from-vm"))
 		call("delete_vm", c) // detaches: the disk outlives it
 		Expect(os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))).To(Equal([]byte("data-from-vm\n")))
+	})
+
+	It("starts a VM again after the host restarted (its processes and mounts gone), with its disk", func() {
+		cid, _ := vm(map[string]any{"command": "echo boot; ls /warden-cpi-dev; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"}, dynamic)
+		disk := asString(call("create_disk", 16, map[string]any{}, cid))
+		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		call("attach_disk", cid, disk)
+		Eventually(console(cid), "10s", "20ms").Should(ContainSubstring("boot"))
+
+		// What a restart takes away: the supervisor, the container, the mounts.
+		b, err := os.ReadFile(filepath.Join(vmDir(cid), "pgid"))
+		Expect(err).NotTo(HaveOccurred())
+		run("kill", "-9", "--", "-"+strings.TrimSpace(string(b)))
+		sum := sha256.Sum256([]byte(fx.StateDir))
+		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+hex.EncodeToString(sum[:4])+"-"+cid)
+		run("umount", "-R", filepath.Join(vmDir(cid), "devs"))
+		run("umount", "-R", filepath.Join(vmDir(cid), "rootfs"))
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		Expect(string(mi)).NotTo(ContainSubstring(vmDir(cid)))
+
+		call("reboot_vm", cid)
+		Eventually(func() string { return strings.TrimSpace(console(cid)()) }, "10s", "20ms").Should(
+			And(MatchRegexp(`boot(.|\n)*boot`), HaveSuffix(disk)), "booted again, seeing its disk")
+		call("detach_disk", cid, disk)
 	})
 
 	It("keeps VMs to the host, or with container.nat lets them out masqueraded; never lets anything beyond the host in", func() {

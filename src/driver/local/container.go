@@ -191,28 +191,13 @@ func (d *Driver) runContainer(ctx context.Context, rec vmRecord, props vmProps, 
 // under the VM's directory, where teardown finds it.
 func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, settings []byte, userData string) error {
 	c := d.ctr(rec.CID)
-	image := filepath.Join(d.path(stemcells, rec.StemcellCID), "image")
 	for _, dir := range []string{c.bundle(), c.rootfs(), c.devs(), filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work")} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
 	}
-	for _, p := range []string{image, c.dir} {
-		if strings.ContainsAny(p, ",:") {
-			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
-		}
-	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work"))
-	if err := unix.Mount("overlay", c.rootfs(), "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mounting the vm's root file system: %w", err)
-	}
-	// Disks are mounted below devs on the host; being a shared mount, each
-	// one propagates into the running container's slave copy.
-	if err := unix.Mount(c.devs(), c.devs(), "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("binding the disks directory: %w", err)
-	}
-	if err := unix.Mount("", c.devs(), "", unix.MS_SHARED, ""); err != nil {
-		return fmt.Errorf("sharing the disks directory: %w", err)
+	if err := d.mountVM(rec); err != nil {
+		return err
 	}
 	if err := d.writeInside(rec, settings, userData); err != nil {
 		return err
@@ -226,6 +211,48 @@ func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, se
 		return err
 	}
 	return os.WriteFile(filepath.Join(c.bundle(), "config.json"), b, 0o600)
+}
+
+// mountVM mounts the VM's root (an overlay on the stemcell's image) and
+// its disks directory, unless mounted: after the host restarted, a VM
+// starts again from its directory, with the disks attached to it.
+func (d *Driver) mountVM(rec vmRecord) error {
+	c := d.ctr(rec.CID)
+	if mps, _ := mountsUnder(c.rootfs()); len(mps) > 0 {
+		return nil
+	}
+	image := filepath.Join(d.path(stemcells, rec.StemcellCID), "image")
+	for _, p := range []string{image, c.dir} {
+		if strings.ContainsAny(p, ",:") {
+			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work"))
+	if err := unix.Mount("overlay", c.rootfs(), "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mounting the vm's root file system: %w", err)
+	}
+	// Disks are mounted below devs on the host; being a shared mount, each
+	// one propagates into the running container's slave copy.
+	if mps, _ := mountsUnder(c.devs()); len(mps) == 0 {
+		if err := unix.Mount(c.devs(), c.devs(), "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding the disks directory: %w", err)
+		}
+		if err := unix.Mount("", c.devs(), "", unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("sharing the disks directory: %w", err)
+		}
+		links, _ := os.ReadDir(filepath.Join(c.dir, "disks"))
+		for _, l := range links {
+			if checkCID("disk", l.Name()) != nil {
+				continue
+			}
+			if dr, err := d.loadDisk(l.Name()); err == nil && dr.AttachedTo == rec.CID {
+				if _, err := d.attachInside(rec.CID, l.Name()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // writeInside puts the agent settings and user data where a warden

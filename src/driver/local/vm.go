@@ -394,6 +394,9 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		if err != nil {
 			return err
 		}
+		if err := d.mountVM(*rec); err != nil {
+			return err
+		}
 		if err := d.ensureBridge(ctx); err != nil {
 			return err
 		}
