@@ -41,10 +41,11 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	clients := map[string]*ec2.Client{}
 	for _, r := range []string{region, other} {
 		d, _ := newTestDriver(t, ep, "", map[string]any{"region": r})
-		clients[r], _, err = d.clients(context.Background())
+		c, _, err := d.clients(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
+		clients[r] = retrying(c)
 	}
 	if _, err := clients[other].CreateKeyPair(context.Background(), &ec2.CreateKeyPairInput{KeyName: aws.String("ctx-key")}); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -153,7 +154,24 @@ func adminClient(t *testing.T, ep string) *ec2.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return retrying(c)
+}
+
+// retrying is c with the SDK's retryer, retrying what the driver's own
+// policy retries: the tests' direct checks must not fail on a connection
+// moto reset now and then (seen as "use of closed network connection"),
+// which the driver itself waits out.
+func retrying(c *ec2.Client) *ec2.Client {
+	return ec2.New(c.Options(), func(o *ec2.Options) {
+		o.Retryer = awsretry.NewStandard(func(so *awsretry.StandardOptions) {
+			so.Retryables = append(so.Retryables, awsretry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+				if classify(err).Class != retry.Permanent {
+					return aws.TrueTernary
+				}
+				return aws.UnknownTernary
+			}))
+		})
+	})
 }
 
 // assertNoLeftovers lists every kind of resource the driver creates and
