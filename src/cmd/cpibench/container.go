@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,8 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/runway-cpi/runway/src/cpiclient"
 )
 
 // runContainer times the local driver's container mode: create_vm and
@@ -44,15 +41,7 @@ func runContainer(cpiPath, rootfs string, n, procs int) error {
 	if err := os.WriteFile(cfg, b, 0o600); err != nil {
 		return err
 	}
-	c := &cpiclient.Client{Path: wrapper, ConfigPath: cfg, DirectorUUID: "bench", APIVersion: 2, StemcellAPIVersion: 2, Timeout: time.Minute}
-	ctx := context.Background()
-	callOK := func(method string, args ...any) (json.RawMessage, time.Duration, error) {
-		r, err := c.Call(ctx, method, "", args...)
-		if err != nil {
-			return nil, 0, fmt.Errorf("%s: %w", method, err)
-		}
-		return r.Result, r.Duration, nil
-	}
+	callOK := caller(wrapper, cfg)
 	fmt.Printf("bin/cpi: %s, container mode (%s), rootfs %s\n\n", cpiPath, runtimeName(), rootfs)
 	res, d, err := callOK("create_stemcell", rootfs, map[string]any{})
 	if err != nil {

@@ -76,15 +76,7 @@ func run(cpiPath string, n, procs int) error {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`{"driver":"local","state_dir":%q}`, filepath.Join(dir, "state"))), 0o600); err != nil {
 		return err
 	}
-	c := &cpiclient.Client{Path: cpiPath, ConfigPath: cfg, DirectorUUID: "bench", APIVersion: 2, StemcellAPIVersion: 2, Timeout: time.Minute}
-	ctx := context.Background()
-	callOK := func(method string, args ...any) (json.RawMessage, time.Duration, error) {
-		r, err := c.Call(ctx, method, "", args...)
-		if err != nil {
-			return nil, 0, fmt.Errorf("%s: %w", method, err)
-		}
-		return r.Result, r.Duration, nil
-	}
+	callOK := caller(cpiPath, cfg)
 
 	fmt.Printf("bin/cpi: %s, %d calls per measurement, %d CPUs\n\n", cpiPath, n, runtime.NumCPU())
 	var info []time.Duration
@@ -173,6 +165,19 @@ func run(cpiPath string, n, procs int) error {
 	fmt.Printf("%-40s %d processes, %d calls in %s: %.0f calls/s\n", "concurrent create_vm+delete_vm", procs, total*2, el.Round(time.Millisecond), float64(total*2)/el.Seconds())
 	_, _, err = callOK("delete_stemcell", sc)
 	return err
+}
+
+// caller answers a call's result and duration through bin/cpi at path
+// with config cfg, the Director's way (API v2, stemcell API v2).
+func caller(path, cfg string) func(method string, args ...any) (json.RawMessage, time.Duration, error) {
+	c := &cpiclient.Client{Path: path, ConfigPath: cfg, DirectorUUID: "bench", APIVersion: 2, StemcellAPIVersion: 2, Timeout: time.Minute}
+	return func(method string, args ...any) (json.RawMessage, time.Duration, error) {
+		r, err := c.Call(context.Background(), method, "", args...)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", method, err)
+		}
+		return r.Result, r.Duration, nil
+	}
 }
 
 func report(name string, ds []time.Duration) {

@@ -143,9 +143,14 @@ func supervise(dir string) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	rt := func(args ...string) error {
+	// The runtime runs with the VM's marker, so a delete finds it too.
+	command := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(s.Runtime, append([]string{"--root", s.RuntimeRoot, "--log", filepath.Join(dir, "runtime.log")}, args...)...)
 		cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
+		return cmd
+	}
+	rt := func(args ...string) error {
+		cmd := command(args...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
@@ -160,9 +165,7 @@ func supervise(dir string) int {
 		return fail(err)
 	}
 	// The runtime hands its stdio to the VM's init: the console.
-	create := exec.Command(s.Runtime, "--root", s.RuntimeRoot, "--log", filepath.Join(dir, "runtime.log"),
-		"create", "--bundle", filepath.Join(dir, "bundle"), "--pid-file", filepath.Join(dir, "container.pid"), s.ID)
-	create.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
+	create := command("create", "--bundle", filepath.Join(dir, "bundle"), "--pid-file", filepath.Join(dir, "container.pid"), s.ID)
 	create.Stdout, create.Stderr = console, console
 	err = create.Run()
 	console.Close()
