@@ -54,6 +54,10 @@ func classify(err error) retry.Verdict {
 		return retry.Verdict{Class: retry.Transient}
 	case httpStatus(err) == 429:
 		return retry.Verdict{Class: retry.Throttle}
+	case code == "" && retry.Network(err).Class == retry.Transient:
+		// An error answer whose body broke off (a reset under the read):
+		// what it said is unknown, so it is a transport fault.
+		return retry.Verdict{Class: retry.Transient}
 	case code != "" || httpStatus(err) >= 300:
 		return retry.Verdict{Class: retry.Permanent}
 	}

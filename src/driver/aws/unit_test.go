@@ -95,6 +95,12 @@ func TestClassify(t *testing.T) {
 		{&smithy.OperationError{ServiceID: "EC2", OperationName: "X", Err: &awshttp.ResponseError{
 			ResponseError: &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 200}},
 				Err: &smithy.DeserializationError{Err: &net.OpError{Op: "read", Err: net.ErrClosed}}}}}, retry.Transient},
+		// The same for an error answer: its code never arrived (seen with
+		// moto under load: "failed to copy error response body").
+		{&smithy.OperationError{ServiceID: "EC2", OperationName: "X", Err: &awshttp.ResponseError{
+			ResponseError: &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 400}},
+				Err: &smithy.DeserializationError{Err: &net.OpError{Op: "read", Err: net.ErrClosed}}}}}, retry.Transient},
+		{apiErr(400, ""), retry.Permanent},
 	} {
 		if got := classify(c.err).Class; got != c.want {
 			t.Errorf("classify(%v) = %s; want %s", c.err, got, c.want)
