@@ -11,13 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/testkit/netns"
 )
 
 // Container mode: the local driver with isolation "container", bin/cpi
@@ -55,17 +55,7 @@ func run(argv ...string) string {
 func inNetNS(f func()) { inNamedNetNS(fx.NetNS, f) }
 
 func inNamedNetNS(name string, f func()) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	Expect(err).NotTo(HaveOccurred())
-	defer self.Close()
-	ns, err := os.Open("/run/netns/" + name)
-	Expect(err).NotTo(HaveOccurred())
-	defer ns.Close()
-	Expect(unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)).To(Succeed())
-	defer func() { Expect(unix.Setns(int(self.Fd()), unix.CLONE_NEWNET)).To(Succeed()) }()
-	f()
+	ExpectWithOffset(1, netns.Do(name, f)).To(Succeed())
 }
 
 // listenIn opens a TCP listener inside network namespace ns.

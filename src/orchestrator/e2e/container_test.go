@@ -11,15 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/testkit/netns"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
@@ -102,18 +100,10 @@ func sh(t *testing.T, argv ...string) {
 // listenInNetNS opens a TCP listener on all addresses of namespace ns (a
 // socket keeps the namespace it was made in).
 func listenInNetNS(t *testing.T, ns string) net.Listener {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
+	var ln net.Listener
+	var err error
+	must(t, netns.Do(ns, func() { ln, err = net.Listen("tcp4", "0.0.0.0:0") }))
 	must(t, err)
-	defer self.Close()
-	target, err := os.Open("/run/netns/" + ns)
-	must(t, err)
-	defer target.Close()
-	must(t, unix.Setns(int(target.Fd()), unix.CLONE_NEWNET))
-	ln, lerr := net.Listen("tcp4", "0.0.0.0:0")
-	must(t, unix.Setns(int(self.Fd()), unix.CLONE_NEWNET))
-	must(t, lerr)
 	return ln
 }
 
