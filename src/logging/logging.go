@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,14 +177,57 @@ func (r *Redactor) Add(values ...string) {
 	}
 }
 
-// Redact returns s with every registered secret replaced.
+// Redact returns s with every registered secret replaced, and every URL's
+// user info and query values (RedactURLs).
 func (r *Redactor) Redact(s string) string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, sec := range r.secrets {
 		s = strings.ReplaceAll(s, sec, "<redacted>")
 	}
-	return s
+	return RedactURLs(s)
+}
+
+// urlRE finds URLs in free text: a scheme, "://", and what follows up to a
+// space, quote or bracket. Compiled on first use: bin/cpi's start-up does
+// not pay for it.
+var urlRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>()\[\]{},]+`)
+})
+
+// RedactURLs replaces the user info (user and password: a token is often
+// the user) and each query value of every URL in s: credentials in
+// auth_url, endpoints and DSNs never reach a message.
+func RedactURLs(s string) string {
+	if !strings.Contains(s, "://") {
+		return s
+	}
+	return urlRE().ReplaceAllStringFunc(s, func(raw string) string {
+		scheme, rest, _ := strings.Cut(raw, "://")
+		end := strings.IndexAny(rest, "/?#")
+		if end < 0 {
+			end = len(rest)
+		}
+		if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+			rest = "<redacted>" + rest[at:]
+		}
+		base, query, ok := strings.Cut(rest, "?")
+		if !ok {
+			return scheme + "://" + rest
+		}
+		query, frag, hasFrag := strings.Cut(query, "#")
+		parts := strings.Split(query, "&")
+		for i, p := range parts {
+			if k, _, ok := strings.Cut(p, "="); ok {
+				parts[i] = k + "=<redacted>"
+			}
+		}
+		out := scheme + "://" + base + "?" + strings.Join(parts, "&")
+		if hasFrag {
+			out += "#" + frag
+		}
+		return out
+	})
 }
 
 // Writer wraps w so every write is redacted first.
@@ -271,6 +315,8 @@ func Redacted(v any) any {
 			s[i] = Redacted(x)
 		}
 		return s
+	case string:
+		return RedactURLs(t)
 	}
 	return v
 }

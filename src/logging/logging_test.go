@@ -107,3 +107,26 @@ func TestDaemonLoggerFieldsAndRedaction(t *testing.T) {
 		t.Errorf("Level(loud) = %v", err)
 	}
 }
+
+func TestRedactURLs(t *testing.T) {
+	for in, want := range map[string]string{
+		`auth_url "http://admin:PW-1234@keystone:5000/v3": refused`: `auth_url "http://<redacted>@keystone:5000/v3": refused`,
+		`get https://ghp_T0KEN@github.com/o/r.git failed`:           `get https://<redacted>@github.com/o/r.git failed`,
+		`Post "http://h/api?token=abc123&page=2#top": EOF`:          `Post "http://h/api?token=<redacted>&page=<redacted>#top": EOF`,
+		`postgres://runway:s3cret@db:5432/runway?sslmode=disable`:   `postgres://<redacted>@db:5432/runway?sslmode=<redacted>`,
+		`no url here: a@b, x=y`:                                     `no url here: a@b, x=y`,
+		`plain http://127.0.0.1:9/v3 stays`:                         `plain http://127.0.0.1:9/v3 stays`,
+		`path@ "http://host/a@b" keeps a path's @`:                  `path@ "http://host/a@b" keeps a path's @`,
+	} {
+		if got := RedactURLs(in); got != want {
+			t.Errorf("RedactURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+	var r Redactor
+	if got := r.Redact(`dial nats://nats:natspw@10.0.0.6:4222`); got != `dial nats://<redacted>@10.0.0.6:4222` {
+		t.Errorf("Redact = %q", got)
+	}
+	if got := Redacted(map[string]any{"mbus": "https://mbus:pw@0.0.0.0:6868"}); got.(map[string]any)["mbus"] != "https://<redacted>@0.0.0.0:6868" {
+		t.Errorf("Redacted = %v", got)
+	}
+}
