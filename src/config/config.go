@@ -8,19 +8,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/formats"
-	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/strict"
 )
 
 // Config is the whole file.
@@ -59,6 +56,14 @@ type Agent struct {
 	Blobstore map[string]any `json:"blobstore,omitempty"`
 }
 
+// LogLevels are the levels log_level takes (any case), as the logger
+// (src/logging) reads them; config checks them without loading it, so
+// bin/cpi starts without the logger.
+var LogLevels = []string{"debug", "info", "warn", "error", "none"}
+
+// maxWaitSeconds bounds every configured wait: one day.
+const maxWaitSeconds = 86400
+
 // Defaults.
 const (
 	DefaultDriver            = "local"
@@ -87,8 +92,14 @@ func (e *Error) Error() string {
 	return where + ": " + e.Msg
 }
 
-// Load reads and validates the file at path.
+// Load reads and validates the file at path. Only a regular file is read:
+// a FIFO or a device would block the call (or never end it).
 func Load(path string) (*Config, error) {
+	if st, err := os.Stat(path); err != nil {
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
+	} else if !st.Mode().IsRegular() {
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("is not a regular file (%s)", st.Mode().Type())}
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
@@ -157,13 +168,7 @@ func (c *Config) decode(data []byte) error {
 		case slices.Contains(drivers, k):
 			c.Sections[k] = v
 		default:
-			msg := fmt.Sprintf("unknown field %q", k)
-			if best := driver.Closest(k, append(coreKeys, drivers...)); best != "" {
-				msg += fmt.Sprintf(" (did you mean %q?)", best)
-			} else {
-				msg += " (neither a config key nor a driver: " + strings.Join(drivers, ", ") + ")"
-			}
-			return errors.New(msg)
+			return strict.Unknown("", k, append(coreKeys, drivers...))
 		}
 	}
 	b, err := json.Marshal(core)
@@ -182,8 +187,8 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 		Plugin     string                     `json:"plugin"`
 		Properties map[string]json.RawMessage `json:"properties"`
 	}
-	if err := DecodeStrict(raw, &o); err != nil {
-		return fmt.Errorf("cloud: %w", err)
+	if err := strict.JSON("cloud", raw, &o); err != nil {
+		return err
 	}
 	if !slices.Contains(formats.Drivers, o.Plugin) {
 		return fmt.Errorf("cloud.plugin: unknown plugin %q (one of %s)", o.Plugin, strings.Join(formats.Drivers, ", "))
@@ -195,8 +200,8 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 		case o.Plugin:
 			c.Sections[k] = v
 		case "agent":
-			if err := DecodeStrict(v, &c.Agent); err != nil {
-				return fmt.Errorf("cloud.properties.agent: %w", err)
+			if err := strict.JSON("cloud.properties.agent", v, &c.Agent); err != nil {
+				return err
 			}
 		case "registry", "debug":
 			// The registry served pre-v2 stemcells (Runway hands agent
@@ -208,11 +213,7 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 			// aws: stemcell.kernel_id, refused by the aws section's check;
 			// moved into the section after the loop (map order is random).
 		default:
-			msg := fmt.Sprintf("cloud.properties: unknown key %q", k)
-			if best := driver.Closest(k, []string{o.Plugin, "agent", "registry", "debug", "stemcell"}); best != "" {
-				msg += fmt.Sprintf(" (did you mean %q?)", best)
-			}
-			return errors.New(msg)
+			return strict.Unknown("cloud.properties", k, []string{o.Plugin, "agent", "registry", "debug", "stemcell"})
 		}
 	}
 	if st, ok := o.Properties["stemcell"]; ok {
@@ -265,14 +266,16 @@ func (c *Config) finish() error {
 	if c.LogLevel == "" {
 		c.LogLevel = DefaultLogLevel
 	}
-	if _, err := logging.Level(c.LogLevel); err != nil {
-		return &Error{Field: "log_level", Msg: err.Error()}
+	if !slices.Contains(LogLevels, strings.ToLower(c.LogLevel)) {
+		return &Error{Field: "log_level", Msg: fmt.Sprintf("%q: want one of %s", c.LogLevel, strings.Join(LogLevels, ", "))}
 	}
 	if c.LockTimeoutSeconds == 0 {
 		c.LockTimeoutSeconds = DefaultLockTimeout
 	}
-	if c.LockTimeoutSeconds < 0 {
-		return &Error{Field: "lock_timeout_seconds", Msg: "must be positive"}
+	// Bounds keep a typo from turning into an endless wait (a count of
+	// seconds past ~292 years overflows a duration into a negative one).
+	if c.LockTimeoutSeconds < 0 || c.LockTimeoutSeconds > maxWaitSeconds {
+		return &Error{Field: "lock_timeout_seconds", Msg: fmt.Sprintf("%d: must be 1 to %d (a day)", c.LockTimeoutSeconds, maxWaitSeconds)}
 	}
 	r := &c.Retry
 	if r.WaitBudgetSeconds == 0 {
@@ -284,12 +287,22 @@ func (c *Config) finish() error {
 	if r.InitialBackoffMilli == 0 {
 		r.InitialBackoffMilli = DefaultInitialBackoffMs
 	}
-	for f, v := range map[string]int{"retry.wait_budget_seconds": r.WaitBudgetSeconds, "retry.max_backoff_seconds": r.MaxBackoffSeconds, "retry.initial_backoff_ms": r.InitialBackoffMilli} {
-		if v < 0 {
-			return &Error{Field: f, Msg: "must be positive"}
+	for _, f := range []struct {
+		name     string
+		v, limit int
+	}{{"retry.wait_budget_seconds", r.WaitBudgetSeconds, maxWaitSeconds}, {"retry.max_backoff_seconds", r.MaxBackoffSeconds, maxWaitSeconds},
+		{"retry.initial_backoff_ms", r.InitialBackoffMilli, maxWaitSeconds * 1000}} {
+		if f.v < 0 || f.v > f.limit {
+			return &Error{Field: f.name, Msg: fmt.Sprintf("%d: must be 1 to %d", f.v, f.limit)}
 		}
 	}
 	return nil
+}
+
+// HasHooks reports whether a hooks section is configured.
+func (c *Config) HasHooks() bool {
+	h := bytes.TrimSpace(c.Hooks)
+	return len(h) > 0 && !bytes.Equal(h, []byte("null"))
 }
 
 // LockTimeout as a duration.
@@ -307,117 +320,10 @@ func (c *Config) DriverSection() json.RawMessage {
 	return s
 }
 
-// DirectorContextKeys are the keys the Director puts in every request's
-// context for itself; every other key is a cpi-config property.
-var DirectorContextKeys = []string{"director_uuid", "request_id", "vm"}
-
-// MergeContext puts the cpi-config properties the Director merged into the
-// request context over the driver section, as the official CPIs do: the
-// driver's keys at the context's top level, each replacing the section's
-// key of the same meaning (official names and Runway's alike). The nested
-// form context.<driver> is deep-merged first. It returns the merged
-// section and the context keys that went into it (for messages); a
-// context with none of them leaves the section untouched.
-func (c *Config) MergeContext(ctx map[string]any) (json.RawMessage, []string, error) {
-	section := c.DriverSection()
-	nested, hasNested := ctx[c.Driver].(map[string]any)
-	flat := map[string]any{}
-	var used []string
-	for k, v := range ctx {
-		if k == c.Driver && hasNested || slices.Contains(DirectorContextKeys, k) {
-			continue
-		}
-		flat[k] = v
-		used = append(used, k)
-	}
-	if !hasNested && len(flat) == 0 {
-		return section, nil, nil
-	}
-	var base map[string]any
-	if err := json.Unmarshal(section, &base); err != nil || base == nil {
-		return nil, nil, &Error{Path: c.Path, Field: c.Driver, Msg: "must be a JSON object"}
-	}
-	if err := driver.Normalize(c.Driver, base); err != nil {
-		return nil, nil, &Error{Path: c.Path, Field: c.Driver, Msg: err.Error()}
-	}
-	if hasNested {
-		used = append(used, c.Driver)
-		if err := driver.Normalize(c.Driver, nested); err != nil {
-			return nil, nil, fmt.Errorf("request context %s: %w", c.Driver, err)
-		}
-		base = deepMerge(base, nested)
-	}
-	if err := driver.Normalize(c.Driver, flat); err != nil {
-		return nil, nil, fmt.Errorf("request context: %w", err)
-	}
-	for k, v := range flat {
-		base[k] = v
-	}
-	sort.Strings(used)
-	b, err := json.Marshal(base)
-	return b, used, err
-}
-
-func deepMerge(dst, src map[string]any) map[string]any {
-	for k, v := range src {
-		if sm, ok := v.(map[string]any); ok {
-			if dm, ok := dst[k].(map[string]any); ok {
-				dst[k] = deepMerge(dm, sm)
-				continue
-			}
-		}
-		dst[k] = v
-	}
-	return dst
-}
-
-// DecodeStrict decodes one JSON object, rejecting unknown fields, wrong
-// types and trailing data, with messages that name the field.
+// DecodeStrict decodes one JSON object strictly (src/strict): unknown
+// keys, wrong kinds and trailing data are errors naming the field.
 func DecodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return describe(err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the JSON object")
-	}
-	return nil
-}
-
-func describe(err error) error {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te) && te.Field != "":
-		return fmt.Errorf("%s: must be %s, got %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
-	case errors.As(err, &te):
-		return fmt.Errorf("must be a JSON object, got %s", te.Value)
-	case errors.As(err, &se):
-		return fmt.Errorf("invalid JSON at byte %d: %v", se.Offset, se)
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return errors.New("invalid JSON: unexpected end of input")
-	}
-	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
-		return fmt.Errorf("unknown field %s", strings.TrimPrefix(msg, "json: unknown field "))
-	}
-	return err
-}
-
-func jsonKind(k string) string {
-	switch k {
-	case "string":
-		return "a string"
-	case "int", "int64", "int32", "uint", "float64":
-		return "a number"
-	case "bool":
-		return "a boolean"
-	case "slice", "array":
-		return "an array"
-	case "map", "struct":
-		return "an object"
-	}
-	return k
+	return strict.JSON("", data, v)
 }
 
 func unwrapPathErr(err error) error {

@@ -1,14 +1,11 @@
 package config
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
+	"syscall"
 	"testing"
-
-	"github.com/runway-cpi/runway/src/driver"
 )
 
 func TestSmallestConfigGetsDefaults(t *testing.T) {
@@ -32,12 +29,15 @@ func TestErrorsNameTheField(t *testing.T) {
 		`{"driver": "local"}`:                                                           "state_dir: is required",
 		`{"driver": "local", "state_dir": "rel/dir"}`:                                   "state_dir: must be an absolute path",
 		`{"driver": "local", "state_dir": "/x", "log_level": "loud"}`:                   "log_level:",
-		`{"driver": "local", "state_dir": "/x", "stat_dir": "/y"}`:                      `unknown field "stat_dir"`,
-		`{"driver": "local", "state_dir": 5}`:                                           "state_dir: must be a string, got number",
-		`{"driver": "local", "state_dir": "/x", "retry": {"wait_budget_seconds": "a"}}`: "retry.wait_budget_seconds: must be a number",
-		`{"driver": "local", "state_dir": "/x", "retry": {"wait_budget_seconds": -1}}`:  "retry.wait_budget_seconds: must be positive",
-		`{"driver": "local",`:                                                           "invalid JSON",
-		`[]`:                                                                            "must be a JSON object",
+		`{"driver": "local", "state_dir": "/x", "stat_dir": "/y"}`:                      `unknown key "stat_dir" (did you mean "state_dir"?)`,
+		`{"driver": "local", "state_dir": 5}`:                                           "state_dir: must be a string, got the number 5",
+		`{"driver": "local", "state_dir": "/x", "retry": {"wait_budget_seconds": "a"}}`: `retry.wait_budget_seconds: must be an integer, got a string "a"`,
+		`{"driver": "local", "state_dir": "/x", "retry": {"wait_budget_seconds": -1}}`:  "retry.wait_budget_seconds: -1: must be 1 to 86400",
+		`{"driver": "local", "state_dir": "/x", "lock_timeout_seconds": 9223372037}`:    "lock_timeout_seconds: 9223372037: must be 1 to 86400",
+		`{"driver": "local", "state_dir": "/x", "retry": {"initial_backoff_ms": 1e12}}`: "retry.initial_backoff_ms",
+		`null`:                "must be a JSON object, got null",
+		`{"driver": "local",`: "invalid JSON",
+		`[]`:                  "must be an object, got a list",
 	} {
 		_, err := Parse([]byte(doc), "cpi.json")
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "config cpi.json: ") {
@@ -46,26 +46,22 @@ func TestErrorsNameTheField(t *testing.T) {
 	}
 }
 
-func TestLoadMissingFile(t *testing.T) {
-	_, err := Load(filepath.Join(t.TempDir(), "nope.json"))
-	if err == nil || !strings.Contains(err.Error(), "no such file") {
+// A FIFO (or any file that is not a regular one) is refused at once: an
+// open would block until a writer came.
+func TestLoadRefusesAFIFO(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "cpi.json")
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "is not a regular file") {
 		t.Fatalf("got %v", err)
 	}
 }
 
-func TestContextOverridesDriverSection(t *testing.T) {
-	c, err := Parse([]byte(`{"driver": "local", "state_dir": "/x", "local": {"stop_grace_seconds": 5, "nested": {"a": 1, "b": 2}}}`), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	merged, used, err := c.MergeContext(map[string]any{"director_uuid": "d", "local": map[string]any{"stop_grace_seconds": 9.0, "nested": map[string]any{"b": 3.0}}})
-	if err != nil || !reflect.DeepEqual(used, []string{"local"}) {
-		t.Fatal(used, err)
-	}
-	var got map[string]any
-	json.Unmarshal(merged, &got)
-	if got["stop_grace_seconds"] != 9.0 || got["nested"].(map[string]any)["a"] != 1.0 || got["nested"].(map[string]any)["b"] != 3.0 {
-		t.Fatalf("merged = %s", merged)
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.json"))
+	if err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("got %v", err)
 	}
 }
 
@@ -80,42 +76,6 @@ func TestEmbeddedUsesStateDirEnv(t *testing.T) {
 	t.Setenv("HOME", "/home/u")
 	if DefaultStateDir() != "/home/u/.runway/state" {
 		t.Fatalf("default = %s", DefaultStateDir())
-	}
-}
-
-func init() {
-	// An official name the way a driver registers one (the drivers'
-	// packages are not linked into this test).
-	driver.RegisterAliases("openstack", driver.Rename("api_key", "password"))
-}
-
-func TestFlatContextKeysWinOverTheSectionAsTheDirectorSendsThem(t *testing.T) {
-	c, err := Parse([]byte(`{"driver": "openstack", "state_dir": "/x", "openstack": {"auth_url": "http://a/v3", "api_key": "file-pw", "region": "one", "connection_options": {"ca_cert": "x"}}}`), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The Director's own keys stay out; password (Runway's name) replaces
-	// api_key (the official name) from the file; a map replaces a map.
-	merged, used, err := c.MergeContext(map[string]any{"director_uuid": "d", "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2.0}},
-		"password": "ctx-pw", "region": "two", "connection_options": map[string]any{"ssl_verify_peer": false}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got map[string]any
-	json.Unmarshal(merged, &got)
-	want := map[string]any{"auth_url": "http://a/v3", "password": "ctx-pw", "region": "two", "connection_options": map[string]any{"ssl_verify_peer": false}}
-	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(used, []string{"connection_options", "password", "region"}) {
-		t.Fatalf("merged = %s, used %v", merged, used)
-	}
-	// Nothing but the Director's keys: the section as it is, no work.
-	same, used, err := c.MergeContext(map[string]any{"director_uuid": "d", "request_id": "cpi-1"})
-	if err != nil || string(same) != string(c.DriverSection()) || used != nil {
-		t.Fatalf("untouched = %s %v %v", same, used, err)
-	}
-	// Both names of one setting in the context: which was meant?
-	if _, _, err := c.MergeContext(map[string]any{"director_uuid": "d", "api_key": "a", "password": "b"}); err == nil ||
-		!strings.Contains(err.Error(), "api_key and password name the same setting") {
-		t.Fatalf("err = %v", err)
 	}
 }
 
@@ -136,8 +96,8 @@ func TestOfficialConfigShape(t *testing.T) {
 		`{"cloud": {"plugin": "vsphere", "properties": {}}}`:                   `unknown plugin "vsphere"`,
 		`{"cloud": {"plugin": "aws", "properties": {"aws": {}, "agnet": {}}}}`: `unknown key "agnet" (did you mean "agent"?)`,
 		`{"cloud": {"plugin": "aws", "properties": {}}, "driver": "aws"}`:      "takes no other top-level key",
-		`{"cloud": {"plugin": "aws", "properties": {"agent": {"ntp": "x"}}}}`:  "cloud.properties.agent: ntp: must be an array",
-		`{"cloud": {"plugin": "aws", "propertise": {}}}`:                       `unknown field "propertise"`,
+		`{"cloud": {"plugin": "aws", "properties": {"agent": {"ntp": "x"}}}}`:  `cloud.properties.agent.ntp: must be a list, got a string "x"`,
+		`{"cloud": {"plugin": "aws", "propertise": {}}}`:                       `cloud: unknown key "propertise" (did you mean "properties"?)`,
 	} {
 		if _, err := Parse([]byte(doc), "cpi.json"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err = %v, want %q", doc, err, want)

@@ -55,6 +55,9 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		resp.Result, werr = handleBounded(ctx, req, opts, lc)
 	}
 	if werr != nil {
+		// The answer's message is redacted as the log is: a credential the
+		// call was given, or one inside a URL, never comes back in it.
+		werr.Message = lc.Redactor().Redact(werr.Message)
 		lc.Error("cpi", "%s", werr.Error())
 		resp.Error = werr
 	}
@@ -123,7 +126,7 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 	if opts.ConfigErr != nil {
 		return nil, CpiError("%v", opts.ConfigErr)
 	}
-	sess, werr := NewSession(opts.Config, req.Context, lc)
+	sess, werr := NewSession(opts.Config, req.CPIConfig(), lc)
 	if werr != nil {
 		return nil, werr
 	}
@@ -150,42 +153,45 @@ func (s *Session) Close() {
 	}
 }
 
-// NewSession builds the driver from cfg (with reqCtx's driver section
-// merged over the file's) and the hooks runner.
-func NewSession(cfg *config.Config, reqCtx map[string]any, lc *logging.Call) (*Session, *rpc.Error) {
-	factory, ok := driver.Lookup(cfg.Driver)
+// NewSession builds the driver from cfg (with a request's cpi-config
+// properties over the file's driver section) and the hooks runner.
+func NewSession(cfg *config.Config, cpiConfig map[string]any, lc *logging.Call) (*Session, *rpc.Error) {
+	reg, ok := driver.Lookup(cfg.Driver)
 	if !ok {
 		return nil, CpiError("driver %q is not built into this executable (it has: %s): run bin/cpi, which runs the executable of the driver the config names", cfg.Driver, strings.Join(driver.Names(), ", "))
 	}
-	section, fromContext, err := cfg.MergeContext(reqCtx)
-	if err != nil {
-		return nil, CpiError("%v", err)
-	}
-	var sectionVal any
-	_ = json.Unmarshal(section, &sectionVal)
-	lc.Redactor().Add(logging.CollectSecrets(sectionVal)...)
-
 	locker, err := lock.New(cfg.StateDir+"/locks", cfg.LockTimeout(), lc)
 	if err != nil {
 		return nil, CloudError("state dir %s: %v", cfg.StateDir, err)
 	}
-	policy := retry.Policy{
-		Base:     time.Duration(cfg.Retry.InitialBackoffMilli) * time.Millisecond,
-		MaxSleep: time.Duration(cfg.Retry.MaxBackoffSeconds) * time.Second,
-		Budget:   time.Duration(cfg.Retry.WaitBudgetSeconds) * time.Second,
-		Logf:     func(f string, a ...any) { lc.Info("retry", f, a...) },
-	}
-	drv, err := factory(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
+	// A driver that cannot be built (its section, the request context) is
+	// the method's error, after the pre hooks saw the call.
+	var drv driver.Driver
 	var drvErr *rpc.Error
+	section, fromContext, err := reg.MergeContext(cfg.DriverSection(), cpiConfig)
 	if err != nil {
-		drvErr = CpiError("driver %s: %v", cfg.Driver, err)
-		if len(fromContext) > 0 {
-			drvErr = CpiError("driver %s: %v (the config file's %s section with the request context's %s over it)",
-				cfg.Driver, err, cfg.Driver, strings.Join(fromContext, ", "))
+		drvErr = CpiError("%v", err)
+	} else {
+		var sectionVal any
+		_ = json.Unmarshal(section, &sectionVal)
+		lc.Redactor().Add(logging.CollectSecrets(sectionVal)...)
+		policy := retry.Policy{
+			Base:     time.Duration(cfg.Retry.InitialBackoffMilli) * time.Millisecond,
+			MaxSleep: time.Duration(cfg.Retry.MaxBackoffSeconds) * time.Second,
+			Budget:   time.Duration(cfg.Retry.WaitBudgetSeconds) * time.Second,
+			Logf:     func(f string, a ...any) { lc.Info("retry", f, a...) },
+		}
+		drv, err = reg.New(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
+		if err != nil {
+			drvErr = CpiError("driver %s: %v", cfg.Driver, err)
+			if len(fromContext) > 0 {
+				drvErr = CpiError("driver %s: %v (the config file's %s section with the request context's %s over it)",
+					cfg.Driver, err, cfg.Driver, strings.Join(fromContext, ", "))
+			}
 		}
 	}
 	sess := &Session{Service: &Service{Config: cfg, Driver: drv, DriverErr: drvErr, Logger: lc}, Locker: locker}
-	if len(cfg.Hooks) > 0 && string(cfg.Hooks) != "null" {
+	if cfg.HasHooks() {
 		hc, err := hooks.ParseConfig(cfg.Hooks, cfg.StateDir, Known)
 		if err != nil {
 			return nil, CpiError("config %s: %v", cfg.Path, err)

@@ -295,25 +295,27 @@ func TestBadConfigIsACpiError(t *testing.T) {
 	}
 }
 
-func TestContextOverridesDriverConfig(t *testing.T) {
+// A request context carries cpi-config properties; on the local driver
+// every key configures the host (a VM's isolation, the runtime, the shell
+// that runs commands as root), so none may come from a context, in either
+// of the forms the Director and callers use.
+func TestContextCannotReconfigureTheHost(t *testing.T) {
 	e := newEnv(t, "")
 	e.t = t
-	r := e.call("has_vm", 2, 0, "vm-1")
-	if r.Error != nil {
+	if r := e.call("has_vm", 2, 0, "vm-1"); r.Error != nil {
 		t.Fatal(r.Error.Message)
 	}
-	b, _ := json.Marshal(map[string]any{"method": "has_vm", "arguments": []any{"vm-1"},
-		"context": map[string]any{"director_uuid": "d", "local": map[string]any{"loopback_cidr": "192.168.0.0/16"}}})
-	_, r = e.raw(string(b))
-	if r.Error == nil || !strings.Contains(r.Error.Message, "loopback_cidr") {
-		t.Fatalf("context section not applied: %+v", r.Error)
-	}
-	// As the Director sends cpi-config properties: at the top level.
-	b, _ = json.Marshal(map[string]any{"method": "has_vm", "arguments": []any{"vm-1"},
-		"context": map[string]any{"director_uuid": "d", "request_id": "cpi-2", "loopback_cidr": "192.168.0.0/16"}})
-	_, r = e.raw(string(b))
-	if r.Error == nil || !strings.Contains(r.Error.Message, "loopback_cidr") || !strings.Contains(r.Error.Message, "the request context's loopback_cidr") {
-		t.Fatalf("flat context key not applied: %+v", r.Error)
+	for _, ctx := range []map[string]any{
+		{"director_uuid": "d", "local": map[string]any{"shell": "/tmp/x"}},
+		{"director_uuid": "d", "request_id": "cpi-2", "isolation": "process"},
+		{"director_uuid": "d", "container": map[string]any{"runtime": "/tmp/x"}},
+		{"director_uuid": "d", "loopback_cidr": "127.1.0.0/16"},
+	} {
+		b, _ := json.Marshal(map[string]any{"method": "has_vm", "arguments": []any{"vm-1"}, "context": ctx})
+		_, r := e.raw(string(b))
+		if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" || !strings.Contains(r.Error.Message, "configures the host and cannot come from a request context") {
+			t.Errorf("%v: %+v", ctx, r.Error)
+		}
 	}
 }
 

@@ -14,9 +14,6 @@ import (
 	"github.com/runway-cpi/runway/src/rpc"
 )
 
-// APIVersion is the CPI API version Runway implements.
-const APIVersion = 3
-
 // Service answers one request against one driver.
 type Service struct {
 	Config *config.Config

@@ -203,7 +203,8 @@ func TestMigrationTablesCoverEveryOfficialKey(t *testing.T) {
 		covered := func(k string) bool {
 			return slices.ContainsFunc(doc, func(d string) bool { return d == k || strings.HasPrefix(d, k+".") })
 		}
-		official := driver.AliasKeys(iaas)
+		reg, _ := driver.Lookup(iaas)
+		official := reg.AliasKeys()
 		for p := range spec.Properties {
 			if k, ok := strings.CutPrefix(p, iaas+"."); ok {
 				official = append(official, k)

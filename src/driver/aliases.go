@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"sort"
-	"strings"
+
+	"github.com/runway-cpi/runway/src/strict"
 )
 
 // Alias lets a driver's config section take an official CPI's key by its
@@ -36,16 +36,11 @@ func Refuse(key, why string, ok func(v any) bool) Alias {
 // IsFalse accepts a switch that is off (false or absent).
 func IsFalse(v any) bool { b, ok := v.(bool); return v == nil || ok && !b }
 
-var aliases = map[string][]Alias{}
-
-// RegisterAliases gives driver name the official keys it accepts.
-func RegisterAliases(name string, a ...Alias) { aliases[name] = append(aliases[name], a...) }
-
 // Normalize rewrites the official keys in one config layer (the file's
 // section or the request context) into the driver's own, in place. Both
 // names of one key in the same layer is an error: which one was meant?
-func Normalize(name string, m map[string]any) error {
-	for _, a := range aliases[name] {
+func (r Registration) Normalize(m map[string]any) error {
+	for _, a := range r.Aliases {
 		v, ok := m[a.Key]
 		if !ok {
 			continue
@@ -69,55 +64,39 @@ func Normalize(name string, m map[string]any) error {
 	return nil
 }
 
-// AliasKeys lists the official keys driver name accepts.
-func AliasKeys(name string) []string {
+// AliasKeys lists the official keys the driver takes.
+func (r Registration) AliasKeys() []string {
 	var out []string
-	for _, a := range aliases[name] {
+	for _, a := range r.Aliases {
 		out = append(out, a.Key)
 	}
 	return out
 }
 
-// DecodeConfig reads a driver's config section into into (a pointer to
-// its Config struct): official keys are normalized, then every key is
-// checked strictly; an unknown key is an error naming it and the closest
-// key the driver knows by either name.
-func DecodeConfig(name string, section json.RawMessage, into any) error {
+// DecodeConfig reads the driver's config section into r.Config's type
+// (into points to one): official keys are normalized, then every key is
+// checked strictly; an unknown key is named with the closest key the
+// driver knows by either name.
+func (r Registration) DecodeConfig(section json.RawMessage, into any) error {
 	var m map[string]any
 	if err := json.Unmarshal(section, &m); err != nil || m == nil {
-		return fmt.Errorf("%s: must be a JSON object", name)
+		return fmt.Errorf("%s: must be a JSON object", r.Name)
 	}
-	if err := Normalize(name, m); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	fields := jsonFields(reflect.TypeOf(into).Elem())
-	known := AliasKeys(name)
-	for k := range fields {
-		known = append(known, k)
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if _, ok := fields[k]; ok {
-			continue
-		}
-		msg := fmt.Sprintf("%s: unknown key %q", name, k)
-		if best := Closest(k, known); best != "" {
-			msg += fmt.Sprintf(" (did you mean %q?)", best)
-		} else {
-			msg += " (known: " + strings.Join(sorted(known), ", ") + ")"
-		}
-		return fmt.Errorf("%s", msg)
+	if err := r.Normalize(m); err != nil {
+		return fmt.Errorf("%s: %w", r.Name, err)
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	if err := (Props{raw: b}).Decode(name, into); err != nil {
-		return fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "invalid input: "))
+	return strict.JSON(r.Name, b, into, strict.Suggest(r.AliasKeys()...))
+}
+
+// DecodeConfig is Registration.DecodeConfig for the registered driver name.
+func DecodeConfig(name string, section json.RawMessage, into any) error {
+	r, ok := registry[name]
+	if !ok {
+		r = Registration{Name: name}
 	}
-	return nil
+	return r.DecodeConfig(section, into)
 }

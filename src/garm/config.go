@@ -6,10 +6,9 @@ package garm
 
 import (
 	"encoding/json"
-	"fmt"
 
-	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/strict"
 )
 
 // Config is the optional "garm" section of a Runway CPI config.
@@ -46,8 +45,8 @@ type ExtraSpecs struct {
 func parseConfig(raw json.RawMessage) (*Config, error) {
 	c := &Config{}
 	if len(raw) > 0 && string(raw) != "null" {
-		if err := config.DecodeStrict(raw, c); err != nil {
-			return nil, fmt.Errorf("garm: %w", err)
+		if err := strict.JSON("garm", raw, c); err != nil {
+			return nil, err
 		}
 	}
 	if len(c.Networks) == 0 {
@@ -61,8 +60,8 @@ func parseExtraSpecs(raw []byte) (*ExtraSpecs, error) {
 	if len(raw) == 0 || string(raw) == "null" || string(raw) == "{}" {
 		return e, nil
 	}
-	if err := config.DecodeStrict(raw, e); err != nil {
-		return nil, fmt.Errorf("extra specs: %w", err)
+	if err := strict.JSON("extra specs", raw, e); err != nil {
+		return nil, err
 	}
 	return e, nil
 }

@@ -119,7 +119,7 @@ func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer) (strin
 	level, _ := logging.ParseLevel(cfg.LogLevel)
 	reqID := "garm-" + strings.ToLower(env.Command)
 	lc := logging.NewCall(level, stderr, reqID)
-	sess, werr := cpi.NewSession(cfg, map[string]any{}, lc)
+	sess, werr := cpi.NewSession(cfg, nil, lc)
 	if werr != nil {
 		return "", werr
 	}

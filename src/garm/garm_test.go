@@ -274,7 +274,7 @@ func TestExtraSpecsAreApplied(t *testing.T) {
 		t.Fatalf("extra specs cloud properties not applied: %s", vm)
 	}
 	bad := base64.StdEncoding.EncodeToString([]byte(`{"flavour": "big"}`))
-	if r := g.run("ValidatePoolInfo", "", "", nil, "GARM_POOL_EXTRASPECS="+bad); r.code == 0 || !strings.Contains(r.stderr, `unknown field "flavour"`) {
+	if r := g.run("ValidatePoolInfo", "", "", nil, "GARM_POOL_EXTRASPECS="+bad); r.code == 0 || !strings.Contains(r.stderr, `extra specs: unknown key "flavour"`) {
 		t.Fatalf("bad extra specs validated: %+v", r)
 	}
 	good := base64.StdEncoding.EncodeToString([]byte(`{"cloud_properties": {}}`))

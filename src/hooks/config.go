@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/runway-cpi/runway/src/config"
+	"github.com/runway-cpi/runway/src/strict"
 )
 
 // Config is the "hooks" section of the CPI config.
@@ -67,8 +67,8 @@ const (
 // files. Errors name the field.
 func ParseConfig(raw json.RawMessage, stateDir string, knownMethod func(string) bool) (*Config, error) {
 	var c Config
-	if err := config.DecodeStrict(raw, &c); err != nil {
-		return nil, fmt.Errorf("hooks: %w", err)
+	if err := strict.JSON("hooks", raw, &c); err != nil {
+		return nil, err
 	}
 	bad := func(field, format string, a ...any) error {
 		return fmt.Errorf("hooks: %s: %s", field, fmt.Sprintf(format, a...))

@@ -530,7 +530,7 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 			{map[string]any{"extensions": []any{map[string]any{"name": "x", "operations": []string{"create_everything"}, "clientConfig": map[string]any{"url": "https://q"}}}}, `unknown method "create_everything"`},
 			{map[string]any{"extensions": []any{map[string]any{"name": "x", "clientConfig": map[string]any{"url": "https://q", "caBundle": "nope"}}}}, "caBundle: holds no PEM"},
 			{map[string]any{"extensions": []any{map[string]any{"name": "x", "clientConfig": map[string]any{"url": "https://q", "clientCert": "/a"}}}}, "clientCert and clientKey go together"},
-			{map[string]any{"script_timeout": 5}, `unknown field "script_timeout"`},
+			{map[string]any{"script_timeout": 5}, `hooks: unknown key "script_timeout" (did you mean "script_timeout_seconds"?)`},
 		} {
 			h := newHookEnv(tc.hooks)
 			r := h.run("has_vm", fx.UnknownVM)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
+
+	"github.com/runway-cpi/runway/src/config"
 )
 
 func TestTraceAndStderrGetTheSameRedactedLines(t *testing.T) {
@@ -128,5 +130,16 @@ func TestRedactURLs(t *testing.T) {
 	}
 	if got := Redacted(map[string]any{"mbus": "https://mbus:pw@0.0.0.0:6868"}); got.(map[string]any)["mbus"] != "https://<redacted>@0.0.0.0:6868" {
 		t.Errorf("Redacted = %v", got)
+	}
+}
+
+// Every level the config accepts is one the logger takes.
+func TestConfigLevelsAreLoggerLevels(t *testing.T) {
+	for _, l := range config.LogLevels {
+		for _, s := range []string{l, strings.ToUpper(l)} {
+			if _, err := Level(s); err != nil {
+				t.Errorf("config takes log_level %q, the logger does not: %v", s, err)
+			}
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/strict/strictyaml"
 	"gopkg.in/yaml.v3"
 )
 
@@ -158,11 +158,11 @@ type Duration struct{ time.Duration }
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
 	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: a duration like \"30s\" or \"10m\"", n.Line)
+		return errors.New(`must be a duration like "30s" or "10m"`)
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: %q is not a duration like \"30s\" or \"10m\"", n.Line, s)
+		return fmt.Errorf(`%q is not a duration like "30s" or "10m"`, s)
 	}
 	d.Duration = v
 	return nil
@@ -197,10 +197,8 @@ func LoadConfig(path string) (*Config, error) {
 // and validates.
 func ParseConfig(b []byte) (*Config, error) {
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("yaml: %v", err)
+	if err := strictyaml.Decode("", b, &c); err != nil {
+		return nil, err
 	}
 	c.defaults()
 	if err := c.validate(); err != nil {
@@ -305,6 +303,16 @@ func (c *Config) validate() error {
 	}
 	if c.HTTP.MaxConnections < 0 {
 		bad("http.max_connections", "must be positive")
+	}
+	// A timeout too short to read one request is a typo (1ns, 5ms).
+	for name, d := range map[string]Duration{"http.read_header_timeout": c.HTTP.ReadHeaderTimeout, "http.read_timeout": c.HTTP.ReadTimeout,
+		"http.write_timeout": c.HTTP.WriteTimeout, "http.idle_timeout": c.HTTP.IdleTimeout} {
+		if d.Duration < 100*time.Millisecond {
+			bad(name, "%s is too short to serve a request: at least 100ms", d.Duration)
+		}
+	}
+	if v := c.CPI.StemcellAPIVersion; v < 1 || v > 3 {
+		bad("cpi.stemcell_api_version", "%d: the Director sends 1, 2 or 3", v)
 	}
 	if c.CPI.Path == "" {
 		bad("cpi.path", "required (the bin/cpi to call)")

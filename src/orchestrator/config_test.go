@@ -55,6 +55,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"state_dir: /tmp/x", "state_dir: /tmp/x\nstore: postgres\npostgres: {dsn_file: /a, dsn_env: B}", "postgres.dsn_file"},
 		{"state_dir: /tmp/x", "state_dir: /tmp/x\npostgres: {dsn_file: /a}", "postgres"},
 		{"state_dir: /tmp/x", "state_dir: /tmp/x\nstore: postgres\npostgres: {dsn: \"postgres://u:p@h/db\"}", "dsn"},
+		// Type errors name the field (and the line), not only the line.
+		{"max_active_runners: 2", "max_active_runners: lots", `groups[0].max_active_runners: must be an integer, got a string "lots" (line 11)`},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nhttp: {read_timeout: 1ns}", "http.read_timeout: 1ns is too short"},
+		{"cpi: {path: /bin/cpi}", "cpi: {path: /bin/cpi, stemcell_api_version: -7}", "cpi.stemcell_api_version: -7"},
+		{"cpi: {path: /bin/cpi}", "cpi: {path: /bin/cpi, stemcell_api_version: [1]}", "cpi.stemcell_api_version: must be an integer, got a list"},
 	} {
 		_, err := ParseConfig([]byte(strings.Replace(minimal, c.from, c.to, 1)))
 		if err == nil || !strings.Contains(err.Error(), c.field) {

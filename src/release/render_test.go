@@ -76,6 +76,46 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 					t.Errorf("agent section %v", agent)
 				}
 			}},
+		// bosh-deployment's bosh.yml gives the Director's instance group
+		// (where the CPI job runs) its dav blobstore: the agents get the
+		// endpoint (https: the blobstore has a TLS CA) and the agent's
+		// credentials; the Director's own never reach them.
+		"bosh-deployment's dav blobstore": {props: map[string]any{"runway": map[string]any{"driver": "local"},
+			"blobstore": map[string]any{"address": "10.0.0.6", "port": 25250, "provider": "dav",
+				"agent":    map[string]any{"user": "agent", "password": "agent-pw"},
+				"director": map[string]any{"user": "director", "password": "director-pw"},
+				"tls":      map[string]any{"cert": map[string]any{"ca": testPEM, "certificate": "server-cert", "private_key": "server-key"}}}},
+			check: func(t *testing.T, doc map[string]any) {
+				bs := doc["agent"].(map[string]any)["blobstore"].(map[string]any)
+				opts := bs["options"].(map[string]any)
+				if bs["provider"] != "dav" || opts["endpoint"] != "https://10.0.0.6:25250" || opts["user"] != "agent" || opts["password"] != "agent-pw" ||
+					opts["tls"].(map[string]any)["cert"].(map[string]any)["ca"] != testPEM {
+					t.Errorf("agent blobstore %v", bs)
+				}
+				if b, _ := json.Marshal(doc); strings.Contains(string(b), "director-pw") || strings.Contains(string(b), "server-key") {
+					t.Errorf("the Director's credentials reached the config: %s", b)
+				}
+			}},
+		// The official local form (a create-env's bosh-lite): blobstore_path.
+		"official local blobstore": {props: map[string]any{"runway": map[string]any{"driver": "local"},
+			"blobstore": map[string]any{"provider": "local", "path": "/var/vcap/micro_bosh/data/cache"}},
+			check: func(t *testing.T, doc map[string]any) {
+				bs := doc["agent"].(map[string]any)["blobstore"].(map[string]any)
+				if bs["provider"] != "local" || bs["options"].(map[string]any)["blobstore_path"] != "/var/vcap/micro_bosh/data/cache" {
+					t.Errorf("agent blobstore %v", bs)
+				}
+			}},
+		// s3: the agent's own keys win over the Director's.
+		"official s3 blobstore": {props: map[string]any{"runway": map[string]any{"driver": "local"},
+			"blobstore": map[string]any{"provider": "s3", "bucket_name": "b", "access_key_id": "dir-key", "secret_access_key": "dir-secret",
+				"s3_region": "eu-west-1"},
+			"agent": map[string]any{"blobstore": map[string]any{"access_key_id": "agent-key", "secret_access_key": "agent-secret"}}},
+			check: func(t *testing.T, doc map[string]any) {
+				opts := doc["agent"].(map[string]any)["blobstore"].(map[string]any)["options"].(map[string]any)
+				if opts["bucket_name"] != "b" || opts["access_key_id"] != "agent-key" || opts["secret_access_key"] != "agent-secret" || opts["region"] != "eu-west-1" {
+					t.Errorf("agent blobstore options %v", opts)
+				}
+			}},
 		"aws": {props: map[string]any{"runway": map[string]any{"driver": "aws", "aws": map[string]any{"region": "eu-west-1"}}},
 			check: func(t *testing.T, doc map[string]any) {
 				if doc["driver"] != "aws" || doc["aws"].(map[string]any)["region"] != "eu-west-1" {
@@ -122,8 +162,8 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 				t.Fatalf("bin/cpi rejects the rendered config: %v\n%s", err, text)
 			}
 			// The driver takes its section as rendered (keys, units).
-			factory, _ := driver.Lookup(cfg.Driver)
-			if _, err := factory(cfg.DriverSection(), driver.Deps{StateDir: t.TempDir(), Logger: boshlog.NewLogger(boshlog.LevelNone)}); err != nil {
+			reg, _ := driver.Lookup(cfg.Driver)
+			if _, err := reg.New(cfg.DriverSection(), driver.Deps{StateDir: t.TempDir(), Logger: boshlog.NewLogger(boshlog.LevelNone)}); err != nil {
 				t.Fatalf("driver %s rejects its rendered section: %v\n%s", cfg.Driver, err, text)
 			}
 			wrapper := filepath.Join(out, "bin", "cpi")

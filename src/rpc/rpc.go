@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/runway-cpi/runway/src/clip"
 )
@@ -15,6 +16,22 @@ import (
 // MaxRequestBytes caps what is read from stdin. Real requests are a few KiB;
 // the cap keeps a runaway caller from exhausting memory.
 const MaxRequestBytes = 4 << 20
+
+// APIVersion is the CPI API version Runway speaks; info answers it to
+// every caller (bosh-cli asks with api_version 1 and takes a missing key
+// for a v1 CPI).
+const APIVersion = 3
+
+// Info is info's result.
+type Info struct {
+	APIVersion      int      `json:"api_version"`
+	StemcellFormats []string `json:"stemcell_formats"`
+}
+
+// DirectorContextKeys are the keys the Director puts in every request's
+// context for itself; every other key is a cpi-config property it merged
+// in (external_cpi.rb).
+var DirectorContextKeys = []string{"director_uuid", "request_id", "vm"}
 
 // Wire error types the Director and bosh-cli know (reference/cpi-api.md).
 const (
@@ -73,6 +90,21 @@ func (r *Request) DirectorUUID() string { s, _ := r.Context["director_uuid"].(st
 
 // RequestID returns context.request_id, or "" when absent.
 func (r *Request) RequestID() string { s, _ := r.Context["request_id"].(string); return s }
+
+// CPIConfig returns the context's cpi-config properties: every key but
+// the Director's own (nil when there are none).
+func (r *Request) CPIConfig() map[string]any {
+	var out map[string]any
+	for k, v := range r.Context {
+		if !slices.Contains(DirectorContextKeys, k) {
+			if out == nil {
+				out = map[string]any{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
 
 // StemcellAPIVersion returns context.vm.stemcell.api_version, or 0.
 func (r *Request) StemcellAPIVersion() int {

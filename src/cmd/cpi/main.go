@@ -3,12 +3,12 @@
 // is paid twice per method — and runs everything else in the executable
 // of the config's driver (cpi-local, cpi-openstack or cpi-aws, beside it),
 // handing over the request unchanged. It loads no driver, so `info` costs
-// little more than starting an empty program (docs/benchmarks.md).
+// little more than starting an empty program (docs/benchmarks.md); it
+// reads the config and the request with the packages every executable
+// uses (config, rpc), so an invalid config is refused here too.
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -19,15 +19,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/rpc"
 )
-
-// maxRequestBytes matches rpc.MaxRequestBytes (a test keeps them equal):
-// a bigger request is the full executable's to refuse.
-const maxRequestBytes = 4 << 20
-
-// apiVersion matches cpi.APIVersion (a test keeps them equal).
-const apiVersion = 3
 
 func main() {
 	// Descriptors a caller leaked to us must not reach VM processes or
@@ -41,24 +36,42 @@ func main() {
 type execer func(driver string, args []string, request []byte) error
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer, exec execer) int {
-	configPath := configPathArg(args)
 	if os.Getenv("GARM_COMMAND") != "" {
-		// garm names its config in the environment; stdin is garm's.
-		return handOver(exec, driverOf(os.Getenv("GARM_PROVIDER_CONFIG_FILE")), args, nil, stdout, stderr)
+		// garm names its config in the environment; stdin is garm's. The
+		// driver's executable reports a config it cannot use.
+		driver := "local"
+		if path := os.Getenv("GARM_PROVIDER_CONFIG_FILE"); path != "" {
+			if cfg, err := config.Load(path); err == nil {
+				driver = cfg.Driver
+			}
+		}
+		return handOver(exec, driver, args, nil, stdout, stderr)
 	}
-	request, err := io.ReadAll(io.LimitReader(stdin, maxRequestBytes+1))
+	request, err := io.ReadAll(io.LimitReader(stdin, rpc.MaxRequestBytes+1))
 	if err != nil {
 		request = nil
 	}
-	cfg := readConfig(configPath)
-	if answer := fastInfo(request, cfg); answer != nil {
-		if _, err := stdout.Write(answer); err != nil {
-			fmt.Fprintf(stderr, "cpi: writing response: %v\n", err)
-			return 1
-		}
-		return 0
+	var cfg *config.Config
+	if path := configPathArg(args); path != "" {
+		cfg, err = config.Load(path)
+	} else {
+		cfg, err = config.Embedded()
 	}
-	return handOver(exec, cfg.driver(), args, request, stdout, stderr)
+	if err != nil {
+		return answer(stdout, stderr, rpc.Response{Error: rpc.NewError(rpc.TypeCpiError, false, "%v", err), Log: err.Error() + "\n"})
+	}
+	if info, ok := plainInfo(request, cfg); ok {
+		return answer(stdout, stderr, rpc.Response{Result: info})
+	}
+	return handOver(exec, cfg.Driver, args, request, stdout, stderr)
+}
+
+func answer(stdout, stderr io.Writer, resp rpc.Response) int {
+	if err := rpc.WriteResponse(stdout, resp); err != nil {
+		fmt.Fprintf(stderr, "cpi: writing response: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // handOver execs the driver's executable; it returns only when that
@@ -67,117 +80,25 @@ func handOver(exec execer, driver string, args []string, request []byte, stdout,
 	err := exec(driver, args, request)
 	msg := fmt.Sprintf("cannot run cpi-%s, the executable of driver %s beside bin/cpi (install the whole package): %v", driver, driver, err)
 	fmt.Fprintln(stderr, "cpi:", msg)
-	enc := json.NewEncoder(stdout)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(map[string]any{"result": nil, "log": msg + "\n",
-		"error": map[string]any{"type": "Bosh::Clouds::CpiError", "message": msg, "ok_to_retry": false}}); err != nil {
-		return 1
-	}
-	return 0
+	return answer(stdout, stderr, rpc.Response{Error: rpc.NewError(rpc.TypeCpiError, false, "%s", msg), Log: msg + "\n"})
 }
 
-// config is what bin/cpi reads of the config file: which driver, whether
-// hooks wrap calls (then info goes through them, in the driver's
-// executable), and the local driver's formats. Everything else is the
-// driver executable's to read and check; an unreadable file is reported
-// by it too.
-type config struct {
-	ok     bool
-	Driver string          `json:"driver"`
-	Hooks  json.RawMessage `json:"hooks"`
-	Local  struct {
-		StemcellFormats []string `json:"stemcell_formats"`
-	} `json:"local"`
-	// The official CPIs' shape: {"cloud": {"plugin": …, "properties": …}}.
-	Cloud *struct {
-		Plugin string `json:"plugin"`
-	} `json:"cloud"`
-}
-
-func readConfig(path string) config {
-	if path == "" {
-		return config{ok: true, Driver: "local"} // the embedded default
+// plainInfo answers a plain info call as the driver's executable would,
+// or says the executable must: another method, hooks (they wrap info
+// too), a context with cpi-config properties (they could change the
+// driver's section), a malformed request. It does not check the driver's
+// own section: a mistake there is reported by the first other call, as
+// the official CPIs do.
+func plainInfo(request []byte, cfg *config.Config) (rpc.Info, bool) {
+	if cfg.HasHooks() {
+		return rpc.Info{}, false
 	}
-	b, err := os.ReadFile(path)
-	var c config
-	if err != nil || json.Unmarshal(b, &c) != nil {
-		return config{}
+	req, werr := rpc.ParseRequest(request)
+	if werr != nil || req.Method != "info" || len(req.Arguments) != 0 || req.CPIConfig() != nil {
+		return rpc.Info{}, false
 	}
-	c.ok = true
-	return c
-}
-
-func (c config) driver() string {
-	switch {
-	case c.Driver != "":
-		return c.Driver
-	case c.Cloud != nil && c.Cloud.Plugin != "":
-		return c.Cloud.Plugin
-	}
-	return "local" // its executable reports what is wrong with the config
-}
-
-func driverOf(path string) string {
-	if path == "" {
-		return "local"
-	}
-	return readConfig(path).driver()
-}
-
-// fastInfo answers a plain info call, as the driver's executable would,
-// or nil when anything calls for the executable: another method, hooks, a
-// context that could change the driver's section, a malformed request or
-// config. It does not check the driver's own section: a mistake there is
-// reported by the first other call, as the official CPIs do.
-func fastInfo(request []byte, cfg config) []byte {
-	if !cfg.ok || len(bytes.TrimSpace(cfg.Hooks)) > 0 && !bytes.Equal(bytes.TrimSpace(cfg.Hooks), []byte("null")) {
-		return nil
-	}
-	var req struct {
-		Method     string            `json:"method"`
-		Arguments  []json.RawMessage `json:"arguments"`
-		Context    map[string]any    `json:"context"`
-		APIVersion *json.Number      `json:"api_version"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(request))
-	dec.UseNumber()
-	if dec.Decode(&req) != nil || dec.More() || req.Method != "info" || req.Arguments == nil || len(req.Arguments) != 0 {
-		return nil
-	}
-	if _, ok := req.Context["director_uuid"].(string); !ok {
-		return nil
-	}
-	for k := range req.Context {
-		if k != "director_uuid" && k != "request_id" && k != "vm" {
-			return nil
-		}
-	}
-	if req.APIVersion != nil {
-		if n, err := req.APIVersion.Int64(); err != nil || n < 1 || strings.ContainsAny(string(*req.APIVersion), ".eE") {
-			return nil
-		}
-	}
-	driver := cfg.driver()
-	f, known := formats.Of(driver)
-	if !known || cfg.Cloud != nil {
-		return nil
-	}
-	if driver == "local" && len(cfg.Local.StemcellFormats) > 0 {
-		f = cfg.Local.StemcellFormats
-	}
-	type info struct {
-		APIVersion      int      `json:"api_version"`
-		StemcellFormats []string `json:"stemcell_formats"`
-	}
-	b, err := json.Marshal(struct {
-		Result info    `json:"result"`
-		Error  *string `json:"error"`
-		Log    string  `json:"log"`
-	}{Result: info{apiVersion, f}})
-	if err != nil {
-		return nil
-	}
-	return append(b, '\n')
+	f, ok := formats.Answered(cfg.Driver, cfg.DriverSection())
+	return rpc.Info{APIVersion: rpc.APIVersion, StemcellFormats: f}, ok
 }
 
 // configPathArg finds -configPath in args (flag syntax: -configPath X,

@@ -3,22 +3,17 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
-	"github.com/runway-cpi/runway/src/cpi"
 	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
-
-func TestConstantsMatch(t *testing.T) {
-	if maxRequestBytes != rpc.MaxRequestBytes || apiVersion != cpi.APIVersion {
-		t.Fatalf("bin/cpi's constants drifted: %d/%d vs %d/%d", maxRequestBytes, apiVersion, rpc.MaxRequestBytes, cpi.APIVersion)
-	}
-}
 
 type handed struct {
 	driver  string
@@ -74,8 +69,7 @@ func TestWhatBinCpiAnswersAndWhatItHandsOver(t *testing.T) {
 		"info, no uuid":         {`{"driver":"local","state_dir":"/x"}`, `{"method":"info","arguments":[],"context":{}}`, nil, "", "local"},
 		"info, bad api":         {`{"driver":"local","state_dir":"/x"}`, `{"method":"info","arguments":[],"context":{"director_uuid":"d"},"api_version":2.5}`, nil, "", "local"},
 		"malformed request":     {`{"driver":"aws","state_dir":"/x"}`, `{"method":`, nil, "", "aws"},
-		"unreadable config":     {`{"driver":`, info, nil, "", "local"},
-		"official config shape": {`{"cloud":{"plugin":"openstack","properties":{}}}`, info, nil, "", "openstack"},
+		"official config shape": {`{"cloud":{"plugin":"openstack","properties":{}}}`, info, nil, `"openstack-raw"`, ""},
 		"garm":                  {`{"driver":"aws","state_dir":"/x"}`, "", map[string]string{"GARM_COMMAND": "ListInstances"}, "", "local"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -102,6 +96,35 @@ func TestWhatBinCpiAnswersAndWhatItHandsOver(t *testing.T) {
 				t.Fatalf("after a failed exec: %q (%v)", out, err)
 			}
 		})
+	}
+}
+
+// An invalid config is a CpiError naming the field, for info too: bin/cpi
+// reads it with the config package every executable uses.
+func TestInvalidConfigsAreRefusedForInfoToo(t *testing.T) {
+	for cfg, want := range map[string]string{
+		`null`:       "must be a JSON object, got null",
+		`{"driver":`: "invalid JSON",
+		`{"driver":"local","state_dir":"/x","stat":1}`:           `unknown key "stat"`,
+		`{"driver":"local","state_dir":"rel/dir"}`:               "state_dir: must be an absolute path",
+		`{"driver":"local","state_dir":"/x","log_level":"loud"}`: "log_level",
+		`{"driver":"vsphere","state_dir":"/x"}`:                  `driver: unknown driver "vsphere"`,
+	} {
+		out, got := runWith(t, cfg, info, nil)
+		r, err := rpc.ParseReply([]byte(out))
+		if err != nil || got != nil || r.Error == nil || r.Error.Type != rpc.TypeCpiError || !strings.Contains(r.Error.Message, want) {
+			t.Errorf("%s: answered %q (handed over: %v); want a CpiError saying %q", cfg, out, got != nil, want)
+		}
+	}
+	// A FIFO as the config file: an answer at once, not a hang.
+	fifo := filepath.Join(t.TempDir(), "cpi.json")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	run([]string{"-configPath", fifo}, strings.NewReader(info), &out, io.Discard, nil)
+	if r, err := rpc.ParseReply(out.Bytes()); err != nil || r.Error == nil || !strings.Contains(r.Error.Message, "is not a regular file") {
+		t.Errorf("fifo config: %q", out.String())
 	}
 }
 

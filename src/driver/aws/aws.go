@@ -54,12 +54,6 @@ var (
 	_ driver.Snapshotter  = (*Driver)(nil)
 )
 
-func init() {
-	driver.Register("aws", func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
-		return New(section, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
-	})
-}
-
 // New builds the driver from its config section. No network I/O happens
 // until a method needs AWS.
 func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy retry.Policy, redact func(...string)) (*Driver, error) {

@@ -86,49 +86,65 @@ type MetadataOptions struct {
 }
 
 func init() {
-	// The official AWS CPI's job properties (aws.*), by their names and
-	// meanings (docs/aws.md has the table).
-	driver.RegisterAliases("aws",
-		driver.Rename("role_arn", "assume_role_arn"),
-		// max_retries counts retries; max_attempts counts the first try too.
-		driver.Alias{Key: "max_retries", Apply: func(v any, set func(string, any)) error {
-			n, ok := v.(float64)
-			if !ok || n < 0 || n != float64(int(n)) {
-				return fmt.Errorf("max_retries must be a whole number, not %v", v)
+	driver.Register(driver.Registration{Name: "aws", Config: &Config{},
+		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
+			return New(section, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
+		},
+		// Every key is about the AWS account and its defaults: a cpi-config
+		// may set each (docs/configuration.md, "Request context").
+		ContextKeys: contextKeys,
+		Aliases:     aliases,
+	})
+}
+
+var contextKeys = []string{"region", "endpoint", "credentials_source", "access_key_id", "secret_access_key", "session_token",
+	"assume_role_arn", "assume_role_external_id", "sts_endpoint", "default_key_name", "default_security_groups",
+	"default_iam_instance_profile", "default_availability_zone", "elb_endpoint", "ca_cert", "encrypted", "kms_key_arn",
+	"metadata_options", "enable_describe_instance_types", "max_attempts", "poll_max_ms", "wait_timeout_seconds",
+	"request_timeout_seconds"}
+
+// aliases are the official AWS CPI's job properties (aws.*), by their
+// names and meanings (docs/aws.md has the table).
+var aliases = []driver.Alias{
+	driver.Rename("role_arn", "assume_role_arn"),
+	// max_retries counts retries; max_attempts counts the first try too.
+	driver.Alias{Key: "max_retries", Apply: func(v any, set func(string, any)) error {
+		n, ok := v.(float64)
+		if !ok || n < 0 || n != float64(int(n)) {
+			return fmt.Errorf("max_retries must be a whole number, not %v", v)
+		}
+		set("max_attempts", int(n)+1)
+		return nil
+	}},
+	// ec2_endpoint is a host name without a scheme (https assumed).
+	driver.Alias{Key: "ec2_endpoint", Apply: func(v any, set func(string, any)) error {
+		s, ok := v.(string)
+		if !ok || s == "" {
+			return fmt.Errorf("ec2_endpoint must be a host name")
+		}
+		if !strings.Contains(s, "://") {
+			s = "https://" + s
+		}
+		set("endpoint", s)
+		return nil
+	}},
+	driver.Alias{Key: "connection_options", Apply: func(v any, set func(string, any)) error {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return fmt.Errorf("connection_options must be an object")
+		}
+		for k, x := range m {
+			if k != "ca_cert" {
+				return fmt.Errorf("connection_options.%s is not supported (the official CPI takes only ca_cert)", k)
 			}
-			set("max_attempts", int(n)+1)
-			return nil
-		}},
-		// ec2_endpoint is a host name without a scheme (https assumed).
-		driver.Alias{Key: "ec2_endpoint", Apply: func(v any, set func(string, any)) error {
-			s, ok := v.(string)
-			if !ok || s == "" {
-				return fmt.Errorf("ec2_endpoint must be a host name")
+			if s, ok := x.(string); ok && s != "" {
+				set("ca_cert", s)
 			}
-			if !strings.Contains(s, "://") {
-				s = "https://" + s
-			}
-			set("endpoint", s)
-			return nil
-		}},
-		driver.Alias{Key: "connection_options", Apply: func(v any, set func(string, any)) error {
-			m, ok := v.(map[string]any)
-			if !ok {
-				return fmt.Errorf("connection_options must be an object")
-			}
-			for k, x := range m {
-				if k != "ca_cert" {
-					return fmt.Errorf("connection_options.%s is not supported (the official CPI takes only ca_cert)", k)
-				}
-				if s, ok := x.(string); ok && s != "" {
-					set("ca_cert", s)
-				}
-			}
-			return nil
-		}},
-		driver.Refuse("dualstack", "IPv6-only networking is not built yet", driver.IsFalse),
-		driver.Refuse("stemcell", "stemcell.kernel_id is for paravirtual stemcells; HVM stemcells boot their own kernel", nil),
-	)
+		}
+		return nil
+	}},
+	driver.Refuse("dualstack", "IPv6-only networking is not built yet", driver.IsFalse),
+	driver.Refuse("stemcell", "stemcell.kernel_id is for paravirtual stemcells; HVM stemcells boot their own kernel", nil),
 }
 
 const (
@@ -150,6 +166,11 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	}
 	if c.CACert != "" && !x509.NewCertPool().AppendCertsFromPEM([]byte(c.CACert)) {
 		return c, errors.New("aws: ca_cert holds no PEM certificate")
+	}
+	// The official elb_endpoint is a host (or host:port), https assumed,
+	// as ec2_endpoint is.
+	if c.ELBEndpoint != "" && !strings.Contains(c.ELBEndpoint, "://") {
+		c.ELBEndpoint = "https://" + c.ELBEndpoint
 	}
 	for key, ep := range map[string]string{"endpoint": c.Endpoint, "sts_endpoint": c.STSEndpoint, "elb_endpoint": c.ELBEndpoint} {
 		if ep == "" {

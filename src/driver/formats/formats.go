@@ -1,7 +1,9 @@
 // Package formats names the stemcell formats each driver accepts. It
-// depends on nothing, so bin/cpi can answer `info` without loading any
-// driver (docs/architecture.md, "Executables").
+// depends on nothing of ours, so bin/cpi can answer `info` without loading
+// any driver (docs/architecture.md, "Executables").
 package formats
+
+import "encoding/json"
 
 // Stemcell formats by driver; the local driver's can be configured.
 var (
@@ -24,4 +26,19 @@ func Of(driver string) ([]string, bool) {
 		return AWS, true
 	}
 	return nil, false
+}
+
+// Answered is what info answers for driver with its config section: the
+// driver's formats, or the local section's stemcell_formats when set.
+func Answered(driver string, section json.RawMessage) ([]string, bool) {
+	f, ok := Of(driver)
+	if ok && driver == "local" {
+		var s struct {
+			StemcellFormats []string `json:"stemcell_formats"`
+		}
+		if json.Unmarshal(section, &s) == nil && len(s.StemcellFormats) > 0 {
+			f = s.StemcellFormats
+		}
+	}
+	return f, ok
 }

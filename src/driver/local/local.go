@@ -76,9 +76,12 @@ var (
 )
 
 func init() {
-	driver.Register("local", func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
-		return New(section, deps.StateDir, deps.Locker, deps.Logger)
-	})
+	// Every local key configures the host (its processes, bridge, runtime,
+	// shell, limits): a request context may set none of them.
+	driver.Register(driver.Registration{Name: "local", Config: &Config{},
+		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
+			return New(section, deps.StateDir, deps.Locker, deps.Logger)
+		}})
 }
 
 // New builds the driver from its config section.

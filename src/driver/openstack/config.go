@@ -107,27 +107,45 @@ func (c *ConfigDrive) UnmarshalJSON(b []byte) error {
 func (c ConfigDrive) Enabled() bool { return c != "" }
 
 func init() {
-	// The official OpenStack CPI's job properties (openstack.*), by their
-	// names and units (docs/openstack.md has the table).
-	driver.RegisterAliases("openstack",
-		driver.Rename("api_key", "password"),
-		driver.Rename("tenant", "project_name"),
-		driver.Rename("project", "project_name"),
-		driver.Rename("domain", "domain_name"),
-		driver.Rename("state_timeout", "wait_timeout_seconds"),
-		driver.Alias{Key: "endpoint_type", Apply: endpointType},
-		driver.Alias{Key: "wait_resource_poll_interval", Apply: func(v any, set func(string, any)) error {
-			s, ok := v.(float64)
-			if !ok || s <= 0 {
-				return fmt.Errorf("wait_resource_poll_interval must be a positive number of seconds, not %v", v)
-			}
-			set("poll_max_ms", int(s*1000))
-			return nil
-		}},
-		driver.Alias{Key: "connection_options", Apply: connectionOptions},
-		driver.Refuse("use_nova_networking", "nova-network was removed from OpenStack (Rocky); Runway speaks Neutron", driver.IsFalse),
-		driver.Refuse("enable_auto_anti_affinity", "the official CPI refuses it too; use scheduler_hints.group", nil),
-	)
+	driver.Register(driver.Registration{Name: "openstack", Config: &Config{},
+		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
+			return New(section, deps.StateDir, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
+		},
+		ContextKeys: contextKeys,
+		Aliases:     aliases,
+	})
+}
+
+// contextKeys: what a cpi-config may set — the account, its endpoints and
+// the defaults for VMs, disks and stemcells. ca_file (a host path) and
+// token_cache (the host's state dir) configure the host.
+var contextKeys = []string{"auth_url", "region", "interface", "username", "user_id", "password", "user_domain_name",
+	"user_domain_id", "application_credential_id", "application_credential_name", "application_credential_secret",
+	"project_name", "project_id", "project_domain_name", "project_domain_id", "domain_name", "ca_cert", "insecure",
+	"default_key_name", "default_security_groups", "default_volume_type", "boot_from_volume", "config_drive",
+	"human_readable_vm_names", "ignore_server_availability_zone", "use_dhcp", "stemcell_public_visibility",
+	"poll_max_ms", "wait_timeout_seconds", "request_timeout_seconds"}
+
+// aliases are the official OpenStack CPI's job properties (openstack.*),
+// by their names and units (docs/openstack.md has the table).
+var aliases = []driver.Alias{
+	driver.Rename("api_key", "password"),
+	driver.Rename("tenant", "project_name"),
+	driver.Rename("project", "project_name"),
+	driver.Rename("domain", "domain_name"),
+	driver.Rename("state_timeout", "wait_timeout_seconds"),
+	driver.Alias{Key: "endpoint_type", Apply: endpointType},
+	driver.Alias{Key: "wait_resource_poll_interval", Apply: func(v any, set func(string, any)) error {
+		s, ok := v.(float64)
+		if !ok || s <= 0 {
+			return fmt.Errorf("wait_resource_poll_interval must be a positive number of seconds, not %v", v)
+		}
+		set("poll_max_ms", int(s*1000))
+		return nil
+	}},
+	driver.Alias{Key: "connection_options", Apply: connectionOptions},
+	driver.Refuse("use_nova_networking", "nova-network was removed from OpenStack (Rocky); Runway speaks Neutron", driver.IsFalse),
+	driver.Refuse("enable_auto_anti_affinity", "the official CPI refuses it too; use scheduler_hints.group", nil),
 }
 
 // endpointType maps publicURL/internalURL/adminURL (Keystone v2 names,

@@ -125,11 +125,15 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {
 		t.Errorf("a context naming a closed endpoint: %+v", r.Error)
 	}
-	// A misspelt property is refused, naming it, the closest key and the
-	// context's keys.
+	// A misspelt property is refused, naming it as the context's and the
+	// closest key; a key that configures the host is refused by name.
 	r = run(map[string]any{"default_keyname": "k"}, "has_vm", "00000000-0000-4000-8000-000000000009")
-	if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" || !strings.Contains(r.Error.Message, `unknown key "default_keyname" (did you mean "default_key_name"?)`) ||
-		!strings.Contains(r.Error.Message, "request context's default_keyname") {
+	if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" ||
+		!strings.Contains(r.Error.Message, `request context: unknown key "default_keyname" (did you mean "default_key_name"?)`) {
 		t.Errorf("misspelt context key: %+v", r.Error)
+	}
+	r = run(map[string]any{"ca_file": "/etc/shadow"}, "has_vm", "00000000-0000-4000-8000-000000000009")
+	if r.Error == nil || !strings.Contains(r.Error.Message, `"ca_file" configures the host and cannot come from a request context`) {
+		t.Errorf("host key from the context: %+v", r.Error)
 	}
 }
