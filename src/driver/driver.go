@@ -8,6 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
 )
 
 // Sentinel errors. Wrap them (fmt.Errorf("...: %w", ErrVMNotFound)) to add
@@ -47,20 +51,78 @@ type Network struct {
 	Default         []string `json:"default,omitempty"`
 	MAC             string   `json:"mac,omitempty"`
 	CloudProperties Props    `json:"cloud_properties"`
-	// Prefix (prefix delegation) and NICGroup (several networks on one
-	// interface) are the Director's AWS-era settings; no driver builds
-	// them yet, so Unbuilt refuses them rather than dropping them.
-	Prefix   json.RawMessage `json:"prefix,omitempty"`
-	NICGroup string          `json:"nic_group,omitempty"`
+	// Prefix is the Director's prefix length for the network's address
+	// ("32" for one IPv4 address); a shorter one is a delegated prefix.
+	// NICGroup puts several networks on one interface (AWS); drivers
+	// without interfaces to share accept it with no effect, as the
+	// official OpenStack CPI does.
+	Prefix   Prefix `json:"prefix,omitempty"`
+	NICGroup string `json:"nic_group,omitempty"`
 }
 
-// Unbuilt refuses the network settings no driver implements yet.
-func (n Network) Unbuilt(name, driverName string) error {
-	switch {
-	case len(n.Prefix) > 0 && string(n.Prefix) != "null":
-		return fmt.Errorf("%w: networks.%s.prefix (prefix delegation) is not supported by the %s driver", ErrNotSupported, name, driverName)
-	case n.NICGroup != "":
-		return fmt.Errorf("%w: networks.%s.nic_group (several networks on one interface) is not supported by the %s driver", ErrNotSupported, name, driverName)
+// Prefix is a prefix length as the Director sends it ("32"); a number is
+// taken too, and it is always written as the string the agent reads.
+type Prefix string
+
+// UnmarshalJSON takes a string or a number.
+func (p *Prefix) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	switch x := v.(type) {
+	case nil:
+		*p = ""
+	case string:
+		*p = Prefix(x)
+	case float64:
+		*p = Prefix(strconv.FormatFloat(x, 'f', -1, 64))
+	default:
+		return &json.UnmarshalTypeError{Value: kindOfJSON(b), Type: reflect.TypeFor[string]()}
+	}
+	return nil
+}
+
+// PrefixBits reads the prefix length the Director sends as a string
+// ("32") or a number; ok is false when there is none.
+func (n Network) PrefixBits() (bits int, ok bool, err error) {
+	t := strings.TrimSpace(string(n.Prefix))
+	if t == "" {
+		return 0, false, nil
+	}
+	bits, err = strconv.Atoi(t)
+	if err != nil || bits < 0 || bits > 128 {
+		return 0, false, fmt.Errorf("prefix %q is not a prefix length", t)
+	}
+	return bits, true, nil
+}
+
+// OneAddress reports whether the network's prefix names a single address
+// (none given, or the address's full length: 32 for IPv4, 128 for IPv6 —
+// either, on a network with no ip yet), as the official AWS CPI reads it.
+func (n Network) OneAddress() (bool, error) {
+	bits, ok, err := n.PrefixBits()
+	if err != nil || !ok {
+		return err == nil, err
+	}
+	if ip := net.ParseIP(n.IP); ip != nil && n.IP != "" {
+		if ip.To4() != nil {
+			return bits == 32, nil
+		}
+		return bits == 128, nil
+	}
+	return bits == 32 || bits == 128, nil
+}
+
+// CheckNoDelegation refuses a delegated prefix, by name, on a driver that
+// gives a network one address; a single-address prefix is accepted.
+func (n Network) CheckNoDelegation(name, driverName string) error {
+	one, err := n.OneAddress()
+	if err != nil {
+		return Invalid("networks.%s.%v", name, err)
+	}
+	if !one {
+		return fmt.Errorf("%w: networks.%s.prefix %s (prefix delegation) is not supported by the %s driver: a network gets one address", ErrNotSupported, name, n.Prefix, driverName)
 	}
 	return nil
 }

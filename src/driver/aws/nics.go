@@ -51,8 +51,14 @@ func planNICs(nets driver.Networks, p *vmProps) (netPlan, error) {
 	dynamic := ""
 	for _, name := range names {
 		n := nets[name]
-		if len(n.Prefix) > 0 && string(n.Prefix) != "null" && n.Type != "" && n.Type != "manual" {
-			return plan, driver.Invalid("%s: prefix is for manual networks", describeNet(name, n))
+		if n.Type != "" && n.Type != "manual" {
+			// The Director puts a one-address prefix ("32") on every
+			// network; a delegated one is for manual networks.
+			if one, err := n.OneAddress(); err != nil {
+				return plan, driver.Invalid("%s: %v", describeNet(name, n), err)
+			} else if !one {
+				return plan, driver.Invalid("%s: prefix %s: a delegated prefix is for manual networks", describeNet(name, n), n.Prefix)
+			}
 		}
 		switch n.Type {
 		case "vip":
@@ -132,11 +138,10 @@ func (g *nicPlan) add(name string, n driver.Network) error {
 	if v6 {
 		bits = 128
 	}
-	if len(n.Prefix) > 0 && string(n.Prefix) != "null" {
-		var err error
-		if bits, err = strconv.Atoi(strings.Trim(string(n.Prefix), `"`)); err != nil {
-			return driver.Invalid("%s: prefix %s is not a prefix length", describeNet(name, n), n.Prefix)
-		}
+	if b, ok, err := n.PrefixBits(); err != nil {
+		return driver.Invalid("%s: %v", describeNet(name, n), err)
+	} else if ok {
+		bits = b
 	}
 	full := bits == 32 && !v6 || bits == 128 && v6
 	switch {
@@ -196,7 +201,7 @@ func (pl netPlan) names(nets driver.Networks) string {
 	for i, g := range pl.nics {
 		for _, name := range g.names {
 			n := nets[name]
-			if len(n.Prefix) > 0 && string(n.Prefix) != "null" {
+			if one, _ := n.OneAddress(); !one {
 				continue // a delegated prefix, not an address of the VM
 			}
 			switch {

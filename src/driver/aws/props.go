@@ -85,6 +85,8 @@ type volumeProps struct {
 }
 
 type stemcellProps struct {
+	// The builder's keys this driver does not read: no effect.
+	driver.StemcellManifest
 	// AMI per region: a light stemcell.
 	AMI                map[string]string `json:"ami"`
 	Architecture       string            `json:"architecture"`

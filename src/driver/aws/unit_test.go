@@ -303,6 +303,11 @@ func TestOfficialJobPropertiesByTheirNames(t *testing.T) {
 		c.ELBEndpoint != "https://elb.example" {
 		t.Fatalf("config %+v", c)
 	}
+	// elb_endpoint as an operator writes it: a host and port, https assumed.
+	if c, err := parseConfig([]byte(`{"region": "r", "elb_endpoint": "elb.eu-central-1.amazonaws.com:443"}`)); err != nil ||
+		c.ELBEndpoint != "https://elb.eu-central-1.amazonaws.com:443" {
+		t.Errorf("elb_endpoint host:port: %q, %v", c.ELBEndpoint, err)
+	}
 	for cfg, want := range map[string]string{
 		`{"region": "r", "dualstack": true}`:                                "dualstack is not supported",
 		`{"region": "r", "stemcell": {"kernel_id": "aki-1"}}`:               "stemcell is not supported",
@@ -326,7 +331,7 @@ func TestAddressesOfSeveralInterfaces(t *testing.T) {
 	nets := driver.Networks{
 		"a":   {Type: "manual", IP: "10.0.0.5", NICGroup: "g", Default: []string{"gateway"}, CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
 		"a6":  {Type: "manual", IP: "2001:db8::5", NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
-		"pfx": {Type: "manual", IP: "10.0.0.16", Prefix: json.RawMessage("28"), NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
+		"pfx": {Type: "manual", IP: "10.0.0.16", Prefix: "28", NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
 		"b":   {Type: "manual", IP: "10.1.0.5", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s2"})},
 		"pub": {Type: "vip", IP: "203.0.113.9"},
 	}
@@ -352,8 +357,8 @@ func TestAddressesOfSeveralInterfaces(t *testing.T) {
 		t.Errorf("addresses %v; want %v", got, want)
 	}
 	for name, n := range map[string]driver.Network{
-		"prefix only":  {Type: "manual", IP: "10.0.0.16", Prefix: json.RawMessage("28"), CloudProperties: driver.PropsOf(map[string]any{"subnet": "s"})},
-		"prefix /24":   {Type: "manual", IP: "10.0.0.0", Prefix: json.RawMessage("24"), NICGroup: "a", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
+		"prefix only":  {Type: "manual", IP: "10.0.0.16", Prefix: "28", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s"})},
+		"prefix /24":   {Type: "manual", IP: "10.0.0.0", Prefix: "24", NICGroup: "a", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s1"})},
 		"other subnet": {Type: "manual", IP: "10.9.0.5", NICGroup: "g", CloudProperties: driver.PropsOf(map[string]any{"subnet": "s9"})},
 	} {
 		bad := driver.Networks{"a": nets["a"], "x": n}

@@ -26,18 +26,7 @@ type stemcellRecord struct {
 // stemcellProps: what stemcell.MF files carry in cloud_properties,
 // recorded; the local driver needs none of it.
 type stemcellProps struct {
-	Name            string `json:"name"`
-	Version         string `json:"version"`
-	Infrastructure  string `json:"infrastructure"`
-	Architecture    string `json:"architecture"`
-	Hypervisor      string `json:"hypervisor"`
-	OSType          string `json:"os_type"`
-	OSDistro        string `json:"os_distro"`
-	Disk            int    `json:"disk"`
-	DiskFormat      string `json:"disk_format"`
-	ContainerFormat string `json:"container_format"`
-	RootDeviceName  string `json:"root_device_name"`
-	AutoDiskConfig  bool   `json:"auto_disk_config"`
+	driver.StemcellManifest
 }
 
 // CreateStemcell implements driver.Driver: the image tarball (tar or

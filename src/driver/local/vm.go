@@ -65,7 +65,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		return driver.VM{}, err
 	}
 	for name, n := range spec.Networks {
-		if err := n.Unbuilt(name, "local"); err != nil {
+		if err := n.CheckNoDelegation(name, "local"); err != nil {
 			return driver.VM{}, err
 		}
 		if !n.CloudProperties.Empty() {

@@ -35,7 +35,7 @@ type plannedNet struct {
 // apart: it is associated once the server is up.
 func planNetworks(in driver.Networks) (nets []plannedNet, vip *plannedNet, err error) {
 	for name, n := range in {
-		if err := n.Unbuilt(name, "openstack"); err != nil {
+		if err := n.CheckNoDelegation(name, "openstack"); err != nil {
 			return nil, nil, &driver.CreationError{Err: err}
 		}
 		switch n.Type {

@@ -116,6 +116,9 @@ type volumeProps struct {
 // the official CPI passes to Glance is passed the same way (as strings),
 // hypervisor becoming hypervisor_type.
 type stemcellProps struct {
+	// The builder's keys this driver does not read (infrastructure, disk,
+	// root_device_name): no effect.
+	driver.StemcellManifest
 	// ImageID names an existing Glance image: a light stemcell.
 	ImageID         string            `json:"image_id"`
 	DiskFormat      string            `json:"disk_format"`

@@ -103,3 +103,13 @@ func HonouredOrRefused(t testing.TB, what, key string, r Reply, refusal, endpoin
 		t.Errorf("%s %s: %s; want it accepted (the call reaching %s)", what, key, r.Error.Message, endpoint)
 	}
 }
+
+// String decodes a result that is one string (a stemcell or disk CID).
+func String(t testing.TB, raw json.RawMessage) string {
+	t.Helper()
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil || s == "" {
+		t.Fatalf("want a string result, got %s", raw)
+	}
+	return s
+}
