@@ -1,6 +1,7 @@
 package integration_test
 
 import (
+	"archive/tar"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -242,6 +243,116 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Expect(out).To(MatchRegexp(`procs=[1-6]\n`))
 		// runc's defaults: CAP_AUDIT_WRITE, CAP_KILL, CAP_NET_BIND_SERVICE.
 		Expect(out).To(ContainSubstring("CapEff:\t0000000020000420"))
+	})
+
+	It("keeps VMs from each other, filters syscalls and limits a VM that names no limits", func() {
+		web, ip := vm(map[string]any{"command": "mkdir -p /www && hostname > /www/name && exec busybox httpd -f -p 8080 -h /www"}, dynamic)
+		Eventually(func() (string, error) { return httpGet(ip+":8080", "/name") }, "10s", "50ms").Should(ContainSubstring(web))
+		probe := "busybox nc -w 2 " + ip + " 8080 </dev/null && echo REACHED-PEER || echo peer-unreachable; " +
+			"grep '^Seccomp:' /proc/self/status; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null; echo probe-done; " +
+			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
+		// No ram or cpu: the configured defaults (2 GiB, 2 CPUs).
+		cid, _ := vm(map[string]any{"command": probe}, dynamic)
+		Eventually(console(cid), "15s", "50ms").Should(ContainSubstring("probe-done"))
+		out := console(cid)()
+		Expect(out).To(ContainSubstring("peer-unreachable"))
+		Expect(out).NotTo(ContainSubstring("REACHED-PEER"))
+		Expect(out).To(MatchRegexp(`Seccomp:\s+2`), "the default seccomp profile is on")
+		Expect(out).To(ContainSubstring(fmt.Sprint(2048 << 20)))
+
+		// container.allow_vm_to_vm: VMs of that bridge reach each other.
+		openDir := GinkgoT().TempDir()
+		openCfg := filepath.Join(openDir, "cpi.json")
+		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(openDir, "state"),
+			"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2,
+				"container": map[string]any{"bridge": "rwopen0", "cidr": "10.250.9.0/24", "allow_vm_to_vm": true}}})
+		Expect(os.WriteFile(openCfg, b, 0o600)).To(Succeed())
+		openCall := func(method string, args ...any) json.RawMessage {
+			r := runWith(openCfg, request(method, 2, args...))
+			ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
+			return r.Result
+		}
+		sc := asString(openCall("create_stemcell", fx.Image, map[string]any{}))
+		var vms []string
+		DeferCleanup(func() {
+			for _, v := range vms {
+				openCall("delete_vm", v)
+			}
+			openCall("delete_stemcell", sc)
+		})
+		mk := func(command string) (string, string) {
+			var res []json.RawMessage
+			Expect(json.Unmarshal(openCall("create_vm", "agent-open", sc, map[string]any{"command": command}, dynamic, []string{}, map[string]any{}), &res)).To(Succeed())
+			var nets map[string]struct {
+				IP string `json:"ip"`
+			}
+			Expect(json.Unmarshal(res[1], &nets)).To(Succeed())
+			vms = append(vms, asString(res[0]))
+			return asString(res[0]), nets["default"].IP
+		}
+		_, openIP := mk("busybox httpd -f -p 8080 -h /")
+		prober, _ := mk("until busybox nc -w 1 " + openIP + " 8080 </dev/null; do sleep 0.2; done; echo REACHED-PEER; " +
+			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done")
+		Eventually(func() string {
+			b, _ := os.ReadFile(filepath.Join(openDir, "state", "vms", prober, "console.log"))
+			return string(b)
+		}, "15s", "50ms").Should(ContainSubstring("REACHED-PEER"))
+	})
+
+	It("uses only a bridge it made: an interface someone else has is refused by name and left as it was", func() {
+		run("ip", "-n", fx.NetNS, "link", "add", "rwforeign0", "type", "bridge")
+		DeferCleanup(func() { run("ip", "-n", fx.NetNS, "link", "del", "rwforeign0") })
+		run("ip", "-n", fx.NetNS, "addr", "add", "192.168.77.1/24", "dev", "rwforeign0")
+		run("ip", "netns", "exec", fx.NetNS, "sysctl", "-qw", "net.ipv4.conf.rwforeign0.forwarding=1")
+		before := run("ip", "-n", fx.NetNS, "-o", "addr", "show", "dev", "rwforeign0")
+		dir := GinkgoT().TempDir()
+		cfg := filepath.Join(dir, "cpi.json")
+		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
+			"local": map[string]any{"isolation": "container", "container": map[string]any{"bridge": "rwforeign0", "cidr": "10.250.10.0/24"}}})
+		Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
+		sc := asString(runWith(cfg, request("create_stemcell", 2, fx.Image, map[string]any{})).Result)
+		DeferCleanup(func() { runWith(cfg, request("delete_stemcell", 2, sc)) })
+		r := runWith(cfg, request("create_vm", 2, "agent-f", sc, fx.VMProps, dynamic, []string{}, map[string]any{}))
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Message).To(ContainSubstring("container.bridge: interface rwforeign0 exists and is not the bridge of this state dir"))
+		Expect(run("ip", "-n", fx.NetNS, "-o", "addr", "show", "dev", "rwforeign0")).To(Equal(before))
+		Expect(run("ip", "netns", "exec", fx.NetNS, "sysctl", "-n", "net.ipv4.conf.rwforeign0.forwarding")).To(Equal("1\n"))
+		Expect(run("ip", "netns", "exec", fx.NetNS, "iptables", "-S")).NotTo(ContainSubstring("rwforeign0"))
+	})
+
+	It("refuses a stemcell whose entries reach out of the image, and leaves the host as it was", func() {
+		host := GinkgoT().TempDir()
+		Expect(os.Chmod(host, 0o700)).To(Succeed())
+		var buf strings.Builder
+		tw := tar.NewWriter(&buf)
+		Expect(tw.WriteHeader(&tar.Header{Name: "evil", Typeflag: tar.TypeSymlink, Linkname: host})).To(Succeed())
+		Expect(tw.WriteHeader(&tar.Header{Name: "evil", Typeflag: tar.TypeDir, Mode: 0o3777})).To(Succeed())
+		Expect(tw.Close()).To(Succeed())
+		img := filepath.Join(GinkgoT().TempDir(), "evil.tar")
+		Expect(os.WriteFile(img, []byte(buf.String()), 0o600)).To(Succeed())
+		r := runRaw(request("create_stemcell", 2, img, map[string]any{}))
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Message).To(ContainSubstring(`lies on or below symlink "evil"`))
+		fi, err := os.Stat(host)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Mode().Perm()).To(Equal(os.FileMode(0o700)))
+		Expect(fi.Mode() & (os.ModeSetgid | os.ModeSticky)).To(BeZero())
+	})
+
+	It("refuses container mode by name when the firewall cannot be set (no iptables)", func() {
+		runc, err := exec.LookPath("runc")
+		Expect(err).NotTo(HaveOccurred())
+		dir := GinkgoT().TempDir()
+		cfg := filepath.Join(dir, "cpi.json")
+		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
+			"local": map[string]any{"isolation": "container", "container": map[string]any{"runtime": runc, "bridge": "rwnofw0", "cidr": "10.250.11.0/24"}}})
+		Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
+		cmd := exec.Command(cpiBin, "-configPath", cfg)
+		cmd.Env = []string{"PATH=" + dir} // nothing there: no iptables
+		cmd.Stdin = strings.NewReader(request("has_vm", 2, "vm-1"))
+		out, err := cmd.Output()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(out)).To(ContainSubstring(`needs iptables for the firewall`))
 	})
 
 	It("OOM-kills a VM at its memory limit and says so on its console", func() {

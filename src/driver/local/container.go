@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -42,6 +43,13 @@ type ContainerConfig struct {
 	// Garden and Docker do): what runners need to reach a forge elsewhere.
 	// Connections into the VMs from beyond the host stay refused.
 	NAT bool `json:"nat,omitempty"`
+	// AllowVMToVM lets VMs on the bridge reach each other (a BOSH
+	// Director's VMs talk to it); by default each reaches the host only.
+	AllowVMToVM bool `json:"allow_vm_to_vm,omitempty"`
+	// DefaultRAMMiB and DefaultCPU limit a VM whose cloud properties
+	// give no ram or cpu.
+	DefaultRAMMiB int `json:"default_ram_mib,omitempty"`
+	DefaultCPU    int `json:"default_cpu,omitempty"`
 }
 
 // Container-mode defaults.
@@ -51,6 +59,8 @@ const (
 	DefaultBridge      = "runway0"
 	DefaultBridgeCIDR  = "10.244.0.0/16"
 	DefaultPidsLimit   = 4096
+	DefaultRAMMiB      = 2048
+	DefaultCPU         = 2
 	// Where a warden stemcell's bosh-agent looks (agent.json's File
 	// settings source), and where the warden CPI puts persistent disks.
 	agentSettingsPath = "/var/vcap/bosh/warden-cpi-agent-env.json"
@@ -106,6 +116,20 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 	}
 	if cc.PidsLimit < 0 {
 		return netip.Prefix{}, errors.New("local: container.pids_limit: must be positive")
+	}
+	if cc.DefaultRAMMiB == 0 {
+		cc.DefaultRAMMiB = DefaultRAMMiB
+	}
+	if cc.DefaultCPU == 0 {
+		cc.DefaultCPU = DefaultCPU
+	}
+	if cc.DefaultRAMMiB < 0 || cc.DefaultCPU < 0 {
+		return netip.Prefix{}, errors.New("local: container.default_ram_mib and default_cpu: must be positive")
+	}
+	// The firewall is what keeps VMs from reaching beyond the host and
+	// each other: no firewall, no container mode.
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return netip.Prefix{}, errors.New(`local: isolation "container" needs iptables for the firewall that keeps VMs in (Debian's iptables package); none on PATH`)
 	}
 	return p.Masked(), nil
 }
@@ -182,7 +206,8 @@ func (d *Driver) runContainer(ctx context.Context, rec vmRecord, props vmProps, 
 	if err := d.ensureBridge(ctx); err != nil {
 		return err
 	}
-	return d.startContainer(ctx, rec, d.netPlan(d.ctr(rec.CID), rec.Networks), props.RAM)
+	ram, _ := d.limits(props)
+	return d.startContainer(ctx, rec, d.netPlan(d.ctr(rec.CID), rec.Networks), ram)
 }
 
 // prepareContainer makes a published VM's bundle: the root file system
@@ -205,7 +230,10 @@ func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, se
 	if len(argv) == 0 {
 		argv = idleCommand
 	}
-	spec := d.ociSpec(c, rec, props, argv)
+	spec, err := d.ociSpec(c, rec, props, argv)
+	if err != nil {
+		return err
+	}
 	b, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return err
@@ -330,7 +358,7 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 // (what `runc spec` writes: namespaces, masked paths, three
 // capabilities, no new privileges) plus hostname, limits, the disks mount
 // and the VM's command and environment — nothing of the host's.
-func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) *specs.Spec {
+func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.Spec, error) {
 	caps := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
 	env := []string{"PATH=" + vmPath, "HOME=/root", "TERM=dumb",
 		envMarker + "=" + rec.CID, "RUNWAY_AGENT_ID=" + rec.AgentID,
@@ -350,16 +378,13 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) *specs.S
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 		Pids:    &specs.LinuxPids{Limit: pids},
 	}
-	if p.RAM > 0 {
-		limit := int64(p.RAM) << 20
-		res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
-	}
-	if p.CPU > 0 {
-		period := uint64(100000)
-		quota := int64(p.CPU) * int64(period)
-		res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
-	}
-	return &specs.Spec{
+	ram, cpu := d.limits(p)
+	limit := int64(ram) << 20
+	res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+	period := uint64(100000)
+	quota := int64(cpu) * int64(period)
+	res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	spec := &specs.Spec{
 		Version:  ociVersion,
 		Hostname: rec.CID,
 		Root:     &specs.Root{Path: c.rootfs(), Readonly: false},
@@ -395,6 +420,27 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) *specs.S
 		},
 		Annotations: map[string]string{"org.runway-cpi.vm": rec.CID},
 	}
+	// The seccomp profile Docker and containerd apply by default, with the
+	// syscalls the VM's capabilities call for.
+	sc, err := seccomp.GetDefaultProfile(spec)
+	if err != nil {
+		return nil, fmt.Errorf("the default seccomp profile: %w", err)
+	}
+	spec.Linux.Seccomp = sc
+	return spec, nil
+}
+
+// limits are the VM's memory (MiB) and CPUs: its cloud properties', else
+// the configured defaults.
+func (d *Driver) limits(p vmProps) (ramMiB, cpu int) {
+	ramMiB, cpu = p.RAM, p.CPU
+	if ramMiB <= 0 {
+		ramMiB = d.cfg.Container.DefaultRAMMiB
+	}
+	if cpu <= 0 {
+		cpu = d.cfg.Container.DefaultCPU
+	}
+	return ramMiB, cpu
 }
 
 // stopContainer ends a container VM for certain: SIGTERM reaches the VM's

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -87,7 +88,9 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if err != nil {
 		return err
 	}
-	if rec.AttachedTo != "" {
+	// A VM that is gone holds nothing (a call killed half-way can leave
+	// its record naming one): only a live VM's attachment stops a delete.
+	if rec.AttachedTo != "" && d.vmExists(rec.AttachedTo) {
 		return fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 	}
 	defer d.sweep(disks)
@@ -175,11 +178,17 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 		return err
 	}
 	defer unlock()
-	vmRec, err := d.loadVM(vm)
+	rec, err := d.loadDisk(disk)
 	if err != nil {
 		return err
 	}
-	rec, err := d.loadDisk(disk)
+	vmRec, err := d.loadVM(vm)
+	if errors.Is(err, driver.ErrVMNotFound) && rec.AttachedTo == vm && !d.vmExists(vm) {
+		// The VM went without clearing the record (a call killed
+		// half-way): detaching from it is only forgetting it.
+		rec.AttachedTo = ""
+		return d.save(disks, rec.CID, rec)
+	}
 	if err != nil {
 		return err
 	}
@@ -225,22 +234,41 @@ func (d *Driver) clearAttachment(ctx context.Context, vm, disk string) error {
 	return nil
 }
 
-// GetDisks implements driver.Driver.
+// GetDisks implements driver.Driver: the disks whose records name the VM
+// (the records, not the VM's links, are the truth).
 func (d *Driver) GetDisks(_ context.Context, vm string) ([]string, error) {
 	if _, err := d.loadVM(vm); err != nil {
 		return nil, err
 	}
-	links, err := os.ReadDir(filepath.Join(d.path(vms, vm), "disks"))
+	return d.disksAttachedTo(vm)
+}
+
+// disksAttachedTo lists the disks whose records say attached to vm.
+func (d *Driver) disksAttachedTo(vm string) ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(d.root, disks.dir))
 	if err != nil && !isNotExist(err) {
 		return nil, err
 	}
 	out := []string{}
-	for _, l := range links {
-		if rec, err := d.loadDisk(l.Name()); err == nil && rec.AttachedTo == vm {
+	for _, e := range entries {
+		if checkCID("disk", e.Name()) != nil {
+			continue // a .creating- or .deleting- directory
+		}
+		if rec, err := d.loadDisk(e.Name()); err == nil && rec.AttachedTo == vm {
 			out = append(out, rec.CID)
 		}
 	}
 	return out, nil
+}
+
+// vmExists: a VM published or being created (its create holds the name).
+func (d *Driver) vmExists(vm string) bool {
+	for _, p := range []string{d.path(vms, vm), filepath.Join(d.root, vms.dir, ".creating-"+vm)} {
+		if _, err := os.Lstat(p); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // ResizeDisk implements driver.Driver: grow only.

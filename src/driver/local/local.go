@@ -36,6 +36,9 @@ type Config struct {
 	RunProcesses *bool `json:"run_processes,omitempty"`
 	// MaxImageMiB caps what one stemcell image may unpack to.
 	MaxImageMiB int `json:"max_image_mib,omitempty"`
+	// MaxImageEntries caps the files one stemcell image may hold (empty
+	// files cost inodes, not bytes).
+	MaxImageEntries int `json:"max_image_entries,omitempty"`
 	// Isolation: "process" (VMs are process groups on the host, the
 	// default) or "container" (each VM an OCI container made from a rootfs
 	// stemcell, with its own address on a bridge; needs root and runc).
@@ -54,6 +57,9 @@ const (
 	DefaultLoopbackCIDR = "127.101.0.0/16"
 	DefaultShell        = "/bin/sh"
 	DefaultMaxImageMiB  = 10 << 10
+	// DefaultMaxImageEntries: a stemcell's root file system holds tens of
+	// thousands of files.
+	DefaultMaxImageEntries = 150000
 )
 
 // Driver implements driver.Driver on the local host.
@@ -138,6 +144,12 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	}
 	if c.MaxImageMiB < 0 {
 		return nil, errors.New("local: max_image_mib: must be positive")
+	}
+	if c.MaxImageEntries == 0 {
+		c.MaxImageEntries = DefaultMaxImageEntries
+	}
+	if c.MaxImageEntries < 0 {
+		return nil, errors.New("local: max_image_entries: must be positive")
 	}
 	if !filepath.IsAbs(c.Shell) {
 		return nil, fmt.Errorf("local: shell: must be an absolute path, got %q", c.Shell)

@@ -453,3 +453,73 @@ func TestStemcellImageMustBeARegularFile(t *testing.T) {
 		t.Fatalf("fifo: %v", err)
 	}
 }
+
+// An attach killed between recording the attachment and making the link,
+// or a VM that went without clearing the record, never leaves a disk that
+// nobody can detach or delete.
+func TestAttachmentsOfGoneVMsCanBeCleared(t *testing.T) {
+	root := t.TempDir()
+	d := newDriver(t, root)
+	ctx := context.Background()
+	sc := stemcell(t, d)
+	mkVM := func() string {
+		vm, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: sc, AgentID: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vm.CID
+	}
+	mkDisk := func(vm string) string {
+		disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.AttachDisk(ctx, vm, disk); err != nil {
+			t.Fatal(err)
+		}
+		return disk
+	}
+	// 1. The link gone (killed before it was made): get_disks still
+	// lists the disk, delete_vm clears it, delete_disk deletes it.
+	vm := mkVM()
+	disk := mkDisk(vm)
+	if err := os.Remove(filepath.Join(root, "vms", vm, "disks", disk)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := d.GetDisks(ctx, vm); err != nil || len(got) != 1 || got[0] != disk {
+		t.Errorf("get_disks = %v, %v; want the recorded disk", got, err)
+	}
+	if err := d.DeleteVM(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeleteDisk(ctx, disk); err != nil {
+		t.Errorf("delete_disk after delete_vm: %v", err)
+	}
+	// 2. The VM gone with the record still naming it: detach_disk
+	// forgets the attachment, and delete_disk works without it too.
+	for _, detachFirst := range []bool{true, false} {
+		vm := mkVM()
+		disk := mkDisk(vm)
+		if err := os.RemoveAll(filepath.Join(root, "vms", vm)); err != nil {
+			t.Fatal(err)
+		}
+		if detachFirst {
+			if err := d.DetachDisk(ctx, vm, disk); err != nil {
+				t.Errorf("detach_disk from a gone vm: %v", err)
+			}
+		}
+		if err := d.DeleteDisk(ctx, disk); err != nil {
+			t.Errorf("delete_disk of a disk attached to a gone vm: %v", err)
+		}
+	}
+	// A live VM's attachment still stops a delete.
+	vm = mkVM()
+	disk = mkDisk(vm)
+	if err := d.DeleteDisk(ctx, disk); err == nil || !strings.Contains(err.Error(), "detach it first") {
+		t.Errorf("delete_disk of an attached disk: %v", err)
+	}
+	// And a VM that was never there is VMNotFound, as before.
+	if err := d.DetachDisk(ctx, "vm-00000000-0000-0000-0000-000000000000", disk); !errors.Is(err, driver.ErrVMNotFound) {
+		t.Errorf("detach from an unknown vm: %v", err)
+	}
+}

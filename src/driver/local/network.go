@@ -2,12 +2,12 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,12 +33,50 @@ func ip(ctx context.Context, args ...string) error {
 // gateway is the bridge's (the host's) address on the VM network.
 func (d *Driver) gateway() netip.Addr { return d.prefix.Addr().Next() }
 
+// bridgeAlias marks the bridge this driver (this state dir) made: only
+// such a bridge is ever configured, never an interface someone else has.
+func (d *Driver) bridgeAlias() string { return "runway-cpi " + d.stateKey() }
+
+// linkAlias is an interface's alias in bin/cpi's network namespace (ip
+// asks the kernel over netlink; /sys may show another namespace's).
+func linkAlias(ctx context.Context, name string) (string, error) {
+	cmd := exec.CommandContext(ctx, "ip", "-o", "link", "show", "dev", name)
+	cmd.Env = []string{"PATH=" + vmPath}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("ip link show %s: %w", name, err)
+	}
+	if _, alias, ok := strings.Cut(strings.TrimSpace(string(out)), `\    alias `); ok {
+		return alias, nil
+	}
+	return "", nil
+}
+
+// bridgeRecord is the bridge the driver made, by interface index: the fast
+// path of every create_vm trusts an interface only while its index is the
+// one the driver made (a bridge deleted and made again by someone else
+// gets another).
+func (d *Driver) bridgeRecord() string { return filepath.Join(d.root, "bridge.json") }
+
+type bridgeRecord struct {
+	Name  string `json:"name"`
+	Index int    `json:"index"`
+}
+
+func (d *Driver) ownBridge(br string) bool {
+	var rec bridgeRecord
+	i, err := net.InterfaceByName(br)
+	return err == nil && readJSON(d.bridgeRecord(), &rec) == nil && rec.Name == br && rec.Index == i.Index
+}
+
 // ensureBridge makes the bridge, with the host's address, when missing.
 // It does not forward what arrives from VMs: they reach the host only.
+// An interface of that name that the driver did not make is refused, and
+// a bridge it made here is removed again when setting it up fails.
 func (d *Driver) ensureBridge(ctx context.Context) error {
 	br := d.cfg.Container.Bridge
 	want := netip.PrefixFrom(d.gateway(), d.prefix.Bits()).String()
-	if hasAddr(br, want) {
+	if d.ownBridge(br) && hasAddr(br, want) {
 		return nil
 	}
 	unlock, err := d.locks.Lock(ctx, "state-bridge")
@@ -46,20 +84,47 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
-	if _, err := net.InterfaceByName(br); err != nil {
+	made := false
+	if _, err := net.InterfaceByName(br); err == nil {
+		a, err := linkAlias(ctx, br)
+		if err != nil {
+			return err
+		}
+		if a != d.bridgeAlias() {
+			return fmt.Errorf("container.bridge: interface %s exists and is not the bridge of this state dir (alias %q, want %q): name another bridge, or delete it if an earlier Runway made it (ip link del %s)", br, a, d.bridgeAlias(), br)
+		}
+	} else {
 		if err := ip(ctx, "link", "add", br, "type", "bridge"); err != nil {
 			return fmt.Errorf("making bridge %s: %w", br, err)
 		}
-	}
-	if !hasAddr(br, want) {
-		if err := ip(ctx, "addr", "add", want, "dev", br); err != nil {
-			return fmt.Errorf("addressing bridge %s: %w", br, err)
+		made = true
+		if err := ip(ctx, "link", "set", br, "alias", d.bridgeAlias()); err != nil {
+			_ = deleteLink(br)
+			return fmt.Errorf("marking bridge %s: %w", br, err)
 		}
 	}
-	if err := d.firewall(ctx); err != nil {
-		return fmt.Errorf("bridge %s: %w", br, err)
+	err = func() error {
+		if !hasAddr(br, want) {
+			if err := ip(ctx, "addr", "add", want, "dev", br); err != nil {
+				return fmt.Errorf("addressing bridge %s: %w", br, err)
+			}
+		}
+		if err := d.firewall(ctx); err != nil {
+			return fmt.Errorf("bridge %s: %w", br, err)
+		}
+		if err := ip(ctx, "link", "set", br, "up"); err != nil {
+			return err
+		}
+		i, err := net.InterfaceByName(br)
+		if err != nil {
+			return err
+		}
+		return writeJSON(d.bridgeRecord(), bridgeRecord{Name: br, Index: i.Index})
+	}()
+	if err != nil && made {
+		_ = deleteLink(br)
 	}
-	return ip(ctx, "link", "set", br, "up")
+	return err
 }
 
 // firewall sets what may cross the bridge, once, when the driver makes it.
@@ -78,12 +143,6 @@ func (d *Driver) firewall(ctx context.Context) error {
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+br+"/forwarding", []byte(fwd), 0o644); err != nil {
 		return fmt.Errorf("setting forwarding: %w", err)
-	}
-	if _, err := exec.LookPath("iptables"); err != nil {
-		if d.cfg.Container.NAT {
-			return errors.New("container.nat needs iptables (Debian's iptables package)")
-		}
-		return nil // no forwarding from the bridge; inbound: the host's own rules
 	}
 	// Each rule goes to the top of its chain, so later ones come first:
 	// the accepting ones before the catch-all drop.
@@ -146,10 +205,13 @@ type netPlan struct {
 	HostIf  string   `json:"host_if"`
 	Addrs   []string `json:"addrs"` // CIDR notation, on eth0
 	Gateway string   `json:"gateway"`
+	// Isolated: the VM's bridge port talks to the host only, not to the
+	// other VMs' ports (the kernel's bridge port isolation).
+	Isolated bool `json:"isolated"`
 }
 
 func (d *Driver) netPlan(c ctr, nets driver.Networks) netPlan {
-	p := netPlan{Bridge: d.cfg.Container.Bridge, HostIf: c.hostIf(), Gateway: d.gateway().String()}
+	p := netPlan{Bridge: d.cfg.Container.Bridge, HostIf: c.hostIf(), Gateway: d.gateway().String(), Isolated: !d.cfg.Container.AllowVMToVM}
 	names := make([]string, 0, len(nets))
 	for name := range nets {
 		names = append(names, name)
@@ -169,7 +231,15 @@ func (p netPlan) connect(ctx context.Context, pid int) error {
 	if err := ip(ctx, "link", "add", p.HostIf, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)); err != nil {
 		return err
 	}
-	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge, "up"); err != nil {
+	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge); err != nil {
+		return err
+	}
+	if p.Isolated {
+		if err := ip(ctx, "link", "set", "dev", p.HostIf, "type", "bridge_slave", "isolated", "on"); err != nil {
+			return err
+		}
+	}
+	if err := ip(ctx, "link", "set", p.HostIf, "up"); err != nil {
 		return err
 	}
 	// One nsenter for the inside: ip in batch mode.

@@ -17,11 +17,20 @@ import (
 // a full disk breaks every later call (locks, records), not just this one.
 const reserveBytes = 64 << 20
 
-// spaceBudget bounds what one call writes: at most limit bytes (when > 0),
-// and never so much that less than reserveBytes stays free.
+// reserveInodes is left free likewise: empty files cost no bytes, but
+// each takes an inode.
+const reserveInodes = 10000
+
+// spaceBudget bounds what one call writes: at most limit bytes (when > 0)
+// and maxEntries files (when > 0), and never so much that less than
+// reserveBytes or reserveInodes stays free.
 type spaceBudget struct {
 	room, limit, used int64
-	where             string
+	// entries: files made so far; inodeRoom counts only when inodes (the
+	// file system has a fixed inode table).
+	entries, maxEntries, inodeRoom int64
+	inodes                         bool
+	where                          string
 }
 
 // spaceBudget measures the free space now.
@@ -31,11 +40,27 @@ func (d *Driver) spaceBudget(limit int64) (*spaceBudget, error) {
 		return nil, err
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
-	b := &spaceBudget{room: free - reserveBytes, limit: limit, where: d.root}
+	b := &spaceBudget{room: free - reserveBytes, limit: limit, where: d.root, maxEntries: int64(d.cfg.MaxImageEntries)}
+	if st.Files > 0 { // file systems without a fixed inode table report 0
+		b.inodes, b.inodeRoom = true, int64(st.Ffree)-reserveInodes
+	}
 	if b.room <= 0 {
 		return nil, fmt.Errorf("%w: %d MiB free in %s, %d MiB are kept free", driver.ErrNoDiskSpace, free>>20, d.root, reserveBytes>>20)
 	}
 	return b, nil
+}
+
+// takeEntry accounts for one more file, or says why it does not fit.
+func (b *spaceBudget) takeEntry() error {
+	b.entries++
+	if b.maxEntries > 0 && b.entries > b.maxEntries {
+		return driver.Invalid("the image has more than %d entries (max_image_entries)", b.maxEntries)
+	}
+	if b.inodes && b.entries > b.inodeRoom {
+		return fmt.Errorf("%w: the image needs more than the %d inodes free in %s (%d are kept free)",
+			driver.ErrNoDiskSpace, b.inodeRoom, b.where, reserveInodes)
+	}
+	return nil
 }
 
 // take accounts for n more bytes, or says why they do not fit.
@@ -97,45 +122,61 @@ func treeSize(dir string) (int64, error) {
 
 // copyTree copies dir src to dst (which must not exist): directories,
 // regular files and symlinks; sockets, FIFOs and devices a VM made are not
-// data and are skipped. It follows ctx and charges budget per file.
+// data and are skipped. Both sides are opened as roots: a VM that swaps a
+// directory for a link mid-copy cannot make it read or write beyond them.
+// It follows ctx and charges budget per file.
 func copyTree(ctx context.Context, src, dst string, budget *spaceBudget) error {
-	return filepath.WalkDir(src, func(path string, e fs.DirEntry, err error) error {
+	in, err := os.OpenRoot(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	out, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	return fs.WalkDir(in.FS(), ".", func(name string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(src, path)
-		target := filepath.Join(dst, rel)
 		info, err := e.Info()
 		if err != nil {
 			return err
 		}
 		switch {
 		case e.IsDir():
-			return os.MkdirAll(target, info.Mode().Perm()|0o700)
+			if name == "." {
+				return out.Chmod(".", info.Mode().Perm()|0o700)
+			}
+			return out.Mkdir(name, info.Mode().Perm()|0o700)
 		case e.Type()&fs.ModeSymlink != 0:
-			link, err := os.Readlink(path)
+			link, err := in.Readlink(name)
 			if err != nil {
 				return err
 			}
-			return os.Symlink(link, target)
+			return out.Symlink(link, name)
 		case e.Type().IsRegular():
 			if err := budget.take(info.Size()); err != nil {
 				return err
 			}
-			in, err := os.Open(path)
+			r, err := in.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 			if err != nil {
 				return err
 			}
-			defer in.Close()
-			out, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, info.Mode().Perm()|0o600)
+			defer r.Close()
+			w, err := out.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, info.Mode().Perm()|0o600)
 			if err != nil {
 				return err
 			}
-			_, err = copyContext(ctx, out, in)
-			if cerr := out.Close(); err == nil {
+			_, err = copyContext(ctx, w, r)
+			if cerr := w.Close(); err == nil {
 				err = cerr
 			}
 			return err

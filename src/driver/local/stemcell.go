@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -97,9 +98,13 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 // untar unpacks src into dst, refusing entries that would land outside dst
 // and anything but regular files, directories, symlinks and hard links,
 // and stopping with the call's context or when the content outgrows
-// budget. rootfs: the image is a VM's root file system (container mode):
-// owners and modes (setuid, sticky) are kept, and device nodes and FIFOs
-// skipped (the runtime makes /dev).
+// budget (bytes, entries, inodes). rootfs: the image is a VM's root file
+// system (container mode): owners, modes (setuid, sticky) and times are
+// kept, and device nodes and FIFOs skipped (the runtime makes /dev).
+//
+// Every step goes through an os.Root on dst, so no path, link or earlier
+// entry of the archive can make it touch anything outside the image; an
+// entry that would land on a symlink the archive planted is refused.
 func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs bool) error {
 	f, err := os.Open(src)
 	if err != nil {
@@ -116,9 +121,22 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 		defer gz.Close()
 		r = gz
 	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	tr := tar.NewReader(r)
 	entries := 0
 	links := map[string]bool{}
+	type dirTime struct {
+		name string
+		t    time.Time
+	}
+	var dirTimes []dirTime
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -131,6 +149,9 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 			return fmt.Errorf("not a valid tar archive: %w", err)
 		}
 		entries++
+		if err := budget.takeEntry(); err != nil {
+			return err
+		}
 		name := filepath.Clean(h.Name)
 		if filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("entry %q escapes the image directory", h.Name)
@@ -138,29 +159,37 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 		if name == "." {
 			continue
 		}
-		// A file below a symlink from the same archive could land anywhere.
-		for p := filepath.Dir(name); p != "."; p = filepath.Dir(p) {
+		// A file below a symlink from the same archive could land anywhere;
+		// so could one written onto it.
+		for p := name; p != "."; p = filepath.Dir(p) {
 			if links[p] {
-				return fmt.Errorf("entry %q lies below symlink %q", h.Name, p)
+				return fmt.Errorf("entry %q lies on or below symlink %q of the same archive", h.Name, p)
 			}
 		}
-		target := filepath.Join(dst, name)
 		keep := func() error {
 			if !rootfs {
 				return nil
 			}
-			if err := os.Lchown(target, h.Uid, h.Gid); err != nil {
+			if err := root.Lchown(name, h.Uid, h.Gid); err != nil {
 				return err
 			}
 			if h.Typeflag == tar.TypeSymlink {
 				return nil
 			}
 			// After chown, which clears setuid bits.
-			return os.Chmod(target, os.FileMode(h.Mode&0o777)|modeBits(h.Mode))
+			if err := root.Chmod(name, os.FileMode(h.Mode&0o777)|modeBits(h.Mode)); err != nil {
+				return err
+			}
+			if h.Typeflag == tar.TypeDir {
+				dirTimes = append(dirTimes, dirTime{name, h.ModTime}) // set once nothing is added below
+				return nil
+			}
+			return root.Chtimes(name, h.AccessTime, h.ModTime)
 		}
+		parent := func() error { return root.MkdirAll(filepath.Dir(name), 0o755) }
 		switch h.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o755); err != nil {
+			if err := root.MkdirAll(name, 0o755); err != nil {
 				return err
 			}
 			if err := keep(); err != nil {
@@ -170,10 +199,10 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 			if err := budget.take(h.Size); err != nil {
 				return fmt.Errorf("entry %q: %w", h.Name, err)
 			}
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			if err := parent(); err != nil {
 				return err
 			}
-			out, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, os.FileMode(h.Mode&0o755|0o600))
+			out, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, os.FileMode(h.Mode&0o755|0o600))
 			if err != nil {
 				return err
 			}
@@ -188,10 +217,10 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 				return err
 			}
 		case tar.TypeSymlink:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			if err := parent(); err != nil {
 				return err
 			}
-			if err := os.Symlink(h.Linkname, target); err != nil {
+			if err := root.Symlink(h.Linkname, name); err != nil {
 				return err
 			}
 			links[name] = true
@@ -208,10 +237,10 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 					return fmt.Errorf("hard link %q points through symlink %q", h.Name, p)
 				}
 			}
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			if err := parent(); err != nil {
 				return err
 			}
-			if err := os.Link(filepath.Join(dst, old), target); err != nil {
+			if err := root.Link(old, name); err != nil {
 				return err
 			}
 		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
@@ -224,6 +253,11 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 	}
 	if entries == 0 {
 		return errors.New("not a valid tar archive: no entries")
+	}
+	for i := len(dirTimes) - 1; i >= 0; i-- {
+		if err := root.Chtimes(dirTimes[i].name, dirTimes[i].t, dirTimes[i].t); err != nil {
+			return err
+		}
 	}
 	return nil
 }

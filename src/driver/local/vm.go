@@ -329,9 +329,18 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 			return err
 		}
 	}
+	// Every disk whose record names the VM, linked or not (an attach
+	// killed between its record and its link).
+	attached, err := d.disksAttachedTo(cid)
+	if err != nil {
+		return err
+	}
 	links, _ := os.ReadDir(filepath.Join(dir, "disks"))
 	for _, l := range links {
-		if err := d.clearAttachment(ctx, cid, l.Name()); err != nil {
+		attached = append(attached, l.Name())
+	}
+	for _, disk := range attached {
+		if err := d.clearAttachment(ctx, cid, disk); err != nil {
 			return err
 		}
 	}
@@ -400,7 +409,8 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		if err := d.ensureBridge(ctx); err != nil {
 			return err
 		}
-		if err := d.startContainer(ctx, *rec, d.netPlan(d.ctr(cid), rec.Networks), props.RAM); err != nil {
+		ram, _ := d.limits(props)
+		if err := d.startContainer(ctx, *rec, d.netPlan(d.ctr(cid), rec.Networks), ram); err != nil {
 			return err
 		}
 		d.log.Info("local", "vm %s restarted", cid)
