@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -110,6 +112,63 @@ func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 		t.Fatalf("after the slots freed: %v", err)
 	}
 	resp.Body.Close()
+}
+
+// Keep-alive clients that sent their request and stay idle never keep a
+// new client out: the cap closes the longest idle connection for it. And
+// many clients reusing their connections all get answers.
+func TestIdleConnectionsNeverKeepANewClientOut(t *testing.T) {
+	addr := serve(t, testDaemon(t, "http: {max_connections: 8}"))
+	var idlers []*http.Client
+	for range 20 {
+		c := &http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second}
+		resp, err := c.Get("http://" + addr + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close() // the connection stays open, idle
+		idlers = append(idlers, c)
+	}
+	fresh := &http.Client{Transport: &http.Transport{}, Timeout: 2 * time.Second}
+	start := time.Now()
+	resp, err := fresh.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz with 20 idle keep-alive connections open (cap 8): %v", err)
+	}
+	resp.Body.Close()
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("/healthz took %s", took)
+	}
+	// 200 clients × 10 requests each on their own kept-alive connection,
+	// at once, through a cap of 8: every request answered.
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+			for range 10 {
+				resp, err := c.Get("http://" + addr + "/healthz")
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of 2000 requests failed, first: %v", n, firstErr.Load())
+	}
+	for _, c := range idlers {
+		c.CloseIdleConnections()
+	}
 }
 
 // Without admin_token_file, drain and resume work on a loopback listener
