@@ -17,8 +17,28 @@ apt_need() {
     exit 1
   fi
   echo "installing ${missing[*]} with apt-get" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt_get update -qq
+  apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# apt_get runs apt-get, waiting (up to 10 min) for a lock another apt or
+# dpkg holds instead of failing at once: a new machine may be installing
+# something else when the suite starts.
+apt_get() {
+  local out status i
+  for i in $(seq 60); do
+    status=0
+    out=$(DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1) || status=$?
+    if [ "$status" -ne 0 ] && grep -q "Could not get lock" <<<"$out"; then
+      echo "apt-get: another apt holds its lock; waiting (${i}0 s)" >&2
+      sleep 10
+      continue
+    fi
+    printf '%s\n' "$out"
+    return "$status"
+  done
+  echo "apt-get: the apt lock stayed held for 10 minutes" >&2
+  return 1
 }
 
 # debian_mirror is the first Debian archive URI apt itself uses (no
