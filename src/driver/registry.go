@@ -3,6 +3,7 @@ package driver
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -133,12 +134,12 @@ func (r Registration) contextLayer(what string, m map[string]any) error {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	fields := r.keys()
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		if slices.Contains(r.ContextKeys, k) {
 			continue
 		}
 		if _, ok := fields[k]; !ok {
-			return strict.Unknown(what, k, append(sortedKeys(fields), r.AliasKeys()...))
+			return strict.Unknown(what, k, append(slices.Sorted(maps.Keys(fields)), r.AliasKeys()...))
 		}
 		may := "no " + r.Name + " key"
 		if len(r.ContextKeys) > 0 {
@@ -160,13 +161,4 @@ func deepMerge(dst, src map[string]any) map[string]any {
 		dst[k] = v
 	}
 	return dst
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -155,6 +155,51 @@ func expectNothingLeft() {
 	}
 }
 
+// ownDriver is a container-mode driver of its own (state dir, bridge):
+// a stemcell made from the suite's image, create_vm answering the cid and
+// its address, the console of a VM; everything is deleted after the spec.
+type ownDriver struct {
+	state string
+	call  func(method string, args ...any) json.RawMessage
+	sc    string
+}
+
+func newOwnDriver(container map[string]any) *ownDriver {
+	dir := GinkgoT().TempDir()
+	cfg := filepath.Join(dir, "cpi.json")
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
+		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2, "container": container}})
+	Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
+	o := &ownDriver{state: filepath.Join(dir, "state")}
+	o.call = func(method string, args ...any) json.RawMessage {
+		r := runWith(cfg, request(method, 2, args...))
+		ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
+		return r.Result
+	}
+	o.sc = asString(o.call("create_stemcell", fx.Image, map[string]any{}))
+	DeferCleanup(func() { o.call("delete_stemcell", o.sc) })
+	return o
+}
+
+func (o *ownDriver) vm(command string) (string, string) {
+	var res []json.RawMessage
+	ExpectWithOffset(1, json.Unmarshal(o.call("create_vm", "agent-own", o.sc, map[string]any{"command": command}, dynamic, []string{}, map[string]any{}), &res)).To(Succeed())
+	var nets map[string]struct {
+		IP string `json:"ip"`
+	}
+	ExpectWithOffset(1, json.Unmarshal(res[1], &nets)).To(Succeed())
+	cid := asString(res[0])
+	DeferCleanup(func() { o.call("delete_vm", cid) })
+	return cid, nets["default"].IP
+}
+
+func (o *ownDriver) console(cid string) func() string {
+	return func() string {
+		b, _ := os.ReadFile(filepath.Join(o.state, "vms", cid, "console.log"))
+		return string(b)
+	}
+}
+
 var _ = describeContainer("container isolation", Ordered, func() {
 	var stemcell string
 	var made []string
@@ -261,42 +306,11 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Expect(out).To(ContainSubstring(fmt.Sprint(2048 << 20)))
 
 		// container.allow_vm_to_vm: VMs of that bridge reach each other.
-		openDir := GinkgoT().TempDir()
-		openCfg := filepath.Join(openDir, "cpi.json")
-		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(openDir, "state"),
-			"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2,
-				"container": map[string]any{"bridge": "rwopen0", "cidr": "10.250.9.0/24", "allow_vm_to_vm": true}}})
-		Expect(os.WriteFile(openCfg, b, 0o600)).To(Succeed())
-		openCall := func(method string, args ...any) json.RawMessage {
-			r := runWith(openCfg, request(method, 2, args...))
-			ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
-			return r.Result
-		}
-		sc := asString(openCall("create_stemcell", fx.Image, map[string]any{}))
-		var vms []string
-		DeferCleanup(func() {
-			for _, v := range vms {
-				openCall("delete_vm", v)
-			}
-			openCall("delete_stemcell", sc)
-		})
-		mk := func(command string) (string, string) {
-			var res []json.RawMessage
-			Expect(json.Unmarshal(openCall("create_vm", "agent-open", sc, map[string]any{"command": command}, dynamic, []string{}, map[string]any{}), &res)).To(Succeed())
-			var nets map[string]struct {
-				IP string `json:"ip"`
-			}
-			Expect(json.Unmarshal(res[1], &nets)).To(Succeed())
-			vms = append(vms, asString(res[0]))
-			return asString(res[0]), nets["default"].IP
-		}
-		_, openIP := mk("busybox httpd -f -p 8080 -h /")
-		prober, _ := mk("until busybox nc -w 1 " + openIP + " 8080 </dev/null; do sleep 0.2; done; echo REACHED-PEER; " +
+		open := newOwnDriver(map[string]any{"bridge": "rwopen0", "cidr": "10.250.9.0/24", "allow_vm_to_vm": true})
+		_, openIP := open.vm("busybox httpd -f -p 8080 -h /")
+		prober, _ := open.vm("until busybox nc -w 1 " + openIP + " 8080 </dev/null; do sleep 0.2; done; echo REACHED-PEER; " +
 			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done")
-		Eventually(func() string {
-			b, _ := os.ReadFile(filepath.Join(openDir, "state", "vms", prober, "console.log"))
-			return string(b)
-		}, "15s", "50ms").Should(ContainSubstring("REACHED-PEER"))
+		Eventually(open.console(prober), "15s", "50ms").Should(ContainSubstring("REACHED-PEER"))
 	})
 
 	It("uses only a bridge it made: an interface someone else has is refused by name and left as it was", func() {
@@ -469,38 +483,14 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Expect(dialFrom(up, ip+":8080")).To(HaveOccurred())
 
 		// The same with container.nat, on its own bridge and state dir.
-		natDir := GinkgoT().TempDir()
-		natCfg := filepath.Join(natDir, "cpi.json")
-		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(natDir, "state"),
-			"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2,
-				"container": map[string]any{"bridge": "rwnat0", "cidr": "10.250.8.0/24", "nat": true}}})
-		Expect(os.WriteFile(natCfg, b, 0o600)).To(Succeed())
-		natCall := func(method string, args ...any) json.RawMessage {
-			r := runWith(natCfg, request(method, 2, args...))
-			ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
-			return r.Result
-		}
-		sc := asString(natCall("create_stemcell", fx.Image, map[string]any{}))
-		var res []json.RawMessage
-		Expect(json.Unmarshal(natCall("create_vm", "agent-nat", sc, map[string]any{"command": "busybox httpd -p 8080 -h /; " + dial}, dynamic, []string{}, map[string]any{}), &res)).To(Succeed())
-		natVM := asString(res[0])
-		var nets map[string]struct {
-			IP string `json:"ip"`
-		}
-		Expect(json.Unmarshal(res[1], &nets)).To(Succeed())
-		DeferCleanup(func() {
-			natCall("delete_vm", natVM)
-			natCall("delete_stemcell", sc)
-		})
-		natConsole := func() string {
-			b, _ := os.ReadFile(filepath.Join(natDir, "state", "vms", natVM, "console.log"))
-			return string(b)
-		}
+		nat := newOwnDriver(map[string]any{"bridge": "rwnat0", "cidr": "10.250.8.0/24", "nat": true})
+		natVM, natIP := nat.vm("busybox httpd -p 8080 -h /; " + dial)
+		natConsole := nat.console(natVM)
 		Eventually(natConsole, "15s", "50ms").Should(ContainSubstring("hello from beyond"))
 		Expect(<-peers).To(Equal("172.31.250.1"), "the VM's connection is masqueraded as the host's")
 		// Out, not in: the VM's web server is closed to what lies beyond.
-		Expect(dialFrom(up, nets["default"].IP+":8080")).To(HaveOccurred())
-		Eventually(func() (string, error) { return httpGet(nets["default"].IP+":8080", "/etc/hostname") }, "10s", "50ms").ShouldNot(BeEmpty())
+		Expect(dialFrom(up, natIP+":8080")).To(HaveOccurred())
+		Eventually(func() (string, error) { return httpGet(natIP+":8080", "/etc/hostname") }, "10s", "50ms").ShouldNot(BeEmpty())
 	})
 
 	It("runs garm's instances as containers, through garm's provider protocol", func() {

@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,10 +115,10 @@ func walkJSON(path string, v any, t reflect.Type, suggest []string) error {
 			return leafJSON(path, v, t)
 		}
 		fields := Fields(t, "json")
-		for _, k := range sortedKeys(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			ft, ok := fields[k]
 			if !ok {
-				return Unknown(path, k, append(keysOf(fields), suggest...))
+				return Unknown(path, k, append(slices.Sorted(maps.Keys(fields)), suggest...))
 			}
 			if err := walkJSON(Join(path, k), m[k], ft, nil); err != nil {
 				return err
@@ -139,7 +141,7 @@ func walkJSON(path string, v any, t reflect.Type, suggest []string) error {
 		if !ok {
 			return leafJSON(path, v, t)
 		}
-		for _, k := range sortedKeys(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			if err := walkJSON(Join(path, k), m[k], t.Elem(), nil); err != nil {
 				return err
 			}
@@ -345,14 +347,3 @@ func Join(path, key string) string {
 	}
 	return path + "." + key
 }
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func keysOf(m map[string]reflect.Type) []string { return sortedKeys(m) }
