@@ -97,6 +97,9 @@ func TestReleaseInstallsAndRunsLikeTheAgent(t *testing.T) {
 			}
 		}
 	})
+	t.Run("bosh create-env's layout on container mode: a warden-style VM, its disk kept across a recreate", func(t *testing.T) {
+		createEnvLifecycle(t, rel, vcap, work)
+	})
 	cpi.t = t
 	t.Run("the orchestrator job starts, calls the colocated CPI and stops", func(t *testing.T) {
 		cpi.t = t

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -46,6 +48,9 @@ type ContainerConfig struct {
 	// AllowVMToVM lets VMs on the bridge reach each other (a BOSH
 	// Director's VMs talk to it); by default each reaches the host only.
 	AllowVMToVM bool `json:"allow_vm_to_vm,omitempty"`
+	// BoshAgent gives every VM the agent profile (cloud properties'
+	// bosh_agent decide per VM).
+	BoshAgent bool `json:"bosh_agent,omitempty"`
 	// DefaultRAMMiB and DefaultCPU limit a VM whose cloud properties
 	// give no ram or cpu.
 	DefaultRAMMiB int `json:"default_ram_mib,omitempty"`
@@ -76,9 +81,17 @@ const (
 // library's newer one, and nothing used here is newer than 1.0.2.
 const ociVersion = "1.0.2"
 
-// idleCommand is what a container VM with no command runs: a PID 1 that
-// ends on SIGTERM (a plain sleep as PID 1 ignores it).
-var idleCommand = []string{"/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"}
+// agentInit is what a warden stemcell starts its services (the agent,
+// monit, sshd) with: runit's runsvdir over /etc/service.
+const agentInit = "/usr/sbin/runsvdir-start"
+
+// agentBoot is a container VM's PID 1 when it has no command, as the
+// warden CPI starts one: the agent's runtime dir fresh, the stemcell's
+// time sync (chronyc) off — a container cannot set the clock — and
+// runsvdir, which ends on SIGTERM.
+var agentBoot = []string{"/bin/sh", "-c", "rm -rf /var/vcap/data/sys && mkdir -p /var/vcap/data/sys && " +
+	"{ [ ! -f /var/vcap/bosh/bin/sync-time ] || sed -i 's/chronyc/# chronyc/g' /var/vcap/bosh/bin/sync-time; } && " +
+	"exec env -i " + agentInit}
 
 func (d *Driver) containers() bool { return d.cfg.Isolation == IsolationContainer }
 
@@ -228,7 +241,9 @@ func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, se
 		return err
 	}
 	if len(argv) == 0 {
-		argv = idleCommand
+		// A VM recorded before create_vm started the stemcell's init (or
+		// refused a VM with nothing to run) idles.
+		argv = []string{"/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"}
 	}
 	spec, err := d.ociSpec(c, rec, props, argv)
 	if err != nil {
@@ -255,7 +270,20 @@ func (d *Driver) mountVM(rec vmRecord) error {
 			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work"))
+	// The overlay's root takes the upper directory's owner and mode: the
+	// image root's, or every user but root is kept out of the VM's /.
+	upper := filepath.Join(c.dir, "upper")
+	if fi, err := os.Stat(image); err != nil {
+		return err
+	} else if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		if err := os.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
+		if err := os.Chmod(upper, fi.Mode()&(os.ModePerm|os.ModeSticky)); err != nil {
+			return err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, upper, filepath.Join(c.dir, "work"))
 	if err := unix.Mount("overlay", c.rootfs(), "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mounting the vm's root file system: %w", err)
 	}
@@ -321,10 +349,48 @@ func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) err
 	if err := write(metadataJSONPath, md, 0o600); err != nil {
 		return err
 	}
+	// The VM's resolver: its networks' DNS, else the host's (a link the
+	// image has there, into a resolver daemon's runtime dir, is replaced).
+	if fi, err := root.Lstat("etc/resolv.conf"); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if err := root.Remove("etc/resolv.conf"); err != nil {
+			return fmt.Errorf("replacing /etc/resolv.conf in the vm: %w", err)
+		}
+	}
+	if err := write("/etc/resolv.conf", resolvConf(rec.Networks), 0o644); err != nil {
+		return err
+	}
 	if userData != "" {
 		return write(userDataPath, []byte(userData), 0o700)
 	}
 	return nil
+}
+
+// resolvConf is /etc/resolv.conf for a VM on nets: the DNS servers of the
+// network that is the default for dns first, then the others', each once;
+// none at all: the host's resolv.conf.
+func resolvConf(nets driver.Networks) []byte {
+	names := slices.Sorted(maps.Keys(nets))
+	sort.SliceStable(names, func(i, j int) bool {
+		return slices.Contains(nets[names[i]].Default, "dns") && !slices.Contains(nets[names[j]].Default, "dns")
+	})
+	var b strings.Builder
+	seen := map[string]bool{}
+	for _, name := range names {
+		for _, s := range nets[name].DNS {
+			if net.ParseIP(s) != nil && !seen[s] {
+				seen[s] = true
+				fmt.Fprintf(&b, "nameserver %s\n", s)
+			}
+		}
+	}
+	if b.Len() == 0 {
+		host, err := os.ReadFile("/etc/resolv.conf")
+		if err != nil {
+			return nil
+		}
+		return host
+	}
+	return []byte(b.String())
 }
 
 // withAddresses answers the agent settings with the networks the VM got:
@@ -338,12 +404,14 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 	if n == nil {
 		n = map[string]any{}
 	}
-	for name, net := range nets {
+	for name, nw := range nets {
 		entry, _ := n[name].(map[string]any)
 		if entry == nil {
-			entry = map[string]any{"type": net.Type}
+			entry = map[string]any{"type": nw.Type}
 		}
-		entry["ip"], entry["netmask"], entry["gateway"] = net.IP, net.Netmask, net.Gateway
+		entry["ip"], entry["netmask"], entry["gateway"] = nw.IP, nw.Netmask, nw.Gateway
+		// The driver configured the interface: the agent must not.
+		entry["preconfigured"] = true
 		n[name] = entry
 	}
 	m["networks"] = n
@@ -354,12 +422,44 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 	return b
 }
 
+// defaultCaps are every container VM's: runc's defaults.
+var defaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+
+// agentCaps are what a BOSH agent and the jobs it runs need as root beyond
+// those (bosh-agent's platform/linux_platform.go and the stemcell's runit
+// services), each for a reason — and no more: the warden CPI makes fully
+// privileged containers instead (docs/configuration.md, "The agent profile").
+var agentCaps = []string{
+	"CAP_CHOWN",        // useradd/usermod rewrite /etc/passwd and /etc/shadow; root:vcap on the agent's dirs
+	"CAP_DAC_OVERRIDE", // root reads and writes files of vcap and the jobs' users
+	"CAP_FOWNER",       // chmod of files root does not own (/dev/shm, job dirs)
+	"CAP_FSETID",       // files root changes keep their setuid/setgid bits
+	"CAP_SETUID",       // jobs run as vcap (monit, chpst), sudo, su, sshd
+	"CAP_SETGID",       // likewise, their groups
+	"CAP_SYS_ADMIN",    // the agent's mounts (tmpfs, bind, remounts, the persistent disk at /var/vcap/store) and hostname
+	"CAP_NET_ADMIN",    // the agent's nftables firewall for monit, in the VM's own network namespace
+	"CAP_SYS_CHROOT",   // sshd's privilege separation (bosh ssh)
+}
+
 // ociSpec is the VM's OCI runtime config: the runtime's own defaults
 // (what `runc spec` writes: namespaces, masked paths, three
 // capabilities, no new privileges) plus hostname, limits, the disks mount
 // and the VM's command and environment — nothing of the host's.
 func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.Spec, error) {
-	caps := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+	caps := defaultCaps
+	noNewPrivs, nofile := true, uint64(1024)
+	if d.agentProfile(p) {
+		caps = append(append([]string{}, defaultCaps...), agentCaps...)
+		// Jobs and bosh ssh users switch users (sudo, su: setuid), and
+		// servers such as NATS and PostgreSQL hold many files: up to
+		// 65536, within the host's own hard limit (raising past it needs
+		// CAP_SYS_RESOURCE, which no VM gets).
+		noNewPrivs, nofile = false, 65536
+		var host syscall.Rlimit
+		if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &host) == nil && host.Max < nofile {
+			nofile = host.Max
+		}
+	}
 	env := []string{"PATH=" + vmPath, "HOME=/root", "TERM=dumb",
 		envMarker + "=" + rec.CID, "RUNWAY_AGENT_ID=" + rec.AgentID,
 		"RUNWAY_AGENT_SETTINGS=" + agentSettingsPath, "RUNWAY_DISKS_DIR=" + diskMountDir}
@@ -392,8 +492,8 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 			User: specs.User{UID: 0, GID: 0},
 			Args: argv, Env: env, Cwd: "/",
 			Capabilities:    &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
-			NoNewPrivileges: true,
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+			NoNewPrivileges: noNewPrivs,
 		},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},

@@ -132,6 +132,7 @@ func TestUntarRootfsKeepsOwnersModesAndHardLinks(t *testing.T) {
 		}
 		tw.Write([]byte(body))
 	}
+	add(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755}, "")
 	add(&tar.Header{Name: "./tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}, "")
 	add(&tar.Header{Name: "./usr/bin/su", Typeflag: tar.TypeReg, Mode: 0o4755, Uid: os.Getuid(), Gid: os.Getgid()}, "su")
 	add(&tar.Header{Name: "./home/u/f", Typeflag: tar.TypeReg, Mode: 0o640, Uid: owner, Gid: owner}, "f")
@@ -152,6 +153,11 @@ func TestUntarRootfsKeepsOwnersModesAndHardLinks(t *testing.T) {
 			t.Fatal(err)
 		}
 		return fi, fi.Sys().(*syscall.Stat_t)
+	}
+	// The root's own mode too: a 0700 root (the staging directory's)
+	// keeps every user but root out of the VM.
+	if fi, _ := st("."); fi.Mode().Perm() != 0o755 {
+		t.Errorf("image root mode %v", fi.Mode())
 	}
 	if fi, _ := st("tmp"); fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
 		t.Errorf("/tmp mode %v", fi.Mode())

@@ -66,6 +66,13 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err != nil {
 		return "", err
 	}
+	// The data dir is the disk's root inside a VM (/var/vcap/store): 0755,
+	// as a fresh file system's root, so the jobs' users can reach their
+	// directories on it. The disk's own directory stays 0700.
+	if err := os.Chmod(filepath.Join(tmp, "data"), 0o755); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
 	rec := diskRecord{CID: cid, SizeMiB: spec.SizeMiB, CloudProps: spec.CloudProps, Tags: spec.Tags,
 		Metadata: map[string]string{}, NearVM: spec.VMCID, CreatedAt: now()}
 	if err := d.publish(disks, cid, tmp, rec); err != nil {

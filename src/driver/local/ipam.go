@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -31,7 +32,9 @@ func (d *Driver) allocate(ctx context.Context, cid string, in driver.Networks) (
 				if err := d.usable(a); err != nil {
 					return nil, driver.Invalid("network %s: ip %s: %v", name, n.IP, err)
 				}
-				n.Netmask, n.Gateway = netmask(d.prefix), d.gateway().String()
+				if err := d.fitManual(name, a, &n); err != nil {
+					return nil, err
+				}
 				need++
 			}
 		} else {
@@ -123,6 +126,37 @@ func (d *Driver) ownerAlive(cid string) bool {
 func netmask(p netip.Prefix) string {
 	m := uint32(0xffffffff) << (32 - p.Bits())
 	return fmt.Sprintf("%d.%d.%d.%d", m>>24, m>>16&0xff, m>>8&0xff, m&0xff)
+}
+
+// fitManual keeps a manual network's netmask and gateway, as the manifest
+// gives them (the agent and the VM's interface use them), when they fit
+// the bridge: the subnet inside container.cidr, the gateway the host's
+// bridge address (the only router there is). Missing ones are the
+// bridge's.
+func (d *Driver) fitManual(name string, a netip.Addr, n *driver.Network) error {
+	bits := d.prefix.Bits()
+	if n.Netmask != "" {
+		m := net.ParseIP(n.Netmask).To4()
+		ones, size := net.IPMask(m).Size()
+		if m == nil || size != 32 {
+			return driver.Invalid("networks.%s.netmask %q is not an IPv4 netmask", name, n.Netmask)
+		}
+		if ones < d.prefix.Bits() {
+			return driver.Invalid("networks.%s.netmask %s: the subnet %s is wider than the vm network container.cidr %s",
+				name, n.Netmask, netip.PrefixFrom(a, ones).Masked(), d.prefix)
+		}
+		bits = ones
+	}
+	if n.Gateway != "" && n.Gateway != d.gateway().String() {
+		return driver.Invalid("networks.%s.gateway %s: VMs route through the host, %s on the bridge (container.cidr %s)",
+			name, n.Gateway, d.gateway(), d.prefix)
+	}
+	if !netip.PrefixFrom(a, bits).Masked().Contains(d.gateway()) {
+		return driver.Invalid("networks.%s: the subnet %s (netmask %s) does not hold the host's address %s, the vm's gateway",
+			name, netip.PrefixFrom(a, bits).Masked(), n.Netmask, d.gateway())
+	}
+	n.Netmask, n.Gateway = netmask(netip.PrefixFrom(a, bits)), d.gateway().String()
+	return nil
 }
 
 // usable: a VM address inside the bridge's network that is neither the

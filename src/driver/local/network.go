@@ -218,9 +218,15 @@ func (d *Driver) netPlan(c ctr, nets driver.Networks) netPlan {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if a, err := netip.ParseAddr(nets[name].IP); err == nil {
-			p.Addrs = append(p.Addrs, netip.PrefixFrom(a, d.prefix.Bits()).String())
+		a, err := netip.ParseAddr(nets[name].IP)
+		if err != nil {
+			continue
 		}
+		bits := d.prefix.Bits()
+		if m := net.ParseIP(nets[name].Netmask).To4(); m != nil {
+			bits, _ = net.IPMask(m).Size()
+		}
+		p.Addrs = append(p.Addrs, netip.PrefixFrom(a, bits).String())
 	}
 	return p
 }

@@ -157,6 +157,16 @@ func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs boo
 			return fmt.Errorf("entry %q escapes the image directory", h.Name)
 		}
 		if name == "." {
+			// The image's root: its mode matters (a 0700 root keeps every
+			// user but root out of the VM's whole file system).
+			if h.Typeflag == tar.TypeDir && rootfs {
+				if err := root.Chown(".", h.Uid, h.Gid); err != nil {
+					return err
+				}
+				if err := root.Chmod(".", os.FileMode(h.Mode&0o777)|modeBits(h.Mode)); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		// A file below a symlink from the same archive could land anywhere;

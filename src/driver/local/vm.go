@@ -64,6 +64,9 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err != nil {
 		return driver.VM{}, err
 	}
+	if props.BoshAgent != nil && *props.BoshAgent && !d.containers() {
+		return driver.VM{}, driver.Invalid(`cloud_properties.bosh_agent needs local.isolation "container" (a process VM cannot host an agent)`)
+	}
 	for name, n := range spec.Networks {
 		if err := n.CheckNoDelegation(name, "local"); err != nil {
 			return driver.VM{}, err
@@ -164,6 +167,10 @@ type vmProps struct {
 	Command  json.RawMessage   `json:"command,omitempty"`
 	UserData *string           `json:"user_data,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
+	// BoshAgent: the VM hosts a BOSH agent (container mode): it gets the
+	// agent profile's capabilities (container.go) and, with no command,
+	// the stemcell's agent is started. Unset: container.bosh_agent.
+	BoshAgent *bool `json:"bosh_agent,omitempty"`
 	// What calculate_vm_cloud_properties answers comes back here: recorded.
 	CPU               int `json:"cpu,omitempty"`
 	RAM               int `json:"ram,omitempty"`
@@ -225,7 +232,23 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 		}
 		return []string{d.cfg.Shell, script}, userData, nil
 	}
+	if d.containers() {
+		// No command: the stemcell's own init, as the warden CPI starts it.
+		image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
+		if err := findExecutableIn(image, agentInit); err != nil {
+			return nil, "", &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", spec.StemcellCID, agentInit, err)}
+		}
+		return agentBoot, "", nil
+	}
 	return nil, "", nil
+}
+
+// agentProfile: whether a VM gets the BOSH agent's capabilities.
+func (d *Driver) agentProfile(p vmProps) bool {
+	if p.BoshAgent != nil {
+		return *p.BoshAgent
+	}
+	return d.cfg.Container.BoshAgent
 }
 
 // processEnv is the VM process's whole environment: nothing of bin/cpi's

@@ -1,0 +1,148 @@
+package integration_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// agentProbe does as root what bosh-agent's bootstrap and a job do in a
+// VM (platform/linux_platform.go: usermod, hostname, tmpfs and bind mounts
+// with remounts, chown to vcap; the persistent disk bind-mounted at
+// /var/vcap/store; its nftables firewall; jobs as vcap under monit), each
+// step printing OK or FAIL, then hands PID 1 to the stemcell's runsvdir
+// with a service of its own.
+const agentProbe = `
+step() { name=$1; shift; if "$@" >/dev/null 2>&1; then echo "$name-OK"; else echo "$name-FAIL"; fi; }
+step USERMOD usermod -p '$6$salt$hash' vcap
+step USERADD useradd -m -s /bin/bash jobuser
+step HOSTNAME hostname agent-probe
+step CHOWN chown root:vcap /var/vcap/jobs
+step TMPFS sh -c 'mkdir -p /var/vcap/data/sys/run && mount -t tmpfs -o size=1m tmpfs /var/vcap/data/sys/run'
+step BIND sh -c 'mkdir -p /var/vcap/data/root_tmp && mount --bind /var/vcap/data/root_tmp /tmp && mount -o remount,bind,nodev,nosuid /tmp'
+step SHM mount -o remount,noexec,nodev,nosuid /dev/shm
+step FIREWALL iptables -A OUTPUT -p tcp -d 127.0.0.1 --dport 2822 -j ACCEPT
+step SETUID chpst -u vcap:vcap true
+mkdir -p /etc/sv/probe
+cat > /etc/sv/probe/run <<'RUN'
+#!/bin/sh
+echo RUNSV-OK
+until [ -n "$(ls /warden-cpi-dev)" ]; do sleep 0.1; done
+d=$(ls /warden-cpi-dev)
+if mount --bind /warden-cpi-dev/$d /var/vcap/store && echo kept > /var/vcap/store/from-agent; then echo STORE-OK; else echo STORE-FAIL; fi
+cat > /var/vcap/monit/job/probe.monitrc <<'RC'
+check process probe with pidfile /var/vcap/sys/run/probe.pid
+  start program "/bin/sh -c 'echo $$ > /var/vcap/sys/run/probe.pid; exec chpst -u vcap:vcap sleep 600'"
+  stop program "/bin/sh -c 'kill $(cat /var/vcap/sys/run/probe.pid)'"
+RC
+mkdir -p /var/vcap/sys/run
+sed -i 's/^set daemon .*/set daemon 1/' /var/vcap/bosh/etc/monitrc
+sv start monit
+until [ "$(ps -o user= -p $(cat /var/vcap/sys/run/probe.pid 2>/dev/null) 2>/dev/null)" = vcap ]; do sleep 0.2; done
+echo MONIT-OK
+exec sleep 2147483647
+RUN
+chmod +x /etc/sv/probe/run
+ln -s /etc/sv/probe /etc/service/probe
+echo probe-init
+exec /usr/sbin/runsvdir-start
+`
+
+var agentSteps = []string{"USERMOD", "USERADD", "HOSTNAME", "CHOWN", "TMPFS", "BIND", "SHM", "FIREWALL", "SETUID"}
+
+// The agent profile on a warden-style stemcell (scripts/rootfs-dev bosh):
+// a bosh_agent VM can do what a BOSH agent does at boot as root, and a
+// default VM cannot.
+var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
+	var stemcell string
+	BeforeAll(func() {
+		image := os.Getenv("RUNWAY_TEST_BOSH_ROOTFS")
+		Expect(image).NotTo(BeEmpty(), "RUNWAY_TEST_BOSH_ROOTFS must name the bosh rootfs (scripts/rootfs-dev path bosh)")
+		stemcell = asString(call("create_stemcell", image, map[string]any{"infrastructure": "warden", "hypervisor": "boshlite"}))
+		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
+	})
+
+	It("does as root what the agent and its jobs do, with a disk attached while it runs", func() {
+		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", agentProbe}}, dynamic)
+		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("RUNSV-OK"))
+		out := console(vm)()
+		for _, s := range agentSteps {
+			Expect(out).To(ContainSubstring(s+"-OK"), "agent step %s:\n%s", s, out)
+		}
+		disk := asString(call("create_disk", 16, map[string]any{}, vm))
+		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		call("attach_disk", vm, disk)
+		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("MONIT-OK"))
+		Expect(console(vm)()).To(ContainSubstring("STORE-OK"))
+		b, err := os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "from-agent"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(b)).To(Equal("kept\n"))
+		call("delete_vm", vm) // the disk outlives the VM, with its data
+		b, err = os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "from-agent"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(b)).To(Equal("kept\n"))
+	})
+
+	It("refuses those steps to a default VM", func() {
+		vm, _ := createVM(stemcell, map[string]any{"command": []string{"/bin/bash", "-c", agentProbe}}, dynamic)
+		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("probe-init"))
+		out := console(vm)()
+		for _, s := range agentSteps {
+			Expect(out).To(ContainSubstring(s+"-FAIL"), "agent step %s in a default VM:\n%s", s, out)
+		}
+	})
+
+	It("starts the stemcell's runsvdir when the VM has no command, with the settings an agent in a container expects", func() {
+		manual := map[string]any{"default": map[string]any{"type": "manual", "ip": "10.250.1.90", "netmask": "255.255.255.0",
+			"gateway": "10.250.0.1", "dns": []string{"10.250.0.1", "8.8.8.8"}, "default": []string{"dns", "gateway"}}}
+		r := runRaw(request("create_vm", 2, "agent-b", stemcell, map[string]any{"bosh_agent": true}, manual, []string{}, map[string]any{}))
+		// The manifest's subnet (/24 around .90) must hold the host's .1.
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Message).To(ContainSubstring("does not hold the host's address 10.250.0.1"))
+		manual["default"].(map[string]any)["ip"] = "10.250.0.90"
+		var res []json.RawMessage
+		Expect(json.Unmarshal(call("create_vm", "agent-b", stemcell, map[string]any{"bosh_agent": true}, manual, []string{}, map[string]any{}), &res)).To(Succeed())
+		vm := asString(res[0])
+		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		root := filepath.Join(vmDir(vm), "rootfs")
+		// PID 1 is runsvdir over /etc/service: the agent's service runs
+		// (it waits for a binary in this stemcell).
+		Eventually(func() string {
+			b, _ := os.ReadFile(filepath.Join(root, "etc/sv/agent/supervise/stat"))
+			return string(b)
+		}, "15s", "50ms").Should(Equal("run\n"))
+		var settings struct {
+			Networks map[string]struct {
+				IP            string `json:"ip"`
+				Netmask       string `json:"netmask"`
+				Gateway       string `json:"gateway"`
+				Preconfigured bool   `json:"preconfigured"`
+			} `json:"networks"`
+		}
+		b, err := os.ReadFile(filepath.Join(root, "var/vcap/bosh/warden-cpi-agent-env.json"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(json.Unmarshal(b, &settings)).To(Succeed())
+		n := settings.Networks["default"]
+		Expect(n.IP).To(Equal("10.250.0.90"))
+		Expect(n.Netmask).To(Equal("255.255.255.0"), "the manifest's netmask is kept")
+		Expect(n.Gateway).To(Equal("10.250.0.1"))
+		Expect(n.Preconfigured).To(BeTrue())
+		rc, err := os.ReadFile(filepath.Join(root, "etc/resolv.conf"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(strings.Fields(string(rc))).To(Equal([]string{"nameserver", "10.250.0.1", "nameserver", "8.8.8.8"}))
+	})
+
+	It("refuses a VM with nothing to run on a stemcell without runsvdir-start, naming what it looked for", func() {
+		plain := asString(call("create_stemcell", fx.Image, map[string]any{}))
+		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, plain)) })
+		r := runRaw(request("create_vm", 2, "agent-x", plain, map[string]any{}, dynamic, []string{}, map[string]any{}))
+		Expect(r.Error).NotTo(BeNil())
+		Expect(r.Error.Message).To(ContainSubstring("has no /usr/sbin/runsvdir-start to start its agent"))
+	})
+})
