@@ -1,6 +1,6 @@
 // Package forgetest holds API contract servers for the forges the
-// orchestrator talks to, built from Gitea 1.26's API (its swagger at
-// /api/swagger; a live Gitea 1.26 was the source of the facts) and
+// orchestrator talks to, built from Gitea 1.26's API (its swagger, and its
+// source: docs/testing.md lists each behaviour against it) and
 // GitHub's REST API for Actions (docs.github.com/rest/actions); neither
 // forge is installable here. They are real HTTP servers on 127.0.0.1: the
 // orchestrator's REST clients, its webhook endpoint and the test runner
@@ -21,6 +21,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,20 +45,31 @@ type GiteaJob struct {
 	Created    time.Time
 	Started    time.Time
 	Completed  time.Time
+	// Updated orders the jobs a runner may pick, oldest first (Gitea:
+	// CreateTaskForRunner, Asc("updated", "id")).
+	Updated time.Time
+	// RunnerRegistered: when the runner that took it registered.
+	RunnerRegistered time.Time
 }
 
 // GiteaRunner is a registered runner.
 type GiteaRunner struct {
-	ID        int64
-	UUID      string
-	Token     string
-	Name      string
-	Labels    []string
-	Ephemeral bool
-	Scope     string // the API prefix of the token it registered with
-	LastSeen  time.Time
-	TaskJob   int64
-	Disabled  bool
+	ID   int64
+	UUID string
+	// Token authenticates the runner's RPCs (x-runner-token).
+	Token string
+	Name  string
+	// Labels are stored as the runner sent them and matched exactly.
+	Labels     []string
+	Ephemeral  bool
+	Scope      string // the API prefix of the token it registered with
+	Registered time.Time
+	LastSeen   time.Time // every runner RPC (Gitea: last_online)
+	// LastActive: UpdateTask and UpdateLog (Gitea: last_active; "busy"
+	// in the REST API is active within 10 s).
+	LastActive time.Time
+	TaskJob    int64
+	Disabled   bool
 }
 
 type hook struct {
@@ -75,21 +87,26 @@ type Gitea struct {
 	// allows everything. Set before requests are made.
 	TokenScopes []string
 
-	mu         sync.Mutex
-	jobs       map[int64]*GiteaJob
-	runners    map[int64]*GiteaRunner
-	regTokens  map[string]string // scope prefix → token
-	hooks      []hook
-	nextID     int64
-	down       bool
-	requests   map[string]int
-	deliveries sync.WaitGroup
+	mu        sync.Mutex
+	jobs      map[int64]*GiteaJob
+	runners   map[int64]*GiteaRunner
+	regTokens map[string]string // scope prefix → token
+	hooks     []hook
+	nextID    int64
+	// tasksVersions grow when a job becomes runnable: the instance's
+	// (""), its owner's ("owner:o") and its repository's ("repo:o/r").
+	// FetchTask picks a task only for a runner whose known version of its
+	// own scope's counter is another (Gitea: action_tasks_version).
+	tasksVersions map[string]int64
+	down          bool
+	requests      map[string]int
+	deliveries    sync.WaitGroup
 }
 
 // NewGitea starts a server on 127.0.0.1.
 func NewGitea(apiToken string) *Gitea {
 	g := &Gitea{APIToken: apiToken, User: "tester", jobs: map[int64]*GiteaJob{}, runners: map[int64]*GiteaRunner{},
-		regTokens: map[string]string{}, nextID: 100, requests: map[string]int{}}
+		regTokens: map[string]string{}, nextID: 100, requests: map[string]int{}, tasksVersions: map[string]int64{}}
 	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
 	return g
 }
@@ -123,8 +140,12 @@ func (g *Gitea) Requests() map[string]int {
 func (g *Gitea) AddJob(repo, name string, labels []string, status string) int64 {
 	g.mu.Lock()
 	g.nextID++
-	j := &GiteaJob{ID: g.nextID, RunID: g.nextID + 10000, Repo: repo, Name: name, Labels: labels, Status: status, Created: time.Now()}
+	now := time.Now()
+	j := &GiteaJob{ID: g.nextID, RunID: g.nextID + 10000, Repo: repo, Name: name, Labels: labels, Status: status, Created: now, Updated: now}
 	g.jobs[j.ID] = j
+	if status == "queued" {
+		g.bumpTasksVersion(repo)
+	}
 	g.mu.Unlock()
 	g.deliver(j, status)
 	return j.ID
@@ -134,9 +155,35 @@ func (g *Gitea) AddJob(repo, name string, labels []string, status string) int64 
 func (g *Gitea) SetJobStatus(id int64, status string) {
 	g.mu.Lock()
 	j := g.jobs[id]
-	j.Status = status
+	j.Status, j.Updated = status, time.Now()
+	if status == "queued" {
+		g.bumpTasksVersion(j.Repo)
+	}
 	g.mu.Unlock()
 	g.deliver(j, status)
+}
+
+// bumpTasksVersion is Gitea's IncreaseTaskVersion for a job of repo: the
+// global, owner and repository counters each grow by one.
+func (g *Gitea) bumpTasksVersion(repo string) {
+	owner, _, _ := strings.Cut(repo, "/")
+	for _, k := range []string{"", "owner:" + owner, "repo:" + repo} {
+		g.tasksVersions[k]++
+	}
+}
+
+// tasksVersionKey is the counter a runner registered at scope reads
+// (Gitea: GetTasksVersionByScope(runner.OwnerID, runner.RepoID)).
+func (g *Gitea) tasksVersionKey(scope string) string {
+	switch {
+	case scope == "/user":
+		return "owner:" + g.User
+	case strings.HasPrefix(scope, "/orgs/"):
+		return "owner:" + strings.TrimPrefix(scope, "/orgs/")
+	case strings.HasPrefix(scope, "/repos/"):
+		return "repo:" + strings.TrimPrefix(scope, "/repos/")
+	}
+	return ""
 }
 
 // Job returns a copy of a job.
@@ -156,6 +203,21 @@ func (g *Gitea) Runners() []GiteaRunner {
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
 	return out
+}
+
+// RegistrationToken is POST <scope>/actions/runners/registration-token:
+// the scope's token (an API prefix: /orgs/acme, /repos/acme/app, /user,
+// /admin), made on first use and the same afterwards, as Gitea reuses
+// an active token.
+func (g *Gitea) RegistrationToken(scope string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	t, ok := g.regTokens[scope]
+	if !ok {
+		t = randHex(20) // 40 chars, like Gitea's
+		g.regTokens[scope] = t
+	}
+	return t
 }
 
 // WaitDeliveries waits for webhook deliveries in flight.
@@ -216,14 +278,7 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, 404, map[string]string{"message": "not found"})
 			return
 		}
-		g.mu.Lock()
-		t, ok := g.regTokens[scope]
-		if !ok {
-			t = randHex(20) // 40 chars, like Gitea's
-			g.regTokens[scope] = t
-		}
-		g.mu.Unlock()
-		writeJSON(w, 200, map[string]string{"token": t})
+		writeJSON(w, 200, map[string]string{"token": g.RegistrationToken(scope)})
 	case rest == "/actions/runners" && r.Method == "GET":
 		g.listRunners(w, r, scope)
 	case strings.HasPrefix(rest, "/actions/runners/") && r.Method == "DELETE":
@@ -295,14 +350,19 @@ func scopeCovers(scope, repo, user string) bool {
 	return scope == "/repos/"+repo
 }
 
-var statusAliases = map[string]string{"queued": "queued", "waiting": "waiting", "in_progress": "in_progress",
-	"completed": "completed", "pending": "waiting", "requested": "waiting", "action_required": "waiting"}
+// statusFilters is Gitea's convertToInternal (routers/api/v1/shared): a
+// ?status= value → the job state it selects: a status, or a completed
+// job's conclusion.
+var statusFilters = map[string]string{"queued": "queued", "waiting": "waiting", "in_progress": "in_progress",
+	"completed": "completed", "pending": "waiting", "requested": "waiting", "action_required": "waiting",
+	"success": "completed/success", "failure": "completed/failure", "skipped": "completed/skipped",
+	"neutral": "completed/skipped", "cancelled": "completed/cancelled", "timed_out": "completed/cancelled"}
 
 func (g *Gitea) listJobs(w http.ResponseWriter, r *http.Request, scope string) {
 	q := r.URL.Query()
 	want := map[string]bool{}
 	for _, s := range q["status"] {
-		v, ok := statusAliases[s]
+		v, ok := statusFilters[s]
 		if !ok {
 			writeJSON(w, 400, map[string]string{"message": "Invalid status " + s})
 			return
@@ -321,7 +381,7 @@ func (g *Gitea) listJobs(w http.ResponseWriter, r *http.Request, scope string) {
 	g.mu.Lock()
 	var all []*GiteaJob
 	for _, j := range g.jobs {
-		if scopeCovers(scope, j.Repo, g.User) && (len(want) == 0 || want[j.Status]) {
+		if scopeCovers(scope, j.Repo, g.User) && (len(want) == 0 || want[j.Status] || want[j.Status+"/"+j.Conclusion]) {
 			all = append(all, j)
 		}
 	}
@@ -387,10 +447,10 @@ func (g *Gitea) listRunners(w http.ResponseWriter, r *http.Request, scope string
 		}
 		labels := []map[string]any{}
 		for i, l := range rn.Labels {
-			labels = append(labels, map[string]any{"id": i + 1, "name": l, "type": "custom"})
+			labels = append(labels, map[string]any{"id": i, "name": l, "type": "custom"})
 		}
 		out = append(out, map[string]any{"id": rn.ID, "name": rn.Name, "status": status,
-			"busy": time.Since(rn.LastSeen) < 10*time.Second && rn.TaskJob != 0, "disabled": rn.Disabled,
+			"busy": status == "online" && time.Since(rn.LastActive) < 10*time.Second, "disabled": rn.Disabled,
 			"ephemeral": rn.Ephemeral, "labels": labels})
 	}
 	g.mu.Unlock()
@@ -458,10 +518,12 @@ func (h hook) send(wg *sync.WaitGroup, body []byte, headers map[string]string) {
 	}()
 }
 
-// hasAll reports whether a runner with labels have can take a job needing labels.
-func hasAll(have map[string]bool, labels []string) bool {
-	for _, l := range labels {
-		if !have[l] {
+// hasAll is Gitea's ActionRunner.CanMatchLabels: the runner's labels, as
+// it registered them, hold every label of the job's runs-on, compared
+// exactly (a runner that registered "linux:host" does not take "linux").
+func hasAll(runner, job []string) bool {
+	for _, l := range job {
+		if !slices.Contains(runner, l) {
 			return false
 		}
 	}
@@ -492,41 +554,58 @@ func (g *Gitea) runnerRPC(w http.ResponseWriter, r *http.Request, method string)
 		return
 	}
 	rn.LastSeen = time.Now()
+	if method == "UpdateTask" || method == "UpdateLog" {
+		rn.LastActive = rn.LastSeen
+	}
 	switch method {
 	case "Declare":
+		// Gitea replaces the runner's labels with the declared ones.
+		if ls, ok := req["labels"].([]any); ok {
+			rn.Labels = strs(ls)
+		}
 		g.mu.Unlock()
 		writeJSON(w, 200, map[string]any{"runner": runnerJSON(rn)})
 	case "FetchTask":
+		// Gitea 1.26 (routers/api/actions/runner, services/actions/task.go):
+		// nothing new since the runner's tasksVersion, a disabled runner,
+		// or an ephemeral one that already has a task: no task.
+		known := toInt(req["tasksVersion"])
+		key := g.tasksVersionKey(rn.Scope)
+		if g.tasksVersions[key] == 0 {
+			g.tasksVersions[key] = 1 // Gitea starts a missing counter at 1
+		}
+		latest := g.tasksVersions[key]
 		var picked *GiteaJob
-		if rn.TaskJob == 0 && !rn.Disabled {
-			have := map[string]bool{}
-			for _, l := range rn.Labels {
-				have[l] = true
-			}
-			var ids []int64
-			for id := range g.jobs {
-				ids = append(ids, id)
-			}
-			sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
-			for _, id := range ids {
-				j := g.jobs[id]
-				if j.Status == "queued" && scopeCovers(rn.Scope, j.Repo, g.User) && hasAll(have, j.Labels) {
-					picked = j
-					break
+		if known != latest && !(rn.Ephemeral && rn.TaskJob != 0) && !rn.Disabled {
+			var cands []*GiteaJob
+			for _, j := range g.jobs {
+				if j.Status == "queued" && scopeCovers(rn.Scope, j.Repo, g.User) && hasAll(rn.Labels, j.Labels) {
+					cands = append(cands, j)
 				}
 			}
+			sort.Slice(cands, func(a, b int) bool {
+				if !cands[a].Updated.Equal(cands[b].Updated) {
+					return cands[a].Updated.Before(cands[b].Updated)
+				}
+				return cands[a].ID < cands[b].ID
+			})
+			if len(cands) > 0 {
+				picked = cands[0]
+			}
 		}
+		version := strconv.FormatInt(latest, 10)
 		if picked == nil {
 			g.mu.Unlock()
-			writeJSON(w, 200, map[string]any{"tasksVersion": "1"})
+			writeJSON(w, 200, map[string]any{"tasksVersion": version})
 			return
 		}
-		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
+		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started, picked.Updated = "in_progress", rn.ID, rn.Name, time.Now(), time.Now()
+		picked.RunnerRegistered = rn.Registered
 		rn.TaskJob = picked.ID
 		g.mu.Unlock()
 		g.deliver(picked, "in_progress")
 		writeJSON(w, 200, map[string]any{"task": map[string]any{"id": strconv.FormatInt(picked.ID, 10),
-			"context": map[string]any{"repository": picked.Repo, "job": picked.Name}}, "tasksVersion": "1"})
+			"context": map[string]any{"repository": picked.Repo, "job": picked.Name}}, "tasksVersion": version})
 	case "UpdateTask":
 		state, _ := req["state"].(map[string]any)
 		id := toInt(state["id"])
@@ -539,11 +618,13 @@ func (g *Gitea) runnerRPC(w http.ResponseWriter, r *http.Request, method string)
 		result, _ := state["result"].(string)
 		done := result != "" && result != "RESULT_UNSPECIFIED"
 		if done {
-			j.Status, j.Completed = "completed", time.Now()
+			j.Status, j.Completed, j.Updated = "completed", time.Now(), time.Now()
 			j.Conclusion = strings.ToLower(strings.TrimPrefix(result, "RESULT_"))
 			rn.TaskJob = 0
 			if rn.Ephemeral {
-				// Gitea removes an ephemeral runner once its task is done.
+				// Gitea removes an ephemeral runner once its task is done
+				// (models/actions: UpdateTask → DeleteEphemeralRunner);
+				// its next RPC is refused as an unregistered runner.
 				delete(g.runners, rn.ID)
 			}
 		}
@@ -571,26 +652,39 @@ func (g *Gitea) register(w http.ResponseWriter, req map[string]any) {
 			scope = s
 		}
 	}
-	if scope == "" {
+	// Gitea answers these with plain errors: Connect's "unknown", 500.
+	switch {
+	case token == "" || name == "":
 		g.mu.Unlock()
-		connectError(w, 401, "unauthenticated", "runner registration token not found")
+		connectError(w, 500, "unknown", "missing runner token, name")
+		return
+	case scope == "":
+		g.mu.Unlock()
+		connectError(w, 500, "unknown", "runner registration token not found")
 		return
 	}
 	g.nextID++
-	rn := &GiteaRunner{ID: g.nextID, UUID: randUUID(), Token: randHex(20), Name: name, Scope: scope, LastSeen: time.Now()}
+	// Offline until its first authenticated RPC (Gitea: last_online unset).
+	rn := &GiteaRunner{ID: g.nextID, UUID: randUUID(), Token: randHex(20), Name: name, Scope: scope, Registered: time.Now()}
 	rn.Ephemeral, _ = req["ephemeral"].(bool)
+	// Stored as sent (Gitea: AgentLabels = req.Labels).
 	if ls, ok := req["labels"].([]any); ok {
-		for _, l := range ls {
-			if s, ok := l.(string); ok {
-				n, _, _ := strings.Cut(s, ":")
-				rn.Labels = append(rn.Labels, n)
-			}
-		}
+		rn.Labels = strs(ls)
 	}
 	g.runners[rn.ID] = rn
 	body := map[string]any{"runner": runnerJSON(rn)}
 	g.mu.Unlock()
 	writeJSON(w, 200, body)
+}
+
+func strs(vs []any) []string {
+	out := []string{}
+	for _, v := range vs {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func runnerJSON(rn *GiteaRunner) map[string]any {

@@ -303,14 +303,10 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/_runner/acquire":
-		have := map[string]bool{}
-		for _, l := range rn.Labels {
-			have[l] = true
-		}
 		var picked *GitHubJob
 		for _, j := range g.sortedJobs() {
 			inScope := rn.Scope == "repos/"+j.Repo || strings.HasPrefix(j.Repo, strings.TrimPrefix(rn.Scope, "orgs/")+"/")
-			if j.Status == "queued" && rn.Job == 0 && inScope && hasAll(have, j.Labels) {
+			if j.Status == "queued" && rn.Job == 0 && inScope && hasAll(rn.Labels, j.Labels) {
 				picked = j
 				break
 			}

@@ -21,6 +21,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
 )
 
 func main() {
@@ -81,43 +83,29 @@ func hold() {
 }
 
 func gitea(idle time.Duration) error {
-	base := strings.TrimRight(os.Getenv("GITEA_INSTANCE_URL"), "/") + "/api/actions/runner.v1.RunnerService/"
-	var reg struct {
-		Runner struct {
-			UUID  string `json:"uuid"`
-			Token string `json:"token"`
-		} `json:"runner"`
-	}
-	labels := strings.Split(os.Getenv("GITEA_RUNNER_LABELS"), ",")
 	name := os.Getenv("GITEA_RUNNER_NAME")
-	if _, err := post(base+"Register", nil, map[string]any{"name": name, "token": os.Getenv("GITEA_RUNNER_REGISTRATION_TOKEN"),
-		"version": "testrunner", "labels": labels, "ephemeral": os.Getenv("GITEA_RUNNER_EPHEMERAL") == "true"}, &reg); err != nil {
+	r, err := gitearunner.Register(os.Getenv("GITEA_INSTANCE_URL"), os.Getenv("GITEA_RUNNER_REGISTRATION_TOKEN"), name,
+		gitearunner.LabelNames(strings.Split(os.Getenv("GITEA_RUNNER_LABELS"), ",")), os.Getenv("GITEA_RUNNER_EPHEMERAL") == "true")
+	if err != nil {
 		return err
 	}
-	auth := map[string]string{"x-runner-uuid": reg.Runner.UUID, "x-runner-token": reg.Runner.Token}
 	fmt.Println("registered", name)
-	deadline := time.Now().Add(idle)
-	for time.Now().Before(deadline) {
-		var fetched struct {
-			Task *struct {
-				ID string `json:"id"`
-			} `json:"task"`
-		}
-		if _, err := post(base+"FetchTask", auth, map[string]any{"tasksVersion": "0"}, &fetched); err != nil {
+	for deadline := time.Now().Add(idle); time.Now().Before(deadline); {
+		id, err := r.FetchTask()
+		if err != nil {
 			return err
 		}
-		if fetched.Task == nil {
+		if id == "" {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		fmt.Println("took task", fetched.Task.ID)
-		if _, err := post(base+"UpdateTask", auth, map[string]any{"state": map[string]any{"id": fetched.Task.ID}}, nil); err != nil {
+		fmt.Println("took task", id)
+		if err := r.Update(id, ""); err != nil {
 			return err
 		}
 		hold()
-		_, err := post(base+"UpdateTask", auth, map[string]any{"state": map[string]any{"id": fetched.Task.ID,
-			"result": "RESULT_SUCCESS", "stoppedAt": time.Now().UTC().Format(time.RFC3339)}}, nil)
-		fmt.Println("completed task", fetched.Task.ID)
+		err = r.Update(id, "RESULT_SUCCESS")
+		fmt.Println("completed task", id)
 		return err
 	}
 	fmt.Println("no job within", idle)
