@@ -49,7 +49,7 @@ func BenchmarkReconcilePass(b *testing.B) {
 		l := o.partition(fv, sj)
 		spawns := 0
 		for _, g := range o.groups {
-			d := plan(&g.cfg, now, l, l.owned[g.cfg.Name], nil, nil, false)
+			d := plan(&g.cfg, now, l, l.owned[g.cfg.Name], nil, nil, nil, false)
 			spawns += len(d.spawn)
 		}
 		if spawns != nGroups*50 {

@@ -22,12 +22,16 @@ type group struct {
 	labels forge.LabelSet
 	kick   chan struct{}
 
-	mu        sync.Mutex
-	inflight  map[string]bool // runners whose spawn runs in this process
-	foreign   map[string]bool // VMs of another store already reported
-	drained   bool
-	status    GroupStatus
-	backoff   time.Duration
+	mu       sync.Mutex
+	inflight map[string]bool // runners whose spawn runs in this process
+	foreign  map[string]bool // VMs of another store already reported
+	drained  bool
+	status   GroupStatus
+	backoff  time.Duration
+	// forgeDown: the last pass failed reading the forge (its job
+	// listing, a job, its runner list); a delivery from it (Kick) ends
+	// that backoff.
+	forgeDown bool
 	lastSweep time.Time
 	spawnSem  chan struct{}
 	spawns    sync.WaitGroup
@@ -129,13 +133,19 @@ func (g *group) loop(ctx context.Context) {
 		}
 		g.mu.Unlock()
 		t := time.NewTimer(next)
-		if err != nil {
-			// While backing off, webhooks do not shorten the wait.
+		g.mu.Lock()
+		forgeDown := g.forgeDown
+		g.mu.Unlock()
+		if err != nil && !forgeDown {
+			// Backing off a failure of the CPI or the store: webhooks do
+			// not shorten the wait.
 			select {
 			case <-ctx.Done():
 			case <-t.C:
 			}
 		} else {
+			// A delivery from a forge that failed proves it is back: the
+			// backoff ends with it (the next pass resets it).
 			select {
 			case <-ctx.Done():
 			case <-g.kick:
@@ -144,6 +154,12 @@ func (g *group) loop(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+func (g *group) setForgeDown(down bool) {
+	g.mu.Lock()
+	g.forgeDown = down
+	g.mu.Unlock()
 }
 
 // pass is one reconcile of the group.
@@ -166,7 +182,13 @@ func (g *group) pass(ctx context.Context) error {
 	spawnErr := g.spawnErr
 	g.spawnErr = nil
 	g.mu.Unlock()
+	// Read before the listing, which a delivery updates with it: a
+	// runner taken as finished has its job done in the listing too, so
+	// demand counted after reaping it does not include that job.
+	finished := g.forge.finishedRunners(now)
+	g.setForgeDown(false)
 	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
+	g.setForgeDown(err != nil)
 	if err != nil {
 		// The forge could not be read: decide nothing from it, delete
 		// nothing because of it.
@@ -186,7 +208,7 @@ func (g *group) pass(ctx context.Context) error {
 		inflight[k] = true
 	}
 	g.mu.Unlock()
-	d := plan(&g.cfg, now, l, owned, runners, inflight, drained)
+	d := plan(&g.cfg, now, l, owned, runners, inflight, finished, drained)
 	o.metrics.queued.WithLabelValues(g.cfg.Name).Set(float64(d.queued))
 
 	byName := map[string]store.Runner{}
@@ -202,30 +224,76 @@ func (g *group) pass(ctx context.Context) error {
 		}
 		o.log.Info("runner took a job", "group", g.cfg.Name, "runner", name, "job", j.ID, "repo", j.Repo)
 	}
+	// removed: the pass took supply away; what to spawn is decided again
+	// below, in this pass, not a poll interval later.
+	removed := len(d.reap) > 0
 	for _, r := range d.recover {
-		if err := g.recover(ctx, r); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, r := range d.confirm {
-		reason, err := g.confirm(ctx, r)
+		gone, err := g.recover(ctx, r)
 		if err != nil {
 			errs = append(errs, err)
-		} else if reason != "" {
+		}
+		removed = removed || gone
+	}
+	sweepNow := false
+	for _, r := range d.taken {
+		r.TriggerJob = 0
+		if err := o.store.Save(r); err != nil {
+			return err
+		}
+		sweepNow = true
+	}
+	for _, r := range d.confirm {
+		reason, taken, err := g.confirm(ctx, r)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case reason != "":
 			d.reap[r.Name] = reason
+			removed = true
+		case taken:
+			// Another runner took the job this one was made for: this one
+			// may have run another job meanwhile and be gone. The sweep
+			// (its process, the forge's runner list) tells now.
+			sweepNow = true
 		}
 	}
 	for name, reason := range d.reap {
 		if err := g.destroy(ctx, byName[name], reason); err != nil {
 			errs = append(errs, err)
+		} else {
+			g.forge.forgetRunner(name)
 		}
 	}
-	if len(d.reap) > 0 && !drained {
+	if sweepNow || now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
+		n, err := g.sweep(ctx)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			g.lastSweep = now
+		}
+		if n > 0 && !drained {
+			// A runner whose process ended may have run a job the pass's
+			// listing still shows queued: count demand from a newer one
+			// (listed again where that is cheap, else with the deliveries
+			// since).
+			if g.forge.cheapListing() {
+				g.forge.markStale(g.scope)
+			}
+			sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
+			g.setForgeDown(err != nil)
+			if err != nil {
+				return errors.Join(append(errs, fmt.Errorf("forge %s: %w", g.cfg.Forge, err))...)
+			}
+			l = o.partition(g.forge, sj)
+			owned, jobs = l.owned[g.cfg.Name], l.jobs
+			removed = true
+		}
+	}
+	if removed && !drained {
 		// Demand after the removals: a runner reaped in this pass (its job
-		// done) no longer covers a job queued meanwhile, which would
-		// otherwise wait a whole poll interval for the next pass.
+		// done) no longer covers a job queued meanwhile.
 		if fresh, err := o.store.Active(g.cfg.Name); err == nil {
-			d.spawn = plan(&g.cfg, now, l, owned, fresh, inflight, drained).spawn
+			d.spawn = plan(&g.cfg, now, l, owned, fresh, inflight, nil, drained).spawn
 		} else {
 			errs = append(errs, err)
 			d.spawn = nil
@@ -234,13 +302,6 @@ func (g *group) pass(ctx context.Context) error {
 	if spawnErr == nil {
 		for _, trigger := range d.spawn {
 			g.startSpawn(ctx, trigger, jobs[trigger].Repo)
-		}
-	}
-	if now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
-		if err := g.sweep(ctx); err != nil {
-			errs = append(errs, err)
-		} else {
-			g.lastSweep = now
 		}
 	}
 	g.refreshStatus(d.queued)

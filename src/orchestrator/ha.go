@@ -131,6 +131,9 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 		g.mu.Unlock()
 		g.o.metrics.acting.WithLabelValues(g.cfg.Name).Set(1)
 		g.o.log.Info("acting for the group", "group", g.cfg.Name, "replica", g.o.replica)
+		// Deliveries may have been missed while no one acted (a restart,
+		// a crashed leader): the first pass lists the queue afresh.
+		g.forge.markStale(g.scope)
 	case !ok && was:
 		g.mu.Lock()
 		cancel := g.leadCancel

@@ -168,7 +168,9 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	return nil
 }
 
-// Kick asks every group of forge that can see repo for an immediate pass.
+// Kick asks every group of forge that can see repo for an immediate pass,
+// after a delivery from that forge: it is up, so a group backing off
+// because the forge failed stops waiting too.
 func (o *Orchestrator) Kick(forgeName, repo string) int {
 	n := 0
 	for _, g := range o.groups {
@@ -248,6 +250,51 @@ type forgeView struct {
 
 	mu     sync.Mutex
 	scopes map[string]*scopeJobs
+	// finished: runners a completed delivery named (their job is done,
+	// an ephemeral runner with it), until a pass reaps them.
+	finished map[string]time.Time
+}
+
+// finishedRunners are the runners whose job a delivery said is done.
+// Entries older than an hour (a runner of no group here) are dropped.
+func (fv *forgeView) finishedRunners(now time.Time) map[string]bool {
+	fv.mu.Lock()
+	defer fv.mu.Unlock()
+	out := map[string]bool{}
+	for name, at := range fv.finished {
+		if now.Sub(at) > time.Hour {
+			delete(fv.finished, name)
+			continue
+		}
+		out[name] = true
+	}
+	return out
+}
+
+// forgetRunner drops a reaped runner from finished.
+func (fv *forgeView) forgetRunner(name string) {
+	fv.mu.Lock()
+	delete(fv.finished, name)
+	fv.mu.Unlock()
+}
+
+// cheapListing: the forge's job listing is one cheap, authoritative
+// request per page (Gitea), listed again whenever it may be out of date;
+// GitHub's (runs, then their jobs, under a rate limit) is polled slowly
+// and lives on webhook deltas between.
+func (fv *forgeView) cheapListing() bool { return fv.cfg.Type == "gitea" }
+
+// markStale makes the next pass list scope afresh (deliveries may have
+// been missed: a restart, a new leader).
+func (fv *forgeView) markStale(s forge.Scope) {
+	fv.mu.Lock()
+	sj := fv.scopes[scopeKey(s)]
+	fv.mu.Unlock()
+	if sj != nil {
+		sj.mu.Lock()
+		sj.stale = true
+		sj.mu.Unlock()
+	}
 }
 
 type scopeJobs struct {
@@ -268,7 +315,7 @@ type listing struct {
 }
 
 func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
-	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}}
+	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{}}
 	var err error
 	if fv.secret, err = o.reloadable(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret"); err != nil {
 		return nil, err
@@ -343,6 +390,11 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
 	fv.mu.Lock()
 	defer fv.mu.Unlock()
+	if ev.Action == forge.StatusCompleted && ev.Job.RunnerName != "" {
+		// Its runner is done too (ephemeral): it must stop counting as
+		// supply now, not when a sweep finds its process gone.
+		fv.finished[ev.Job.RunnerName] = time.Now()
+	}
 	for key, sj := range fv.scopes {
 		kind, rest, _ := strings.Cut(key, "/")
 		owner, repo, _ := strings.Cut(rest, "/")
@@ -369,7 +421,7 @@ func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
 			}
 			sj.owned = nil
 		}
-		if fv.cfg.Type == "gitea" {
+		if fv.cheapListing() {
 			sj.stale = true
 		}
 		sj.mu.Unlock()

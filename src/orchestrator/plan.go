@@ -12,6 +12,7 @@ import (
 type decision struct {
 	busy     map[string]forge.Job // idle runner → the job it took
 	confirm  []store.Runner       // runner whose job left the listing
+	taken    []store.Runner       // idle runner whose trigger job another runner took
 	recover  []store.Runner       // spawn cut short: adopt or delete its VM
 	reap     map[string]string    // runner → reason
 	spawn    []int64              // trigger job per new runner (0: warm pool)
@@ -21,15 +22,22 @@ type decision struct {
 }
 
 // plan decides one pass. jobs is the scope's listing; owned the queued
-// jobs this group claims; runners the group's rows that are not deleted.
+// jobs this group claims; runners the group's rows that are not deleted;
+// finished the runners a delivery said finished their job.
 func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
-	runners []store.Runner, inflight map[string]bool, drained bool) decision {
+	runners []store.Runner, inflight, finished map[string]bool, drained bool) decision {
 	d := decision{busy: map[string]forge.Job{}, reap: map[string]string{}, queued: len(owned)}
 	jobs, running := l.jobs, l.running
 	covered := map[int64]bool{}
 	for _, r := range runners {
 		d.active++
 		age := now.Sub(r.CreatedAt)
+		if (r.State == store.Idle || r.State == store.Busy) && finished[r.Name] && running[r.Name].ID == 0 {
+			// Its job is done: an ephemeral runner is gone with it,
+			// whether or not a pass ever saw it busy.
+			d.reap[r.Name] = "job finished"
+			continue
+		}
 		switch r.State {
 		case store.Spawning:
 			if !inflight[r.Name] {
@@ -60,8 +68,13 @@ func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
 				continue
 			}
 			if r.TriggerJob != 0 {
-				if _, listed := jobs[r.TriggerJob]; !listed {
+				switch j, listed := jobs[r.TriggerJob]; {
+				case !listed:
 					d.confirm = append(d.confirm, r)
+				case j.Status == forge.StatusInProgress && j.RunnerName != "" && j.RunnerName != r.Name:
+					// This one may have run another job meanwhile and be
+					// gone: the pass looks (sweep) before counting on it.
+					d.taken = append(d.taken, r)
 				}
 			}
 		case store.Busy:

@@ -38,7 +38,7 @@ func queued(ids ...int64) ([]forge.Job, map[int64]forge.Job) {
 
 func TestPlanOneRunnerPerQueuedJob(t *testing.T) {
 	owned, jobs := queued(1, 2, 3)
-	d := plan(testGroup(10, 0), t0, lst(jobs), owned, nil, nil, false)
+	d := plan(testGroup(10, 0), t0, lst(jobs), owned, nil, nil, nil, false)
 	if len(d.spawn) != 3 || d.spawn[0] != 1 || d.spawn[2] != 3 {
 		t.Fatalf("spawn %v", d.spawn)
 	}
@@ -48,13 +48,13 @@ func TestPlanOneRunnerPerQueuedJob(t *testing.T) {
 		{Name: "g-b", State: store.Idle, TriggerJob: 2, CreatedAt: t0, StateAt: t0},
 		{Name: "g-c", State: store.Idle, TriggerJob: 3, CreatedAt: t0, StateAt: t0},
 	}
-	d = plan(testGroup(10, 0), t0.Add(time.Second), lst(jobs), owned, runners, map[string]bool{"g-a": true}, false)
+	d = plan(testGroup(10, 0), t0.Add(time.Second), lst(jobs), owned, runners, map[string]bool{"g-a": true}, nil, false)
 	if len(d.spawn) != 0 || len(d.reap) != 0 {
 		t.Fatalf("second pass: spawn %v reap %v", d.spawn, d.reap)
 	}
 	// A fourth job with the same labels gets exactly one more.
 	owned, jobs = queued(1, 2, 3, 4)
-	d = plan(testGroup(10, 0), t0.Add(time.Second), lst(jobs), owned, runners, map[string]bool{"g-a": true}, false)
+	d = plan(testGroup(10, 0), t0.Add(time.Second), lst(jobs), owned, runners, map[string]bool{"g-a": true}, nil, false)
 	if len(d.spawn) != 1 || d.spawn[0] != 4 {
 		t.Fatalf("fourth job: spawn %v", d.spawn)
 	}
@@ -67,7 +67,7 @@ func TestPlanCapacityCountsEveryLiveRunner(t *testing.T) {
 		{Name: "g-del", State: store.Deleting, Reason: "job finished", CreatedAt: t0},
 	}
 	jobs[9] = forge.Job{ID: 9, Status: forge.StatusInProgress, RunnerName: "g-busy"}
-	d := plan(testGroup(3, 0), t0, lst(jobs), owned, runners, nil, false)
+	d := plan(testGroup(3, 0), t0, lst(jobs), owned, runners, nil, nil, false)
 	if len(d.spawn) != 1 {
 		t.Fatalf("max 3 with 2 live runners: spawn %v", d.spawn)
 	}
@@ -87,7 +87,7 @@ func TestPlanLifecycle(t *testing.T) {
 		{Name: "g-ancient", State: store.Busy, JobID: 7, CreatedAt: t0.Add(-7 * time.Hour), StateAt: t0},       // past max lifetime
 		{Name: "g-vanish", State: store.Idle, TriggerJob: 5, CreatedAt: t0, StateAt: t0.Add(-2 * time.Minute)}, // trigger job gone
 	}
-	d := plan(testGroup(10, 0), t0, lst(jobs), owned, runners, nil, false)
+	d := plan(testGroup(10, 0), t0, lst(jobs), owned, runners, nil, nil, false)
 	if len(d.recover) != 1 || d.recover[0].Name != "g-lost" {
 		t.Errorf("recover %v", d.recover)
 	}
@@ -111,13 +111,13 @@ func TestPlanLifecycle(t *testing.T) {
 
 func TestPlanDrainAndWarmPool(t *testing.T) {
 	_, jobs := queued()
-	d := plan(testGroup(4, 2), t0, lst(jobs), nil, nil, nil, false)
+	d := plan(testGroup(4, 2), t0, lst(jobs), nil, nil, nil, nil, false)
 	if len(d.spawn) != 2 || d.spawn[0] != 0 {
 		t.Fatalf("warm pool of 2: spawn %v", d.spawn)
 	}
 	owned, jobs := queued(1, 2, 3)
 	idle := []store.Runner{{Name: "g-w", State: store.Idle, CreatedAt: t0, StateAt: t0}}
-	d = plan(testGroup(4, 2), t0, lst(jobs), owned, idle, nil, true)
+	d = plan(testGroup(4, 2), t0, lst(jobs), owned, idle, nil, nil, true)
 	if len(d.spawn) != 0 || d.reap["g-w"] != "group drained" {
 		t.Fatalf("drained: spawn %v reap %v", d.spawn, d.reap)
 	}
@@ -164,12 +164,12 @@ func TestPlanUnregisteredRunnerRetried(t *testing.T) {
 	stale := []store.Runner{{Name: "g-x", State: store.Idle, TriggerJob: 1, CreatedAt: t0.Add(-11 * time.Minute), StateAt: t0.Add(-11 * time.Minute)}}
 	cfg := testGroup(5, 0)
 	cfg.Timeouts.Idle = Duration{time.Hour}
-	d := plan(cfg, t0, lst(jobs), owned, stale, nil, false)
+	d := plan(cfg, t0, lst(jobs), owned, stale, nil, nil, false)
 	if d.reap["g-x"] == "" {
 		t.Fatalf("a runner never seen registered past the spawn timeout is kept: %v", d.reap)
 	}
 	stale[0].ForgeRunnerID = 7
-	if d := plan(cfg, t0, lst(jobs), owned, stale, nil, false); len(d.reap) != 0 || len(d.spawn) != 0 {
+	if d := plan(cfg, t0, lst(jobs), owned, stale, nil, nil, false); len(d.reap) != 0 || len(d.spawn) != 0 {
 		t.Fatalf("a registered idle runner is supply: reap %v spawn %v", d.reap, d.spawn)
 	}
 }
@@ -177,12 +177,35 @@ func TestPlanUnregisteredRunnerRetried(t *testing.T) {
 func TestPlanInflightSpawnIsSupplyUntilSettled(t *testing.T) {
 	owned, jobs := queued(1)
 	failing := []store.Runner{{Name: "g-f", State: store.Deleting, Reason: "create_vm failed", TriggerJob: 1, CreatedAt: t0}}
-	d := plan(testGroup(5, 0), t0, lst(jobs), owned, failing, map[string]bool{"g-f": true}, false)
+	d := plan(testGroup(5, 0), t0, lst(jobs), owned, failing, map[string]bool{"g-f": true}, nil, false)
 	if len(d.reap) != 0 || len(d.spawn) != 0 {
 		t.Fatalf("a spawn still deleting its own VM: reap %v spawn %v", d.reap, d.spawn)
 	}
-	d = plan(testGroup(5, 0), t0, lst(jobs), owned, failing, nil, false)
+	d = plan(testGroup(5, 0), t0, lst(jobs), owned, failing, nil, nil, false)
 	if d.reap["g-f"] != "create_vm failed" || len(d.spawn) != 1 || d.spawn[0] != 1 {
 		t.Fatalf("a deleting row nobody works on is resumed and its job gets a runner: reap %v spawn %v", d.reap, d.spawn)
+	}
+}
+
+// A runner a completed delivery named is reaped in the next pass, busy or
+// idle, seen busy or not: it no longer counts as supply, and the queued
+// job it would have covered gets a new runner at once.
+func TestFinishedRunnersStopCountingAtOnce(t *testing.T) {
+	owned, jobs := queued(1)
+	runners := []store.Runner{
+		{Name: "g-a", Group: "g", State: store.Idle, TriggerJob: 1, VMCID: "vm-a", CreatedAt: t0, StateAt: t0},
+		{Name: "g-b", Group: "g", State: store.Busy, JobID: 9, VMCID: "vm-b", CreatedAt: t0, StateAt: t0},
+	}
+	d := plan(testGroup(2, 0), t0, lst(jobs), owned, runners, nil, map[string]bool{"g-a": true, "g-b": true}, false)
+	if d.reap["g-a"] != "job finished" || d.reap["g-b"] != "job finished" {
+		t.Fatalf("reap %v", d.reap)
+	}
+	if d.unassign != 0 {
+		t.Errorf("a finished runner still counts as supply: %d unassigned", d.unassign)
+	}
+	// Not finished: the idle runner covers the job, nothing spawns.
+	d = plan(testGroup(2, 0), t0, lst(jobs), owned, runners[:1], nil, nil, false)
+	if len(d.reap) != 0 || len(d.spawn) != 0 {
+		t.Errorf("reap %v spawn %v", d.reap, d.spawn)
 	}
 }

@@ -193,8 +193,9 @@ func stemcellKey(cpi string, sc StemcellConfig) (string, error) {
 
 // confirm asks the forge about a job that left the listing (listings can
 // skip a job that changes state between pages). It returns a reap reason,
-// or "" to keep the runner. An error keeps the runner too.
-func (g *group) confirm(ctx context.Context, r store.Runner) (string, error) {
+// or "" to keep the runner; taken: another runner took the idle runner's
+// trigger job. An error keeps the runner too.
+func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, taken bool, err error) {
 	id := r.JobID
 	if r.State == store.Idle {
 		id = r.TriggerJob
@@ -205,40 +206,41 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (string, error) {
 		j, err = forge.Job{ID: id, Status: forge.StatusCompleted}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("confirming job %d of runner %s: %w", id, r.Name, err)
+		g.setForgeDown(true)
+		return "", false, fmt.Errorf("confirming job %d of runner %s: %w", id, r.Name, err)
 	}
 	mine := j.RunnerName == r.Name
 	switch {
 	case r.State == store.Busy && j.Status == forge.StatusCompleted:
-		return "job finished", nil
+		return "job finished", false, nil
 	case r.State == store.Busy && j.RunnerName != "" && !mine:
-		return "job taken over by " + j.RunnerName, nil
+		return "job taken over by " + j.RunnerName, false, nil
 	case r.State == store.Idle && mine && j.Status == forge.StatusCompleted:
-		return "job finished", nil
+		return "job finished", false, nil
 	case r.State == store.Idle && mine:
 		r.State, r.StateAt, r.JobID, r.JobRepo = store.Busy, g.o.now(), j.ID, repo
-		return "", g.o.store.Save(r)
+		return "", false, g.o.store.Save(r)
 	case r.State == store.Idle:
 		// Another runner took the job it was made for: it stays as supply
-		// for the next queued job.
+		// for the next queued job, unless it is gone (the caller sweeps).
 		r.TriggerJob = 0
-		return "", g.o.store.Save(r)
+		return "", true, g.o.store.Save(r)
 	}
-	return "", nil
+	return "", false, nil
 }
 
 // recover settles a runner whose create_vm never answered (the daemon
 // died mid-call): a VM found running under its agent id is adopted — it
-// may already be running a job — anything else is deleted.
-func (g *group) recover(ctx context.Context, r store.Runner) error {
+// may already be running a job — anything else is deleted (gone).
+func (g *group) recover(ctx context.Context, r store.Runner) (gone bool, err error) {
 	mine, err := g.findVMs(ctx, r.AgentID)
 	if err != nil {
-		return fmt.Errorf("recovering %s: %w", r.Name, err)
+		return false, fmt.Errorf("recovering %s: %w", r.Name, err)
 	}
 	if len(mine) == 1 && mine[0].State == "running" {
 		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.o.now()
 		g.o.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg.Name, "runner", r.Name, "vm", r.VMCID)
-		return g.o.store.Save(r)
+		return false, g.o.store.Save(r)
 	}
-	return g.destroy(ctx, r, "spawn interrupted")
+	return true, g.destroy(ctx, r, "spawn interrupted")
 }

@@ -13,15 +13,16 @@ import (
 // sweep runs the slower checks: has_vm per runner, the forge's runner
 // list (registration ids, ephemeral runners the forge already removed,
 // offline registrations of runners we deleted), and VMs of this group
-// that no runner row accounts for.
-func (g *group) sweep(ctx context.Context) error {
+// that no runner row accounts for. It answers how many runners it
+// removed.
+func (g *group) sweep(ctx context.Context) (int, error) {
 	o := g.o
 	if err := o.store.Check(); err != nil {
-		return err
+		return 0, err
 	}
 	runners, err := o.store.Active(g.cfg.Name)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var errs []error
 	// reaped: runners this sweep deleted. Their VMs are still in the list
@@ -33,7 +34,7 @@ func (g *group) sweep(ctx context.Context) error {
 	}
 	vms, err := g.listVMs(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	vmState := map[string]string{}
 	for _, vm := range vms {
@@ -75,7 +76,8 @@ func (g *group) sweep(ctx context.Context) error {
 	}
 	registered, err := g.forge.client.Runners(ctx, g.scope)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("forge %s runners: %w", g.cfg.Forge, err))...)
+		g.setForgeDown(true)
+		return len(reaped), errors.Join(append(errs, fmt.Errorf("forge %s runners: %w", g.cfg.Forge, err))...)
 	}
 	atForge := map[string]forge.Runner{}
 	for _, fr := range registered {
@@ -104,6 +106,7 @@ func (g *group) sweep(ctx context.Context) error {
 		case !ok && r.ForgeRunnerID != 0:
 			// It registered, and the forge removed it: an ephemeral
 			// runner goes once its one job is done.
+			reaped[r.Name] = true
 			errs = append(errs, g.destroy(ctx, r, "runner left the forge after its job"))
 		}
 	}
@@ -137,7 +140,7 @@ func (g *group) sweep(ctx context.Context) error {
 		}
 	}
 	o.metrics.foreignVMs.WithLabelValues(g.cfg.Name).Set(float64(foreign))
-	return errors.Join(errs...)
+	return len(reaped), errors.Join(errs...)
 }
 
 // reportForeign says whether a foreign VM is new (worth a log line).

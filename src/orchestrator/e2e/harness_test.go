@@ -77,7 +77,7 @@ const (
 
 // env is one orchestrator under test with its forge and CPI state.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	dir      string
 	cpiCfg   string
 	cfgPath  string
@@ -115,7 +115,7 @@ func (s *syncBuffer) String() string {
 }
 
 // newEnv writes the CPI config and starts the Gitea contract server.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	e := &env{t: t, dir: t.TempDir()}
 	e.hold = filepath.Join(e.dir, "hold")
 	e.cpiCfg = filepath.Join(e.dir, "cpi.json")
@@ -130,7 +130,7 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +239,7 @@ func (e *env) stop(kill9 bool) {
 
 // stopProcess signals cmd (if started) and waits for it to exit (exited
 // closed), killing it after 30 s.
-func stopProcess(t *testing.T, what string, cmd *exec.Cmd, exited chan struct{}, sig syscall.Signal) {
+func stopProcess(t testing.TB, what string, cmd *exec.Cmd, exited chan struct{}, sig syscall.Signal) {
 	if cmd == nil {
 		return
 	}

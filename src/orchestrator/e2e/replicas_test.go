@@ -68,7 +68,7 @@ func (r *replica) start(e *env) {
 	r.addr = e.waitHealthy(fmt.Sprintf("replica %d", r.i), r.dir, exited, r.out)
 }
 
-func (r *replica) stop(t *testing.T, sig syscall.Signal) {
+func (r *replica) stop(t testing.TB, sig syscall.Signal) {
 	stopProcess(t, fmt.Sprintf("replica %d", r.i), r.cmd, r.exited, sig)
 	r.cmd = nil
 }

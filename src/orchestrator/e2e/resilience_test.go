@@ -13,7 +13,7 @@ import (
 )
 
 // writeScript writes an executable shell script.
-func writeScript(t *testing.T, path, body string) {
+func writeScript(t testing.TB, path, body string) {
 	must(t, os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755))
 }
 
