@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
+	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -52,7 +53,7 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	}
 	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{secret},
 		Context: map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}}
-	run := func(props map[string]any, method string, args ...any) cpibin.Reply {
+	run := func(props map[string]any, method string, args ...any) rpc.Reply {
 		t.Helper()
 		return cpi.Call(t, props, method, args...)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -96,7 +97,7 @@ func TestEveryOfficialCloudPropertyIsHonouredOrRefusedByName(t *testing.T) {
 		cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro"}, grouped, []string{}, map[string]any{}),
 		"EC2 delegates IPv4 /28 and IPv6 /80 prefixes", reached)
 	cpibin.HonouredOrRefused(t, "stemcell", "kernel_id", cpi.Call(t, nil, "create_stemcell", "", map[string]any{"kernel_id": "aki-1"}), "kernel_id: paravirtual kernels", reached)
-	for what, r := range map[string]cpibin.Reply{
+	for what, r := range map[string]rpc.Reply{
 		`"lb_target_group"`: cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro", "lb_target_group": []string{"x"}}, nets, []string{}, map[string]any{}),
 		`"use_root_disc"`: cpi.Call(t, nil, "create_vm", "agent", ami, map[string]any{"instance_type": "t3.micro",
 			"ephemeral_disk": map[string]any{"use_root_disc": true}}, nets, []string{}, map[string]any{}),

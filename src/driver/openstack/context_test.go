@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
@@ -39,7 +40,7 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	}
 	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{b[2]},
 		Context: map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
-	run := func(props map[string]any, method string, args ...any) cpibin.Reply {
+	run := func(props map[string]any, method string, args ...any) rpc.Reply {
 		t.Helper()
 		return cpi.Call(t, props, method, args...)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -82,17 +83,17 @@ func TestEveryOfficialCloudPropertyIsHonouredOrRefusedByName(t *testing.T) {
 		cpibin.HonouredOrRefused(t, "disk", key, cpi.Call(t, nil, "create_disk", 1024, map[string]any{key: v}, nil), "", reachedTheCloud)
 	}
 	// A key no driver knows: named, with the closest known key.
-	for what, call := range map[string]func() cpibin.Reply{
-		`"instance_typ"`: func() cpibin.Reply {
+	for what, call := range map[string]func() rpc.Reply{
+		`"instance_typ"`: func() rpc.Reply {
 			return cpi.Call(t, nil, "create_vm", "agent", stemcell, map[string]any{"instance_typ": "m"}, nets(map[string]any{"net_id": "n"}), []string{}, map[string]any{})
 		},
-		`"netid"`: func() cpibin.Reply {
+		`"netid"`: func() rpc.Reply {
 			return cpi.Call(t, nil, "create_vm", "agent", stemcell, map[string]any{"instance_type": "m"}, nets(map[string]any{"netid": "n"}), []string{}, map[string]any{})
 		},
-		`"volume_type"`: func() cpibin.Reply {
+		`"volume_type"`: func() rpc.Reply {
 			return cpi.Call(t, nil, "create_disk", 1024, map[string]any{"volume_type": "SSD"}, nil)
 		},
-		`"hypervisor_typo"`: func() cpibin.Reply {
+		`"hypervisor_typo"`: func() rpc.Reply {
 			return cpi.Call(t, nil, "create_stemcell", filepath.Join(dir, "none.tgz"), map[string]any{"hypervisor_typo": "kvm"})
 		},
 	} {

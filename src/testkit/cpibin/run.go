@@ -20,17 +20,10 @@ type Caller struct {
 	Secrets []string
 }
 
-// Reply is bin/cpi's response with the result kept raw.
-type Reply struct {
-	Result json.RawMessage `json:"result"`
-	Error  *rpc.Error      `json:"error"`
-	Log    string          `json:"log"`
-}
-
 // Call sends method with args (API v2) and the context plus extra; it
 // fails the test when bin/cpi does not answer one JSON response or a
 // secret shows.
-func (c Caller) Call(t testing.TB, extra map[string]any, method string, args ...any) Reply {
+func (c Caller) Call(t testing.TB, extra map[string]any, method string, args ...any) rpc.Reply {
 	t.Helper()
 	ctx := map[string]any{"director_uuid": "cpibin-director", "request_id": "cpi-1"}
 	for k, v := range c.Context {
@@ -57,11 +50,11 @@ func (c Caller) Call(t testing.TB, extra map[string]any, method string, args ...
 			t.Fatalf("%s: a secret came back:\n%s\n%s", method, out, stderr.String())
 		}
 	}
-	var r Reply
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("%s: not one JSON response: %s", method, out)
+	r, err := rpc.ParseReply(out)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
 	}
-	return r
+	return *r
 }
 
 // OK is Call that fails the test on an error response.
@@ -92,7 +85,7 @@ func VMCID(t testing.TB, raw json.RawMessage) string {
 // refused (refusal != "") means the error says refusal; honoured means
 // the call got past the driver's checks and failed on the endpoint,
 // whose address the error names.
-func HonouredOrRefused(t testing.TB, what, key string, r Reply, refusal, endpoint string) {
+func HonouredOrRefused(t testing.TB, what, key string, r rpc.Reply, refusal, endpoint string) {
 	t.Helper()
 	switch {
 	case r.Error == nil:
