@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/strict"
 )
 
@@ -160,7 +160,7 @@ func (c *Config) decode(data []byte) error {
 	core := map[string]json.RawMessage{}
 	c.Sections = map[string]json.RawMessage{}
 	coreKeys := jsonKeys(c)
-	drivers := formats.Drivers
+	drivers := catalog.Names()
 	for k, v := range top {
 		switch {
 		case slices.Contains(coreKeys, k):
@@ -190,8 +190,8 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 	if err := strict.JSON("cloud", raw, &o); err != nil {
 		return err
 	}
-	if !slices.Contains(formats.Drivers, o.Plugin) {
-		return fmt.Errorf("cloud.plugin: unknown plugin %q (one of %s)", o.Plugin, strings.Join(formats.Drivers, ", "))
+	if !slices.Contains(catalog.Names(), o.Plugin) {
+		return fmt.Errorf("cloud.plugin: unknown plugin %q (one of %s)", o.Plugin, strings.Join(catalog.Names(), ", "))
 	}
 	c.Driver, c.StateDir = o.Plugin, DefaultStateDir()
 	c.Sections = map[string]json.RawMessage{}
@@ -249,7 +249,7 @@ func jsonKeys(v any) []string {
 }
 
 func (c *Config) finish() error {
-	drivers := formats.Drivers
+	drivers := catalog.Names()
 	if c.Driver == "" {
 		return &Error{Field: "driver", Msg: "is required (one of " + strings.Join(drivers, ", ") + ")"}
 	}

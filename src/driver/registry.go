@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -49,6 +50,9 @@ var registry = map[string]Registration{}
 // Register makes a driver available; an executable carries the drivers
 // it imports.
 func Register(r Registration) {
+	if _, ok := catalog.Lookup(r.Name); !ok {
+		panic("driver: " + r.Name + " is not in the driver table (src/driver/catalog)")
+	}
 	if _, dup := registry[r.Name]; dup {
 		panic("driver: " + r.Name + " registered twice")
 	}

@@ -6,8 +6,11 @@ package garm
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/strict"
 )
 
@@ -67,23 +70,30 @@ func parseExtraSpecs(raw []byte) (*ExtraSpecs, error) {
 }
 
 // ConfigSchema is the JSON schema of the garm section (GetConfigJSONSchema):
+// the drivers and their sections come from the driver table.
+var ConfigSchema = func() string {
+	enum, _ := json.Marshal(catalog.Names())
+	var sections strings.Builder
+	for _, n := range catalog.Names() {
+		fmt.Fprintf(&sections, "    %q: {\"type\": \"object\"},\n", n)
+	}
+	return strings.NewReplacer("DRIVERS", string(enum), "SECTIONS", sections.String()).Replace(schemaTemplate)
+}()
+
 // the provider config file is a whole Runway CPI config.
-const ConfigSchema = `{
+const schemaTemplate = `{
   "$schema": "http://json-schema.org/draft-07/schema#",
   "title": "Runway CPI config used as a garm provider config",
   "type": "object",
   "required": ["driver", "state_dir"],
   "properties": {
-    "driver": {"type": "string", "enum": ["local", "openstack", "aws"]},
+    "driver": {"type": "string", "enum": DRIVERS},
     "state_dir": {"type": "string", "pattern": "^/"},
     "log_level": {"type": "string", "enum": ["debug", "info", "warn", "error", "none"]},
     "lock_timeout_seconds": {"type": "integer", "minimum": 1},
     "retry": {"type": "object"},
     "agent": {"type": "object"},
-    "local": {"type": "object"},
-    "openstack": {"type": "object"},
-    "aws": {"type": "object"},
-    "hooks": {"type": "object"},
+SECTIONS    "hooks": {"type": "object"},
     "garm": {
       "type": "object",
       "additionalProperties": false,

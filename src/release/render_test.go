@@ -18,7 +18,8 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
-	_ "github.com/runway-cpi/runway/src/driver/aws" // the drivers bin/cpi carries: config knows their sections
+	_ "github.com/runway-cpi/runway/src/driver/aws"
+	"github.com/runway-cpi/runway/src/driver/catalog" // the drivers bin/cpi carries: config knows their sections
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	_ "github.com/runway-cpi/runway/src/driver/openstack"
 	"github.com/runway-cpi/runway/src/orchestrator"
@@ -171,6 +172,29 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 				t.Fatalf("wrapper is not valid sh: %v\n%s", err, msg)
 			}
 		})
+	}
+}
+
+// Every driver of the table can be chosen through the job: runway.<name>
+// is a property, and its section reaches the config.
+func TestCPIJobCarriesEveryDriver(t *testing.T) {
+	var spec struct {
+		Properties map[string]any `yaml:"properties"`
+	}
+	readYAMLT(t, filepath.Join(repoRoot(t), "jobs", "runway_cpi", "spec"), &spec)
+	for _, d := range catalog.Names() {
+		if _, ok := spec.Properties["runway."+d]; !ok {
+			t.Errorf("jobs/runway_cpi/spec has no runway.%s", d)
+			continue
+		}
+		out := renderRepoJob(t, "runway_cpi", map[string]any{"runway": map[string]any{"driver": d, d: map[string]any{"marker": d}}})
+		var doc map[string]any
+		if err := json.Unmarshal([]byte(readFile(t, filepath.Join(out, "config", "cpi.json"))), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if sec, _ := doc[d].(map[string]any); doc["driver"] != d || sec["marker"] != d {
+			t.Errorf("runway.driver %s: rendered driver %v, section %v", d, doc["driver"], doc[d])
+		}
 	}
 }
 

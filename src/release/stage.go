@@ -7,12 +7,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/runway-cpi/runway/src/driver/catalog"
 )
 
 // Binaries are the executables the runway_cpi package carries, by their
-// main package: bin/cpi, the driver executables it runs, the orchestrator.
-var Binaries = map[string]string{"cpi": "./src/cmd/cpi", "cpi-local": "./src/cmd/cpi-local",
-	"cpi-openstack": "./src/cmd/cpi-openstack", "cpi-aws": "./src/cmd/cpi-aws", "runway": "./src/cmd/runway"}
+// main package: bin/cpi, the driver executables it runs (one per row of
+// the driver table), the orchestrator.
+var Binaries = func() map[string]string {
+	m := map[string]string{"cpi": "./src/cmd/cpi", "runway": "./src/cmd/runway"}
+	for _, d := range catalog.Drivers {
+		m[d.Executable()] = "./" + d.Main()
+	}
+	return m
+}()
 
 // StageDir is where Stage puts them: the runway_cpi package's files
 // (src/runway_cpi/bin/*, git-ignored).

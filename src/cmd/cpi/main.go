@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/runway-cpi/runway/src/config"
-	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/rpc"
 )
 
@@ -97,7 +97,7 @@ func plainInfo(request []byte, cfg *config.Config) (rpc.Info, bool) {
 	if werr != nil || req.Method != "info" || len(req.Arguments) != 0 || req.CPIConfig() != nil {
 		return rpc.Info{}, false
 	}
-	f, ok := formats.Answered(cfg.Driver, cfg.DriverSection())
+	f, ok := catalog.Answered(cfg.Driver, cfg.DriverSection())
 	return rpc.Info{APIVersion: rpc.APIVersion, StemcellFormats: f}, ok
 }
 
@@ -124,7 +124,7 @@ func configPathArg(args []string) string {
 // directory. The request, already read, goes back on stdin through an
 // in-memory file.
 func execDriver(driver string, args []string, request []byte) error {
-	if !slices.Contains(formats.Drivers, driver) {
+	if !slices.Contains(catalog.Names(), driver) {
 		// An unknown driver name: cpi-local's config check names it.
 		driver = "local"
 	}

@@ -20,7 +20,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -85,7 +85,7 @@ const (
 
 // StemcellFormats: raw images uploaded through the EBS direct API, and
 // light stemcells naming an existing AMI.
-func (d *Driver) StemcellFormats() []string { return formats.AWS }
+func (d *Driver) StemcellFormats() []string { return catalog.Formats("aws") }
 
 // call runs one API call inside the retry budget. The CPI's policy is the
 // only one that retries (the SDK's retryer is off): every attempt is

@@ -16,7 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -49,7 +49,7 @@ type Config struct {
 
 // Defaults.
 var (
-	DefaultStemcellFormats = formats.Local
+	DefaultStemcellFormats = catalog.Formats("local")
 )
 
 const (

@@ -18,7 +18,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/formats"
+	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -68,7 +68,7 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 
 // StemcellFormats: images Glance stores (qcow2, raw) and light stemcells
 // naming an existing image.
-func (d *Driver) StemcellFormats() []string { return formats.OpenStack }
+func (d *Driver) StemcellFormats() []string { return catalog.Formats("openstack") }
 
 // client returns the service client of one kind.
 func (d *Driver) client(ctx context.Context, kind string) (*gophercloud.ServiceClient, error) {

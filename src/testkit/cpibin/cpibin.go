@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/runway-cpi/runway/src/driver/catalog"
 )
 
 var (
@@ -23,7 +25,7 @@ var (
 // bin/cpi's path.
 func Path(drivers ...string) (string, error) {
 	if len(drivers) == 0 {
-		drivers = []string{"aws", "local", "openstack"}
+		drivers = catalog.Names()
 	}
 	sort.Strings(drivers)
 	key := strings.Join(drivers, ",")
@@ -38,7 +40,11 @@ func Path(drivers ...string) (string, error) {
 	}
 	args := []string{"build", "-o", dir + "/", "github.com/runway-cpi/runway/src/cmd/cpi"}
 	for _, d := range drivers {
-		args = append(args, "github.com/runway-cpi/runway/src/cmd/cpi-"+d)
+		row, ok := catalog.Lookup(d)
+		if !ok {
+			return "", fmt.Errorf("no driver %q in src/driver/catalog", d)
+		}
+		args = append(args, "github.com/runway-cpi/runway/"+row.Main())
 	}
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

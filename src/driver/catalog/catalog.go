@@ -1,0 +1,79 @@
+// Package catalog is the one table of Runway's drivers: what must be known
+// of each without loading it. bin/cpi answers `info` from it, the config
+// reader takes its names, the build, the release, the test helpers and
+// the docs enumerate drivers from it, and a driver's registration must
+// name one of its rows. It depends on nothing of ours, so bin/cpi stays
+// small (docs/architecture.md, "Executables" and "Adding a driver").
+package catalog
+
+import (
+	"encoding/json"
+	"slices"
+)
+
+// Driver is one row.
+type Driver struct {
+	// Name is the config's "driver" (and the official cloud.plugin), the
+	// package src/driver/<Name> and the executable cpi-<Name>.
+	Name string
+	// StemcellFormats are what info answers.
+	StemcellFormats []string
+	// FormatsKey names a key of the driver's config section that replaces
+	// StemcellFormats when set ("" for none).
+	FormatsKey string
+}
+
+// Drivers is the table, in name order.
+var Drivers = []Driver{
+	{Name: "aws", StemcellFormats: []string{"aws-raw", "aws-light"}},
+	{Name: "local", StemcellFormats: []string{"runway-local", "warden-tar", "general-tar"}, FormatsKey: "stemcell_formats"},
+	{Name: "openstack", StemcellFormats: []string{"openstack-qcow2", "openstack-raw", "openstack-light"}},
+}
+
+// Names lists the drivers' names.
+func Names() []string {
+	out := make([]string, len(Drivers))
+	for i, d := range Drivers {
+		out[i] = d.Name
+	}
+	return out
+}
+
+// Lookup finds a driver's row.
+func Lookup(name string) (Driver, bool) {
+	i := slices.IndexFunc(Drivers, func(d Driver) bool { return d.Name == name })
+	if i < 0 {
+		return Driver{}, false
+	}
+	return Drivers[i], true
+}
+
+// Formats is a known driver's stemcell formats (nil for another name).
+func Formats(name string) []string {
+	d, _ := Lookup(name)
+	return d.StemcellFormats
+}
+
+// Executable is the driver's executable, beside bin/cpi.
+func (d Driver) Executable() string { return "cpi-" + d.Name }
+
+// Main is the import path of the executable's main package, relative to
+// the module.
+func (d Driver) Main() string { return "src/cmd/" + d.Executable() }
+
+// Answered is what info answers for the driver with its config section:
+// its formats, or the section's FormatsKey list when set.
+func Answered(name string, section json.RawMessage) ([]string, bool) {
+	d, ok := Lookup(name)
+	if !ok {
+		return nil, false
+	}
+	if d.FormatsKey != "" {
+		var s map[string]json.RawMessage
+		var f []string
+		if json.Unmarshal(section, &s) == nil && json.Unmarshal(s[d.FormatsKey], &f) == nil && len(f) > 0 {
+			return f, true
+		}
+	}
+	return d.StemcellFormats, true
+}
