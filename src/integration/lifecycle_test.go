@@ -174,7 +174,7 @@ var _ = Describe("error paths", func() {
 		r := callErr("Bosh::Clouds::CpiError", "create_disk", "1024", map[string]any{}, nil)
 		Expect(r.Error.Message).To(Equal("create_disk: argument 1 (disk_size) must be an integer, got a string"))
 		r = callErr("Bosh::Clouds::CpiError", "attach_disk", fx.UnknownVM)
-		Expect(r.Error.Message).To(Equal("attach_disk: expected 2 arguments, got 1"))
+		Expect(r.Error.Message).To(Equal("attach_disk: expected 2 arguments (vm_cid, disk_cid), got 1"))
 	})
 
 	It("unknown methods are NotImplemented; deprecated ones answer as the Director expects", func() {

@@ -82,7 +82,18 @@ func (r *Request) Bind(params ...Param) *Error {
 		if required != len(params) {
 			want = fmt.Sprintf("%d to %d", required, len(params))
 		}
-		return NewError(TypeCpiError, false, "%s: expected %s arguments, got %d", r.Method, want, n)
+		names := make([]string, len(params))
+		for i, p := range params {
+			names[i] = p.Name
+			if p.Optional {
+				names[i] = "[" + p.Name + "]"
+			}
+		}
+		noun := "arguments"
+		if want == "1" {
+			noun = "argument"
+		}
+		return NewError(TypeCpiError, false, "%s: expected %s %s (%s), got %d", r.Method, want, noun, strings.Join(names, ", "), n)
 	}
 	for i, raw := range r.Arguments {
 		p := params[i]

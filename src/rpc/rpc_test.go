@@ -79,8 +79,8 @@ func TestBind(t *testing.T) {
 		t.Fatalf("null map and absent optional: %v", err)
 	}
 	for args, want := range map[string]string{
-		`["a"]`:                     "m: expected 3 to 4 arguments, got 1",
-		`["a", 3, {}, null, 5]`:     "m: expected 3 to 4 arguments, got 5",
+		`["a"]`:                     "m: expected 3 to 4 arguments (cid, size, props, [vm]), got 1",
+		`["a", 3, {}, null, 5]`:     "m: expected 3 to 4 arguments (cid, size, props, [vm]), got 5",
 		`[5, 3, {}]`:                "m: argument 1 (cid) must be a string, got a number 5",
 		`["a", "3", {}]`:            "m: argument 2 (size) must be an integer, got a string",
 		`["a", 3.5, {}]`:            "m: argument 2 (size) must be an integer, got a non-integer number 3.5",
