@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,92 +15,93 @@ import (
 	"github.com/runway-cpi/runway/src/retry"
 )
 
-// API is a JSON REST client shared by the forge clients: auth header,
-// bounded bodies, typed errors, and retries of throttles and transient
-// faults inside a small budget (the reconcile loop backs off beyond it).
-type API struct {
-	Base string // e.g. https://gitea.example.com/api/v1
-	Auth string // Authorization header value; never logged
-	// AuthFunc, when set, gives the header value for each request
-	// instead (a token re-read when its file changes).
+// Transport is the HTTP layer under the forge libraries (go-github, the
+// Gitea SDK): the Authorization header, read for every request (a token
+// file re-read when it changes), fixed headers, retries of throttles and
+// transient faults inside a small budget honouring Retry-After (the
+// reconcile loop backs off beyond it), an observer for metrics, and
+// transport errors without their query strings. The last answer, whatever
+// its status, goes back to the library, which makes its own error of it.
+type Transport struct {
+	Base     http.RoundTripper
 	AuthFunc func() string
 	Headers  map[string]string
-	HTTP     *http.Client
 	Retry    retry.Policy
-	// Observe is told about every answer: for metrics (requests, rate
-	// limit remaining).
+	// Observe is told about every answer (requests, rate limit left).
 	Observe func(method string, status int, h http.Header)
 }
 
-// NewAPI returns an API with sane defaults.
-func NewAPI(base, auth string) *API {
+// NewTransport returns a transport sending auth (the header's whole
+// value) with every request.
+func NewTransport(auth func() string) *Transport {
 	p := retry.Default()
 	p.Budget = 10 * time.Second
 	p.Classify = Classify
-	return &API{Base: strings.TrimRight(base, "/"), Auth: auth, HTTP: &http.Client{Timeout: 30 * time.Second}, Retry: p}
+	return &Transport{Base: http.DefaultTransport, AuthFunc: auth, Retry: p}
 }
 
-const maxBody = 16 << 20
+// Client is an http.Client over t, bounding each request.
+func (t *Transport) Client() *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, Transport: t}
+}
 
-// Do sends one request; out (if non-nil) receives the JSON answer. The
-// returned header is the last answer's.
-func (a *API) Do(ctx context.Context, method, path string, q url.Values, in, out any) (http.Header, error) {
-	var body []byte
-	if in != nil {
-		var err error
-		if body, err = json.Marshal(in); err != nil {
-			return nil, err
+const maxErrorBody = 1 << 20
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	var last *http.Response
+	err := t.Retry.Do(req.Context(), req.Method+" "+req.URL.Path, func(ctx context.Context) error {
+		r := req.Clone(ctx)
+		if req.Body != nil && req.GetBody != nil {
+			b, err := req.GetBody()
+			if err != nil {
+				return err
+			}
+			r.Body = b
 		}
-	}
-	u := a.Base + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	var hdr http.Header
-	err := a.Retry.Do(ctx, method+" "+path, func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
-		if err != nil {
-			return err
+		if t.AuthFunc != nil {
+			if a := t.AuthFunc(); a != "" {
+				r.Header.Set("Authorization", a)
+			}
 		}
-		auth := a.Auth
-		if a.AuthFunc != nil {
-			auth = a.AuthFunc()
+		for k, v := range t.Headers {
+			r.Header.Set(k, v)
 		}
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		req.Header.Set("Accept", "application/json")
-		if in != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		for k, v := range a.Headers {
-			req.Header.Set(k, v)
-		}
-		resp, err := a.HTTP.Do(req)
+		resp, err := t.Base.RoundTrip(r)
 		if err != nil {
 			return redactURLError(err)
 		}
-		defer resp.Body.Close()
-		if a.Observe != nil {
-			a.Observe(method, resp.StatusCode, resp.Header)
+		if t.Observe != nil {
+			t.Observe(req.Method, resp.StatusCode, resp.Header)
 		}
-		hdr = resp.Header
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-		if err != nil {
-			return err
+		last = resp
+		if resp.StatusCode/100 == 2 {
+			return nil
 		}
-		if resp.StatusCode/100 != 2 {
-			return &APIError{Method: method, URL: a.Base + path, Status: resp.StatusCode, Message: message(b),
-				RetryAfter: retry.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
-		}
-		if out != nil && len(b) > 0 {
-			if err := json.Unmarshal(b, out); err != nil {
-				return fmt.Errorf("%s %s: decoding answer: %v", method, a.Base+path, err)
-			}
-		}
-		return nil
+		// Kept for the library (and read once here): the answer may be
+		// retried past, or be the one the caller sees.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		return ResponseError(resp, message(b))
 	})
-	return hdr, err
+	var ae *APIError
+	if last != nil && (err == nil || errors.As(err, &ae)) {
+		return last, nil
+	}
+	return nil, err
+}
+
+// ResponseError is the forge error of a non-2xx answer.
+func ResponseError(resp *http.Response, msg string) *APIError {
+	e := &APIError{Status: resp.StatusCode, Message: msg,
+		RetryAfter: retry.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	if resp.Request != nil {
+		u := *resp.Request.URL
+		u.RawQuery, u.User = "", nil
+		e.Method, e.URL = resp.Request.Method, u.String()
+	}
+	return e
 }
 
 // Classify sorts forge errors for retry.Policy.
@@ -142,25 +141,4 @@ func message(b []byte) string {
 		return m.Message
 	}
 	return clip.Quote(string(b), 200)
-}
-
-// NextPage reads a RFC 5988 Link header's rel="next" page number (0: none).
-func NextPage(h http.Header) int {
-	for _, part := range strings.Split(h.Get("Link"), ",") {
-		if !strings.Contains(part, `rel="next"`) {
-			continue
-		}
-		s, e := strings.IndexByte(part, '<'), strings.IndexByte(part, '>')
-		if s < 0 || e < s {
-			continue
-		}
-		u, err := url.Parse(part[s+1 : e])
-		if err != nil {
-			continue
-		}
-		if n, err := strconv.Atoi(u.Query().Get("page")); err == nil {
-			return n
-		}
-	}
-	return 0
 }

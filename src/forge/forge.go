@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 )
@@ -110,6 +111,9 @@ type Client interface {
 	Runners(ctx context.Context, s Scope) ([]Runner, error)
 	// DeleteRunner removes a registration; a missing runner is not an error.
 	DeleteRunner(ctx context.Context, s Scope, id int64) error
+	// VerifyDelivery checks a webhook delivery's signature with the
+	// forge's own scheme (constant time); an empty secret never verifies.
+	VerifyDelivery(secret, body []byte, h http.Header) bool
 }
 
 // ErrNotFound is returned for a 404 from the forge.

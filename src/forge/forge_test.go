@@ -1,7 +1,6 @@
 package forge
 
 import (
-	"net/http"
 	"testing"
 )
 
@@ -47,32 +46,6 @@ func TestScopeCovers(t *testing.T) {
 	}
 }
 
-func TestVerify(t *testing.T) {
-	body := []byte(`{"action":"queued"}`)
-	secret := []byte("s3cret")
-	sig := Sign(secret, body)
-	for name, h := range map[string]http.Header{
-		"gitea":  {"X-Gitea-Signature": {sig}},
-		"hub256": {"X-Hub-Signature-256": {"sha256=" + sig}},
-	} {
-		if !Verify(secret, body, h) {
-			t.Errorf("%s signature rejected", name)
-		}
-		if Verify([]byte("other"), body, h) {
-			t.Errorf("%s signature accepted with the wrong secret", name)
-		}
-		if Verify(secret, append(body, ' '), h) {
-			t.Errorf("%s signature accepted for a changed body", name)
-		}
-	}
-	if Verify(secret, body, http.Header{}) {
-		t.Error("an unsigned delivery verified")
-	}
-	if Verify(nil, body, http.Header{"X-Gitea-Signature": {Sign(nil, body)}}) {
-		t.Error("an empty secret verified")
-	}
-}
-
 func TestParseWorkflowJob(t *testing.T) {
 	ev, err := ParseWorkflowJob([]byte(`{"action":"in_progress","workflow_job":{"id":7,"run_id":3,"labels":["linux"],
 		"status":"in_progress","runner_name":"g-1","conclusion":null},"repository":{"full_name":"acme/app"}}`))
@@ -83,15 +56,5 @@ func TestParseWorkflowJob(t *testing.T) {
 		if _, err := ParseWorkflowJob([]byte(bad)); err == nil {
 			t.Errorf("%s parsed", bad)
 		}
-	}
-}
-
-func TestNextPage(t *testing.T) {
-	h := http.Header{"Link": {`<https://x/api?page=3&limit=50>; rel="next", <https://x/api?page=9>; rel="last"`}}
-	if n := NextPage(h); n != 3 {
-		t.Errorf("next page %d", n)
-	}
-	if n := NextPage(http.Header{}); n != 0 {
-		t.Errorf("no Link gave %d", n)
 	}
 }

@@ -113,7 +113,7 @@ groups:
 	if cpi == nil {
 		cpi = &recordingCPI{created: make(chan time.Time, 100000)}
 	}
-	client := gitea.New(srv.URL, srv.APIToken)
+	client := gitea.New(srv.URL, forge.NewTransport(func() string { return "token " + srv.APIToken }))
 	o, err := New(cfg, Options{CPI: cpi, Forges: map[string]forge.Client{"gitea": client},
 		Logger: logging.Discard()})
 	if err != nil {

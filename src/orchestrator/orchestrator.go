@@ -336,16 +336,19 @@ func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forge
 			}
 		}
 	}
+	tr := forge.NewTransport(nil)
+	tr.Observe = observe
 	switch fc.Type {
 	case "gitea":
-		c := gitea.New(fc.URL, "")
-		c.API.AuthFunc = func() string { return "token " + token.get() }
-		c.API.Observe = observe
-		fv.client = c
+		tr.AuthFunc = func() string { return "token " + token.get() }
+		fv.client = gitea.New(fc.URL, tr)
 	case "github":
-		c := github.New(fc.URL, "")
-		c.API.AuthFunc = func() string { return "Bearer " + token.get() }
-		c.API.Observe = observe
+		tr.AuthFunc = func() string { return "Bearer " + token.get() }
+		tr.Headers = map[string]string{"X-GitHub-Api-Version": "2022-11-28"}
+		c, err := github.New(fc.URL, tr)
+		if err != nil {
+			return nil, fmt.Errorf("forge %s: %w", fc.Name, err)
+		}
 		c.RunnerGroupID = fc.RunnerGroupID
 		fv.client = c
 	default:
@@ -489,7 +492,7 @@ func (o *Orchestrator) signedBy(forgeType string, body []byte, h http.Header) st
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if fv := o.forges[n]; fv.cfg.Type == forgeType && forge.Verify([]byte(fv.secret.get()), body, h) {
+		if fv := o.forges[n]; fv.cfg.Type == forgeType && fv.client.VerifyDelivery([]byte(fv.secret.get()), body, h) {
 			return n
 		}
 	}

@@ -43,6 +43,8 @@ type GitHub struct {
 	// JITDisabled makes generate-jitconfig answer 404, as on servers
 	// without JIT support, so clients fall back to registration tokens.
 	JITDisabled bool
+	// Archived repositories are listed with archived: true.
+	Archived map[string]bool
 
 	mu       sync.Mutex
 	jobs     map[int64]*GitHubJob
@@ -56,7 +58,7 @@ type GitHub struct {
 // NewGitHub starts a server on 127.0.0.1.
 func NewGitHub(apiToken string) *GitHub {
 	g := &GitHub{APIToken: apiToken, jobs: map[int64]*GitHubJob{}, runners: map[int64]*ghRunner{}, nextID: 5000,
-		requests: map[string]int{}}
+		requests: map[string]int{}, Archived: map[string]bool{}}
 	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
 	return g
 }
@@ -68,15 +70,34 @@ func (g *GitHub) AddHook(u string, secret []byte) {
 	g.mu.Unlock()
 }
 
-// AddJob queues a job and delivers its `queued` webhook.
-func (g *GitHub) AddJob(repo string, labels []string) int64 {
+// AddJob queues a job in a run of its own and delivers its `queued`
+// webhook.
+func (g *GitHub) AddJob(repo string, labels []string) int64 { return g.AddJobInRun(repo, 0, labels) }
+
+// AddJobInRun queues a job in run (0: a new run of its own).
+func (g *GitHub) AddJobInRun(repo string, run int64, labels []string) int64 {
 	g.mu.Lock()
 	g.nextID++
-	j := &GitHubJob{ID: g.nextID, RunID: g.nextID + 100000, Repo: repo, Labels: labels, Status: "queued"}
+	if run == 0 {
+		run = g.nextID + 100000
+	}
+	j := &GitHubJob{ID: g.nextID, RunID: run, Repo: repo, Labels: labels, Status: "queued"}
 	g.jobs[j.ID] = j
 	g.mu.Unlock()
 	g.deliver(j, "queued")
 	return j.ID
+}
+
+// SetJobStatus moves a job (in_progress, completed) and delivers it.
+func (g *GitHub) SetJobStatus(id int64, status string) {
+	g.mu.Lock()
+	j := g.jobs[id]
+	j.Status = status
+	if status == "completed" {
+		j.Conclusion = "success"
+	}
+	g.mu.Unlock()
+	g.deliver(j, status)
 }
 
 // Job returns a copy of a job.
@@ -134,9 +155,9 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 	route := strings.Join(rest, "/")
 	switch {
 	case scope[:4] == "orgs" && route == "repos" && r.Method == "GET":
-		g.orgRepos(w, strings.TrimPrefix(scope, "orgs/"))
+		g.orgRepos(w, r, strings.TrimPrefix(scope, "orgs/"))
 	case route == "actions/runs" && r.Method == "GET":
-		g.runs(w, strings.TrimPrefix(scope, "repos/"), r.URL.Query().Get("status"))
+		g.runs(w, r, strings.TrimPrefix(scope, "repos/"), r.URL.Query().Get("status"))
 	case len(rest) == 4 && rest[0] == "actions" && rest[1] == "runs" && rest[3] == "jobs":
 		run, _ := strconv.ParseInt(rest[2], 10, 64)
 		g.mu.Lock()
@@ -147,7 +168,7 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		g.mu.Unlock()
-		writeJSON(w, 200, map[string]any{"total_count": len(out), "jobs": out})
+		writeJSON(w, 200, map[string]any{"total_count": len(out), "jobs": g.page(w, r, out)})
 	case len(rest) == 3 && rest[0] == "actions" && rest[1] == "jobs":
 		id, _ := strconv.ParseInt(rest[2], 10, 64)
 		g.mu.Lock()
@@ -186,7 +207,7 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 				"busy": rn.Job != 0, "labels": labels})
 		}
 		g.mu.Unlock()
-		writeJSON(w, 200, map[string]any{"total_count": len(out), "runners": out})
+		writeJSON(w, 200, map[string]any{"total_count": len(out), "runners": g.page(w, r, out)})
 	case len(rest) == 3 && rest[0] == "actions" && rest[1] == "runners" && r.Method == "DELETE":
 		id, _ := strconv.ParseInt(rest[2], 10, 64)
 		g.mu.Lock()
@@ -212,23 +233,23 @@ func (g *GitHub) sortedJobs() []*GitHubJob {
 	return out
 }
 
-func (g *GitHub) orgRepos(w http.ResponseWriter, org string) {
+func (g *GitHub) orgRepos(w http.ResponseWriter, r *http.Request, org string) {
 	g.mu.Lock()
 	seen := map[string]bool{}
 	out := []map[string]any{}
 	for _, j := range g.sortedJobs() {
 		if strings.HasPrefix(j.Repo, org+"/") && !seen[j.Repo] {
 			seen[j.Repo] = true
-			out = append(out, map[string]any{"full_name": j.Repo, "archived": false})
+			out = append(out, map[string]any{"full_name": j.Repo, "archived": g.Archived[j.Repo]})
 		}
 	}
 	g.mu.Unlock()
-	writeJSON(w, 200, out)
+	writeJSON(w, 200, g.page(w, r, out))
 }
 
 // runs lists runs by their derived status: in_progress while any job
 // runs, queued while any is queued, else completed.
-func (g *GitHub) runs(w http.ResponseWriter, repo, status string) {
+func (g *GitHub) runs(w http.ResponseWriter, r *http.Request, repo, status string) {
 	g.mu.Lock()
 	st := map[int64]string{}
 	for _, j := range g.jobs {
@@ -245,13 +266,40 @@ func (g *GitHub) runs(w http.ResponseWriter, repo, status string) {
 		}
 	}
 	g.mu.Unlock()
-	out := []map[string]any{}
+	var ids []int64
 	for id, s := range st {
 		if status == "" || s == status {
-			out = append(out, map[string]any{"id": id, "status": s})
+			ids = append(ids, id)
 		}
 	}
-	writeJSON(w, 200, map[string]any{"total_count": len(out), "workflow_runs": out})
+	sort.Slice(ids, func(a, b int) bool { return ids[a] > ids[b] }) // newest first, as GitHub lists
+	out := []map[string]any{}
+	for _, id := range ids {
+		out = append(out, map[string]any{"id": id, "status": st[id]})
+	}
+	writeJSON(w, 200, map[string]any{"total_count": len(out), "workflow_runs": g.page(w, r, out)})
+}
+
+// page is GitHub's paging of a listing: per_page (default 30, at most
+// 100) and page, with a Link header naming the next page.
+func (g *GitHub) page(w http.ResponseWriter, r *http.Request, all []map[string]any) []map[string]any {
+	q := r.URL.Query()
+	per, _ := strconv.Atoi(q.Get("per_page"))
+	if per < 1 {
+		per = 30
+	}
+	per = min(per, 100)
+	page, _ := strconv.Atoi(q.Get("page"))
+	page = max(page, 1)
+	start, end := min((page-1)*per, len(all)), min(page*per, len(all))
+	if end < len(all) {
+		u := *r.URL
+		v := u.Query()
+		v.Set("page", strconv.Itoa(page+1))
+		u.RawQuery = v.Encode()
+		w.Header().Set("Link", fmt.Sprintf(`<%s%s>; rel="next"`, g.URL, u.String()))
+	}
+	return all[start:end]
 }
 
 func (g *GitHub) jit(w http.ResponseWriter, r *http.Request, scope string) {

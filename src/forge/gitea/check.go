@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"strings"
 
@@ -17,10 +16,11 @@ import (
 // it looks the repository up, so 404 means allowed and 403 names the
 // missing scope.
 func (c *Client) Check(ctx context.Context, s forge.Scope) error {
-	base, err := scopeBase(s)
+	sc, err := scopeOf(s)
 	if err != nil {
 		return err
 	}
+	base := sc.path
 	owner := s.Owner
 	if owner == "" {
 		owner = "runway"
@@ -35,10 +35,9 @@ func (c *Client) Check(ctx context.Context, s forge.Scope) error {
 	note("list queued jobs (GET "+base+"/actions/jobs)", err)
 	_, err = c.Runners(ctx, s)
 	note("list runners (GET "+base+"/actions/runners)", err)
-	_, err = c.API.RegistrationToken(ctx, base)
+	_, err = c.registrationToken(ctx, sc)
 	note("get a runner registration token (POST "+base+"/actions/runners/registration-token)", err)
-	probe := "/repos/" + url.PathEscape(owner) + "/runway-scope-check/actions/jobs/0"
-	_, err = c.API.Do(ctx, "GET", probe, nil, nil, nil)
+	_, err = c.Job(ctx, forge.Job{ID: 0, Repo: owner + "/runway-scope-check"})
 	if !errors.Is(err, forge.ErrNotFound) {
 		note("check a finished job (GET /repos/{owner}/{repo}/actions/jobs/{id})", err)
 	}

@@ -1,10 +1,12 @@
-// Package gitea is the orchestrator's Gitea client: the actions jobs queue,
-// the scope's runner registration token, and the runners list, as Gitea
-// 1.26's API serves them (/api/swagger on any Gitea).
+// Package gitea is the orchestrator's Gitea client on Gitea's Go SDK
+// (code.gitea.io/sdk/gitea): the actions jobs queue, the scope's runner
+// registration token, the runners list, and webhook signatures, as Gitea
+// 1.26 serves them.
 package gitea
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	sdk "code.gitea.io/sdk/gitea"
+
 	"github.com/runway-cpi/runway/src/forge"
 )
 
@@ -22,7 +26,8 @@ const PageLimit = 50
 
 // Client talks to one Gitea instance.
 type Client struct {
-	API *forge.API
+	base string // the instance URL, without /api/v1
+	http *http.Client
 
 	mu     sync.Mutex
 	tokens map[string]cachedToken
@@ -38,31 +43,58 @@ type cachedToken struct {
 // then picks up a rotation.
 const tokenTTL = 10 * time.Minute
 
-// New returns a client for baseURL (the instance URL, without /api/v1).
-func New(baseURL, token string) *Client {
-	return &Client{API: forge.NewAPI(strings.TrimRight(baseURL, "/")+"/api/v1", "token "+token), tokens: map[string]cachedToken{}}
+// New returns a client for baseURL (the instance URL, without /api/v1)
+// over t, which carries the token ("token <value>").
+func New(baseURL string, t *forge.Transport) *Client {
+	return &Client{base: strings.TrimRight(baseURL, "/"), http: t.Client(), tokens: map[string]cachedToken{}}
 }
 
-// scopeBase is the API prefix that owns a scope's actions resources.
-func scopeBase(s forge.Scope) (string, error) {
+// sdk is the SDK's client for one call: its context is per client, so
+// each call has its own (they are cheap; the HTTP client is shared). The
+// server version is not asked: every endpoint used is in Gitea 1.26.
+func (c *Client) sdk(ctx context.Context) *sdk.Client {
+	cl, _ := sdk.NewClient(c.base, sdk.SetHTTPClient(c.http), sdk.SetContext(ctx), sdk.SetGiteaVersion(""))
+	return cl
+}
+
+// apiErr turns the SDK's answer into forge errors (a status, the
+// message; 404 is forge.ErrNotFound).
+func apiErr(resp *sdk.Response, err error) error {
+	if err == nil {
+		return nil
+	}
+	if resp != nil && resp.Response != nil && resp.StatusCode/100 != 2 {
+		return forge.ResponseError(resp.Response, err.Error())
+	}
+	return err
+}
+
+// scope is what the SDK's per-scope calls need.
+type scope struct {
+	kind, owner, repo string
+	path              string // the API prefix owning its actions resources
+}
+
+func scopeOf(s forge.Scope) (scope, error) {
 	switch s.Kind {
 	case "global":
-		return "/admin", nil
+		return scope{kind: "global", path: "/admin"}, nil
 	case "org":
-		return "/orgs/" + url.PathEscape(s.Owner), nil
+		return scope{kind: "org", owner: s.Owner, path: "/orgs/" + url.PathEscape(s.Owner)}, nil
 	case "user":
 		// Gitea serves a user's actions only to that user: the forge
 		// token must be theirs.
-		return "/user", nil
+		return scope{kind: "user", path: "/user"}, nil
 	case "repo":
-		return "/repos/" + url.PathEscape(s.Owner) + "/" + url.PathEscape(s.Repo), nil
+		return scope{kind: "repo", owner: s.Owner, repo: s.Repo, path: "/repos/" + url.PathEscape(s.Owner) + "/" + url.PathEscape(s.Repo)}, nil
 	}
-	return "", fmt.Errorf("unknown scope %q", s.Kind)
+	return scope{}, fmt.Errorf("unknown scope %q", s.Kind)
 }
 
-type apiJob = forge.JobJSON
-
-func job(j apiJob) forge.Job { return j.Job(RepoFromURL(j.URL)) }
+func job(j *sdk.ActionWorkflowJob) forge.Job {
+	return forge.Job{ID: j.ID, RunID: j.RunID, Repo: RepoFromURL(j.URL), Name: j.Name, Labels: j.Labels, Status: j.Status,
+		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
+}
 
 // RepoFromURL takes owner/name from a job's API URL
 // (.../api/v1/repos/{owner}/{repo}/actions/jobs/{id}).
@@ -79,33 +111,56 @@ func RepoFromURL(u string) string {
 }
 
 // Jobs implements forge.Client: queued and in_progress jobs, every page.
+//
+// Hand-written: the SDK's List*ActionJobs send one status, and Gitea
+// takes several; one listing of both keeps the snapshot whole (a job
+// moving between two listings would be in neither) and costs half the
+// requests.
 func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
-	base, err := scopeBase(s)
+	sc, err := scopeOf(s)
 	if err != nil {
 		return nil, err
 	}
 	var out []forge.Job
-	for page := 1; ; page++ {
+	for page := 1; page <= 10000; page++ {
 		q := url.Values{"status": {forge.StatusQueued, forge.StatusInProgress},
 			"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
-		var body struct {
-			Jobs       []apiJob `json:"jobs"`
-			TotalCount int      `json:"total_count"`
-		}
-		h, err := c.API.Do(ctx, "GET", base+"/actions/jobs", q, nil, &body)
-		if err != nil {
+		var body sdk.ActionWorkflowJobsResponse
+		if err := c.get(ctx, sc.path+"/actions/jobs?"+q.Encode(), &body); err != nil {
 			return nil, err
 		}
 		for _, j := range body.Jobs {
 			out = append(out, job(j))
 		}
-		if len(body.Jobs) < PageLimit || (forge.NextPage(h) == 0 && h.Get("Link") != "") || len(out) >= body.TotalCount {
+		if len(body.Jobs) < PageLimit || int64(len(out)) >= body.TotalCount {
 			return out, nil
 		}
-		if page > 10000 {
-			return nil, errors.New("gitea: jobs listing does not end")
-		}
 	}
+	return nil, errors.New("gitea: jobs listing does not end")
+}
+
+// get is a GET of the API (path with its query) into out.
+func (c *Client) get(ctx context.Context, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/api/v1"+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		var m struct{ Message string }
+		dec.Decode(&m)
+		return forge.ResponseError(resp, m.Message)
+	}
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("GET %s: decoding answer: %v", req.URL.Path, err)
+	}
+	return nil
 }
 
 // Job implements forge.Client.
@@ -114,58 +169,130 @@ func (c *Client) Job(ctx context.Context, j forge.Job) (forge.Job, error) {
 	if !ok {
 		return forge.Job{}, fmt.Errorf("gitea: job %d has no repository", j.ID)
 	}
-	var aj apiJob
-	path := fmt.Sprintf("/repos/%s/%s/actions/jobs/%d", url.PathEscape(owner), url.PathEscape(name), j.ID)
-	if _, err := c.API.Do(ctx, "GET", path, nil, nil, &aj); err != nil {
-		return forge.Job{}, err
+	aj, resp, err := c.sdk(ctx).GetRepoActionJob(owner, name, j.ID)
+	if err != nil {
+		return forge.Job{}, apiErr(resp, err)
 	}
 	return job(aj), nil
 }
 
 // Register implements forge.Client: Gitea has one reusable token per scope.
 func (c *Client) Register(ctx context.Context, s forge.Scope, _ string, _ []string) (forge.Registration, error) {
-	base, err := scopeBase(s)
+	sc, err := scopeOf(s)
 	if err != nil {
 		return forge.Registration{}, err
 	}
 	c.mu.Lock()
-	t, ok := c.tokens[base]
+	t, ok := c.tokens[sc.path]
 	c.mu.Unlock()
 	if ok && time.Since(t.at) < tokenTTL {
 		return forge.Registration{Token: t.token}, nil
 	}
-	token, err := c.API.RegistrationToken(ctx, base)
+	token, err := c.registrationToken(ctx, sc)
 	if err != nil {
 		return forge.Registration{}, err
 	}
 	c.mu.Lock()
-	c.tokens[base] = cachedToken{token: token, at: time.Now()}
+	c.tokens[sc.path] = cachedToken{token: token, at: time.Now()}
 	c.mu.Unlock()
 	return forge.Registration{Token: token}, nil
 }
 
-// paging: page and limit, ended by a short page or total_count.
-var paging = forge.Paging{
-	Query: func(page int) url.Values {
-		return url.Values{"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
-	},
-	Last: func(_ http.Header, total, got, onPage int) bool { return onPage < PageLimit || got >= total },
+func (c *Client) registrationToken(ctx context.Context, sc scope) (string, error) {
+	cl := c.sdk(ctx)
+	var t *sdk.RegistrationToken
+	var resp *sdk.Response
+	var err error
+	switch sc.kind {
+	case "global":
+		t, resp, err = cl.CreateAdminActionRunnerRegistrationToken()
+	case "org":
+		t, resp, err = cl.CreateOrgActionRunnerRegistrationToken(sc.owner)
+	case "user":
+		t, resp, err = cl.CreateUserActionRunnerRegistrationToken()
+	default:
+		t, resp, err = cl.CreateRepoActionRunnerRegistrationToken(sc.owner, sc.repo)
+	}
+	if err != nil {
+		return "", apiErr(resp, err)
+	}
+	if t == nil || t.Token == "" {
+		return "", fmt.Errorf("POST %s/actions/runners/registration-token: empty registration token", sc.path)
+	}
+	return t.Token, nil
 }
 
 // Runners implements forge.Client.
 func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, error) {
-	base, err := scopeBase(s)
+	sc, err := scopeOf(s)
 	if err != nil {
 		return nil, err
 	}
-	return c.API.ListRunners(ctx, base, paging)
+	cl := c.sdk(ctx)
+	var out []forge.Runner
+	for page := 1; page <= 10000; page++ {
+		opt := sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: PageLimit}}
+		var rs *sdk.ActionRunnersResponse
+		var resp *sdk.Response
+		switch sc.kind {
+		case "global":
+			rs, resp, err = cl.ListAdminActionRunners(opt)
+		case "org":
+			rs, resp, err = cl.ListOrgActionRunners(sc.owner, opt)
+		case "user":
+			rs, resp, err = cl.ListUserActionRunners(opt)
+		default:
+			rs, resp, err = cl.ListRepoActionRunners(sc.owner, sc.repo, opt)
+		}
+		if err != nil {
+			return nil, apiErr(resp, err)
+		}
+		for _, r := range rs.Runners {
+			fr := forge.Runner{ID: r.ID, Name: r.Name, Status: r.Status, Busy: r.Busy}
+			for _, l := range r.Labels {
+				fr.Labels = append(fr.Labels, l.Name)
+			}
+			out = append(out, fr)
+		}
+		if len(rs.Runners) < PageLimit || int64(len(out)) >= rs.TotalCount {
+			break
+		}
+	}
+	return out, nil
 }
 
 // DeleteRunner implements forge.Client.
 func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) error {
-	base, err := scopeBase(s)
+	sc, err := scopeOf(s)
 	if err != nil {
 		return err
 	}
-	return c.API.DeleteRunner(ctx, base, id)
+	cl := c.sdk(ctx)
+	var resp *sdk.Response
+	switch sc.kind {
+	case "global":
+		resp, err = cl.DeleteAdminActionRunner(id)
+	case "org":
+		resp, err = cl.DeleteOrgActionRunner(sc.owner, id)
+	case "user":
+		resp, err = cl.DeleteUserActionRunner(id)
+	default:
+		resp, err = cl.DeleteRepoActionRunner(sc.owner, sc.repo, id)
+	}
+	if err = apiErr(resp, err); errors.Is(err, forge.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// VerifyDelivery implements forge.Client: X-Gitea-Signature, the hex
+// HMAC-SHA256 of the body (the SDK's check). An empty secret never
+// verifies.
+func (c *Client) VerifyDelivery(secret, body []byte, h http.Header) bool {
+	sig := h.Get("X-Gitea-Signature")
+	if len(secret) == 0 || sig == "" {
+		return false
+	}
+	ok, err := sdk.VerifyWebhookSignature(string(secret), sig, body)
+	return err == nil && ok
 }

@@ -3,14 +3,21 @@ package gitea_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 )
+
+func client(url, token string) (*gitea.Client, *forge.Transport) {
+	tr := forge.NewTransport(func() string { return "token " + token })
+	return gitea.New(url, tr), tr
+}
 
 func TestJobsEveryPageQueuedAndRunningOnly(t *testing.T) {
 	srv := forgetest.NewGitea("tok")
@@ -26,7 +33,7 @@ func TestJobsEveryPageQueuedAndRunningOnly(t *testing.T) {
 	srv.SetJobStatus(done, forge.StatusCompleted)
 	srv.AddJob("other/app", "x", []string{"linux"}, forge.StatusQueued)
 
-	c := gitea.New(srv.URL, "tok")
+	c, _ := client(srv.URL, "tok")
 	jobs, err := c.Jobs(context.Background(), forge.Scope{Kind: "org", Owner: "acme"})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +64,7 @@ func TestJobsEveryPageQueuedAndRunningOnly(t *testing.T) {
 func TestRegistrationTokenReusedAndRunners(t *testing.T) {
 	srv := forgetest.NewGitea("tok")
 	defer srv.Close()
-	c := gitea.New(srv.URL, "tok")
+	c, _ := client(srv.URL, "tok")
 	s := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
 	a, err := c.Register(context.Background(), s, "r1", nil)
 	if err != nil || len(a.Token) != 40 {
@@ -79,7 +86,7 @@ func TestRegistrationTokenReusedAndRunners(t *testing.T) {
 func TestErrorsAreTyped(t *testing.T) {
 	srv := forgetest.NewGitea("tok")
 	defer srv.Close()
-	c := gitea.New(srv.URL, "wrong")
+	c, _ := client(srv.URL, "wrong")
 	_, err := c.Jobs(context.Background(), forge.Scope{Kind: "global"})
 	var ae *forge.APIError
 	if !errors.As(err, &ae) || ae.Status != 401 {
@@ -89,13 +96,81 @@ func TestErrorsAreTyped(t *testing.T) {
 		t.Errorf("error %q: want the status, never the token", err)
 	}
 	srv.SetDown(true)
-	c = gitea.New(srv.URL, "tok")
-	c.API.Retry.Budget = 300 * time.Millisecond
+	c, tr := client(srv.URL, "tok")
+	tr.Retry.Budget = 300 * time.Millisecond
 	_, err = c.Jobs(context.Background(), forge.Scope{Kind: "global"})
 	if !errors.As(err, &ae) || ae.Status != 503 {
 		t.Fatalf("forge down: %v", err)
 	}
 	if n := srv.Requests()["GET /api/v1/admin/actions/jobs"]; n < 2 {
 		t.Errorf("a 503 was not retried (%d requests)", n)
+	}
+}
+
+// Runners at every scope the SDK serves, registered through the runner
+// protocol, and deleted.
+func TestRunnersAtEachScope(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	c, _ := client(srv.URL, "tok")
+	for _, tc := range []struct {
+		s     forge.Scope
+		scope string
+	}{
+		{forge.Scope{Kind: "global"}, "/admin"},
+		{forge.Scope{Kind: "org", Owner: "acme"}, "/orgs/acme"},
+		{forge.Scope{Kind: "user"}, "/user"},
+		{forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}, "/repos/acme/app"},
+	} {
+		reg, err := c.Register(context.Background(), tc.s, "r", nil)
+		if err != nil || reg.Token != srv.RegistrationToken(tc.scope) {
+			t.Fatalf("%v: token %q, %v", tc.s, reg.Token, err)
+		}
+		r, err := gitearunner.Register(srv.URL, reg.Token, "runner-"+tc.s.Kind, []string{"linux", "x64"}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := c.Runners(context.Background(), tc.s)
+		var mine *forge.Runner
+		for i := range rs {
+			if rs[i].Name == r.Name {
+				mine = &rs[i]
+			}
+		}
+		if err != nil || mine == nil || strings.Join(mine.Labels, ",") != "linux,x64" {
+			t.Fatalf("%v: runners %+v, %v", tc.s, rs, err)
+		}
+		if err := c.DeleteRunner(context.Background(), tc.s, mine.ID); err != nil {
+			t.Fatalf("%v: delete: %v", tc.s, err)
+		}
+		if err := c.DeleteRunner(context.Background(), tc.s, mine.ID); err != nil {
+			t.Errorf("%v: deleting it again: %v", tc.s, err)
+		}
+	}
+}
+
+// Deliveries verify with Gitea's signature header only.
+func TestVerifyDelivery(t *testing.T) {
+	c, _ := client("http://127.0.0.1:1", "tok")
+	body := []byte(`{"action":"queued"}`)
+	secret := []byte("s3cret")
+	sig := forge.Sign(secret, body)
+	h := http.Header{"X-Gitea-Signature": {sig}}
+	if !c.VerifyDelivery(secret, body, h) {
+		t.Error("a good signature was refused")
+	}
+	for name, tc := range map[string]struct {
+		secret, body []byte
+		h            http.Header
+	}{
+		"wrong secret": {[]byte("other"), body, h},
+		"changed body": {secret, append(body, ' '), h},
+		"unsigned":     {secret, body, http.Header{}},
+		"empty secret": {nil, body, http.Header{"X-Gitea-Signature": {forge.Sign(nil, body)}}},
+		"not hex":      {secret, body, http.Header{"X-Gitea-Signature": {"zz"}}},
+	} {
+		if c.VerifyDelivery(tc.secret, tc.body, tc.h) {
+			t.Errorf("%s: verified", name)
+		}
 	}
 }

@@ -1,7 +1,7 @@
-// Package github is the orchestrator's GitHub client: queued runs and
-// their jobs (the slow reconciliation poll — demand normally arrives by
-// `workflow_job` webhook), JIT runner configs with a registration-token
-// fallback, and the runners list.
+// Package github is the orchestrator's GitHub client on go-github:
+// queued runs and their jobs (the slow reconciliation poll — demand
+// normally arrives by `workflow_job` webhook), JIT runner configs with a
+// registration-token fallback, the runners list, and webhook signatures.
 package github
 
 import (
@@ -10,8 +10,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
+
+	gh "github.com/google/go-github/v75/github"
 
 	"github.com/runway-cpi/runway/src/forge"
 )
@@ -20,57 +21,82 @@ const perPage = 100
 
 // Client talks to api.github.com or a GHES /api/v3 base.
 type Client struct {
-	API *forge.API
+	gh *gh.Client
 	// RunnerGroupID is sent with JIT requests (1 is "Default").
 	RunnerGroupID int64
 }
 
-// New returns a client; apiURL is e.g. https://api.github.com.
-func New(apiURL, token string) *Client {
-	a := forge.NewAPI(apiURL, "Bearer "+token)
-	a.Headers = map[string]string{"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28"}
-	return &Client{API: a, RunnerGroupID: 1}
-}
-
-func scopeBase(s forge.Scope) (string, error) {
-	switch s.Kind {
-	case "org":
-		return "/orgs/" + url.PathEscape(s.Owner), nil
-	case "repo":
-		return "/repos/" + url.PathEscape(s.Owner) + "/" + url.PathEscape(s.Repo), nil
+// New returns a client for apiURL (e.g. https://api.github.com) over t,
+// which carries the token ("Bearer <value>").
+func New(apiURL string, t *forge.Transport) (*Client, error) {
+	c := gh.NewClient(t.Client())
+	base, err := url.Parse(strings.TrimRight(apiURL, "/") + "/")
+	if err != nil {
+		return nil, fmt.Errorf("github: url: %v", err)
 	}
-	return "", fmt.Errorf("github: scope %q is not supported (use org or repo)", s.Kind)
+	c.BaseURL = base
+	return &Client{gh: c, RunnerGroupID: 1}, nil
 }
 
-type apiJob = forge.JobJSON
+// apiErr turns go-github's errors into forge errors (a status, the
+// message; 404 is forge.ErrNotFound).
+func apiErr(err error) error {
+	var er *gh.ErrorResponse
+	var rl *gh.RateLimitError
+	var ab *gh.AbuseRateLimitError
+	switch {
+	case errors.As(err, &er) && er.Response != nil:
+		return forge.ResponseError(er.Response, er.Message)
+	case errors.As(err, &rl) && rl.Response != nil:
+		return forge.ResponseError(rl.Response, rl.Message)
+	case errors.As(err, &ab) && ab.Response != nil:
+		return forge.ResponseError(ab.Response, ab.Message)
+	}
+	return err
+}
+
+func checkScope(s forge.Scope) error {
+	if s.Kind != "org" && s.Kind != "repo" {
+		return fmt.Errorf("github: scope %q is not supported (use org or repo)", s.Kind)
+	}
+	return nil
+}
+
+func job(repo string, j *gh.WorkflowJob) forge.Job {
+	return forge.Job{ID: j.GetID(), RunID: j.GetRunID(), Repo: repo, Name: j.GetName(), Labels: j.Labels,
+		Status: j.GetStatus(), Conclusion: j.GetConclusion(), RunnerName: j.GetRunnerName(), URL: j.GetURL(),
+		CreatedAt: j.GetCreatedAt().Time}
+}
 
 // Jobs implements forge.Client: the queued and in-progress jobs of the
 // queued and in-progress runs of every repository in scope.
 func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
+	if err := checkScope(s); err != nil {
+		return nil, err
+	}
 	repos := []string{s.Owner + "/" + s.Repo}
 	if s.Kind == "org" {
 		var err error
 		if repos, err = c.orgRepos(ctx, s.Owner); err != nil {
 			return nil, err
 		}
-	} else if s.Kind != "repo" {
-		return nil, fmt.Errorf("github: scope %q is not supported (use org or repo)", s.Kind)
 	}
 	var out []forge.Job
 	for _, repo := range repos {
+		owner, name, _ := strings.Cut(repo, "/")
 		for _, status := range []string{forge.StatusQueued, forge.StatusInProgress} {
-			runs, err := c.runs(ctx, repo, status)
+			runs, err := c.runs(ctx, owner, name, status)
 			if err != nil {
 				return nil, err
 			}
 			for _, run := range runs {
-				jobs, err := c.runJobs(ctx, repo, run)
+				jobs, err := c.runJobs(ctx, owner, name, run)
 				if err != nil {
 					return nil, err
 				}
 				for _, j := range jobs {
-					if j.Status == forge.StatusQueued || j.Status == forge.StatusInProgress {
-						out = append(out, j.Job(repo))
+					if st := j.GetStatus(); st == forge.StatusQueued || st == forge.StatusInProgress {
+						out = append(out, job(repo, j))
 					}
 				}
 			}
@@ -79,135 +105,162 @@ func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
 	return out, nil
 }
 
+// pages calls list for pages 1, 2, ... while the answer names a next one.
+func pages(list func(gh.ListOptions) (*gh.Response, error)) error {
+	opt := gh.ListOptions{PerPage: perPage, Page: 1}
+	for n := 0; n < 1000; n++ {
+		resp, err := list(opt)
+		if err != nil {
+			return apiErr(err)
+		}
+		if resp.NextPage == 0 {
+			return nil
+		}
+		opt.Page = resp.NextPage
+	}
+	return errors.New("github: listing does not end")
+}
+
 func (c *Client) orgRepos(ctx context.Context, org string) ([]string, error) {
 	var out []string
-	for page := 1; page < 1000; page++ {
-		var body []struct {
-			FullName string `json:"full_name"`
-			Archived bool   `json:"archived"`
-		}
-		q := url.Values{"per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
-		h, err := c.API.Do(ctx, "GET", "/orgs/"+url.PathEscape(org)+"/repos", q, nil, &body)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range body {
-			if !r.Archived {
-				out = append(out, r.FullName)
+	err := pages(func(lo gh.ListOptions) (*gh.Response, error) {
+		repos, resp, err := c.gh.Repositories.ListByOrg(ctx, org, &gh.RepositoryListByOrgOptions{ListOptions: lo})
+		for _, r := range repos {
+			if !r.GetArchived() {
+				out = append(out, r.GetFullName())
 			}
 		}
-		if forge.NextPage(h) == 0 {
-			break
-		}
-	}
-	return out, nil
+		return resp, err
+	})
+	return out, err
 }
 
-func (c *Client) runs(ctx context.Context, repo, status string) ([]int64, error) {
+func (c *Client) runs(ctx context.Context, owner, repo, status string) ([]int64, error) {
 	var out []int64
-	for page := 1; page < 1000; page++ {
-		var body struct {
-			Runs []struct {
-				ID int64 `json:"id"`
-			} `json:"workflow_runs"`
+	err := pages(func(lo gh.ListOptions) (*gh.Response, error) {
+		runs, resp, err := c.gh.Actions.ListRepositoryWorkflowRuns(ctx, owner, repo, &gh.ListWorkflowRunsOptions{Status: status, ListOptions: lo})
+		if runs != nil {
+			for _, r := range runs.WorkflowRuns {
+				out = append(out, r.GetID())
+			}
 		}
-		q := url.Values{"status": {status}, "per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
-		h, err := c.API.Do(ctx, "GET", "/repos/"+repo+"/actions/runs", q, nil, &body)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range body.Runs {
-			out = append(out, r.ID)
-		}
-		if forge.NextPage(h) == 0 {
-			break
-		}
-	}
-	return out, nil
+		return resp, err
+	})
+	return out, err
 }
 
-func (c *Client) runJobs(ctx context.Context, repo string, run int64) ([]apiJob, error) {
-	var out []apiJob
-	for page := 1; page < 1000; page++ {
-		var body struct {
-			Jobs []apiJob `json:"jobs"`
+func (c *Client) runJobs(ctx context.Context, owner, repo string, run int64) ([]*gh.WorkflowJob, error) {
+	var out []*gh.WorkflowJob
+	err := pages(func(lo gh.ListOptions) (*gh.Response, error) {
+		jobs, resp, err := c.gh.Actions.ListWorkflowJobs(ctx, owner, repo, run, &gh.ListWorkflowJobsOptions{Filter: "latest", ListOptions: lo})
+		if jobs != nil {
+			out = append(out, jobs.Jobs...)
 		}
-		q := url.Values{"filter": {"latest"}, "per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
-		h, err := c.API.Do(ctx, "GET", fmt.Sprintf("/repos/%s/actions/runs/%d/jobs", repo, run), q, nil, &body)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, body.Jobs...)
-		if forge.NextPage(h) == 0 {
-			break
-		}
-	}
-	return out, nil
+		return resp, err
+	})
+	return out, err
 }
 
 // Job implements forge.Client.
 func (c *Client) Job(ctx context.Context, j forge.Job) (forge.Job, error) {
-	if !strings.Contains(j.Repo, "/") {
+	owner, name, ok := strings.Cut(j.Repo, "/")
+	if !ok {
 		return forge.Job{}, fmt.Errorf("github: job %d has no repository", j.ID)
 	}
-	var aj apiJob
-	if _, err := c.API.Do(ctx, "GET", fmt.Sprintf("/repos/%s/actions/jobs/%d", j.Repo, j.ID), nil, nil, &aj); err != nil {
-		return forge.Job{}, err
+	wj, _, err := c.gh.Actions.GetWorkflowJobByID(ctx, owner, name, j.ID)
+	if err != nil {
+		return forge.Job{}, apiErr(err)
 	}
-	return aj.Job(j.Repo), nil
+	return job(j.Repo, wj), nil
 }
 
 // Register implements forge.Client: a JIT config bound to this runner,
 // or — where JIT is refused — a registration token.
 func (c *Client) Register(ctx context.Context, s forge.Scope, name string, labels []string) (forge.Registration, error) {
-	base, err := scopeBase(s)
-	if err != nil {
+	if err := checkScope(s); err != nil {
 		return forge.Registration{}, err
 	}
-	var jit struct {
-		Runner struct {
-			ID int64 `json:"id"`
-		} `json:"runner"`
-		Encoded string `json:"encoded_jit_config"`
+	work := "_work"
+	req := &gh.GenerateJITConfigRequest{Name: name, RunnerGroupID: c.RunnerGroupID, Labels: forge.LabelNames(labels), WorkFolder: &work}
+	var jit *gh.JITRunnerConfig
+	var err error
+	if s.Kind == "org" {
+		jit, _, err = c.gh.Actions.GenerateOrgJITConfig(ctx, s.Owner, req)
+	} else {
+		jit, _, err = c.gh.Actions.GenerateRepoJITConfig(ctx, s.Owner, s.Repo, req)
 	}
-	req := map[string]any{"name": name, "runner_group_id": c.RunnerGroupID, "labels": forge.LabelNames(labels), "work_folder": "_work"}
-	_, err = c.API.Do(ctx, "POST", base+"/actions/runners/generate-jitconfig", nil, req, &jit)
-	if err == nil && jit.Encoded != "" {
-		return forge.Registration{JITConfig: jit.Encoded, RunnerID: jit.Runner.ID}, nil
+	if err == nil && jit.GetEncodedJITConfig() != "" {
+		return forge.Registration{JITConfig: jit.GetEncodedJITConfig(), RunnerID: jit.GetRunner().GetID()}, nil
 	}
 	var ae *forge.APIError
-	if err != nil && !(errors.As(err, &ae) && (ae.Status == 403 || ae.Status == 404 || ae.Status == 422)) {
+	if err = apiErr(err); err != nil && !(errors.As(err, &ae) && (ae.Status == 403 || ae.Status == 404 || ae.Status == 422)) {
 		return forge.Registration{}, err
 	}
-	token, err := c.API.RegistrationToken(ctx, base)
+	var t *gh.RegistrationToken
+	if s.Kind == "org" {
+		t, _, err = c.gh.Actions.CreateOrganizationRegistrationToken(ctx, s.Owner)
+	} else {
+		t, _, err = c.gh.Actions.CreateRegistrationToken(ctx, s.Owner, s.Repo)
+	}
 	if err != nil {
-		return forge.Registration{}, err
+		return forge.Registration{}, apiErr(err)
 	}
-	return forge.Registration{Token: token}, nil
-}
-
-// paging: per_page, ended by the Link header's lack of a next page.
-var paging = forge.Paging{
-	Query: func(page int) url.Values {
-		return url.Values{"per_page": {strconv.Itoa(perPage)}, "page": {strconv.Itoa(page)}}
-	},
-	Last: func(h http.Header, _, _, _ int) bool { return forge.NextPage(h) == 0 },
+	if t.GetToken() == "" {
+		return forge.Registration{}, errors.New("github: empty registration token")
+	}
+	return forge.Registration{Token: t.GetToken()}, nil
 }
 
 // Runners implements forge.Client.
 func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, error) {
-	base, err := scopeBase(s)
-	if err != nil {
+	if err := checkScope(s); err != nil {
 		return nil, err
 	}
-	return c.API.ListRunners(ctx, base, paging)
+	var out []forge.Runner
+	err := pages(func(lo gh.ListOptions) (*gh.Response, error) {
+		opt := &gh.ListRunnersOptions{ListOptions: lo}
+		var rs *gh.Runners
+		var resp *gh.Response
+		var err error
+		if s.Kind == "org" {
+			rs, resp, err = c.gh.Actions.ListOrganizationRunners(ctx, s.Owner, opt)
+		} else {
+			rs, resp, err = c.gh.Actions.ListRunners(ctx, s.Owner, s.Repo, opt)
+		}
+		if rs != nil {
+			for _, r := range rs.Runners {
+				fr := forge.Runner{ID: r.GetID(), Name: r.GetName(), Status: r.GetStatus(), Busy: r.GetBusy()}
+				for _, l := range r.Labels {
+					fr.Labels = append(fr.Labels, l.GetName())
+				}
+				out = append(out, fr)
+			}
+		}
+		return resp, err
+	})
+	return out, err
 }
 
 // DeleteRunner implements forge.Client.
 func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) error {
-	base, err := scopeBase(s)
-	if err != nil {
+	if err := checkScope(s); err != nil {
 		return err
 	}
-	return c.API.DeleteRunner(ctx, base, id)
+	var err error
+	if s.Kind == "org" {
+		_, err = c.gh.Actions.RemoveOrganizationRunner(ctx, s.Owner, id)
+	} else {
+		_, err = c.gh.Actions.RemoveRunner(ctx, s.Owner, s.Repo, id)
+	}
+	if err = apiErr(err); errors.Is(err, forge.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// VerifyDelivery implements forge.Client: X-Hub-Signature-256 (go-github's
+// check). An empty secret never verifies.
+func (c *Client) VerifyDelivery(secret, body []byte, h http.Header) bool {
+	sig := h.Get("X-Hub-Signature-256")
+	return len(secret) > 0 && sig != "" && gh.ValidateSignature(sig, body, secret) == nil
 }

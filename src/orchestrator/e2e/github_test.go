@@ -63,7 +63,7 @@ func TestSecretsStayOut(t *testing.T) {
 	e.eventually(60*time.Second, "the job completes", completed(e, job))
 	e.eventually(30*time.Second, "cleaned up", func() bool { return len(e.runners(false)) == 0 })
 	// The registration token Gitea hands out for the org scope.
-	reg := regToken(t, e)
+	reg := regToken(e)
 	var api strings.Builder
 	for _, p := range []string{"/api/v1/runners?all=true", "/api/v1/groups", "/metrics"} {
 		var v any
@@ -92,13 +92,5 @@ func TestSecretsStayOut(t *testing.T) {
 	})
 }
 
-func regToken(t *testing.T, e *env) string {
-	var tok struct {
-		Token string `json:"token"`
-	}
-	c := forgetestAPI(e)
-	if _, err := c.Do(t.Context(), "POST", "/orgs/acme/actions/runners/registration-token", nil, nil, &tok); err != nil || tok.Token == "" {
-		t.Fatalf("registration token: %v", err)
-	}
-	return tok.Token
-}
+// regToken is the scope's registration token, as the forge hands it out.
+func regToken(e *env) string { return e.gitea.RegistrationToken("/orgs/acme") }

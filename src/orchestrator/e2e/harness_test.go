@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/cpiclient"
-	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
@@ -357,5 +356,3 @@ func (e *env) runway(args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
-
-func forgetestAPI(e *env) *forge.API { return forge.NewAPI(e.gitea.URL+"/api/v1", "token "+apiToken) }

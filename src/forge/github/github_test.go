@@ -1,0 +1,163 @@
+package github_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/forge/github"
+)
+
+func client(t *testing.T, url, token string) (*github.Client, *forge.Transport) {
+	t.Helper()
+	tr := forge.NewTransport(func() string { return "Bearer " + token })
+	c, err := github.New(url, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, tr
+}
+
+var ctx = context.Background()
+
+// Queued and in-progress jobs of queued and in-progress runs, every page
+// of every listing (runs, a run's jobs, an organisation's repositories),
+// archived repositories left out.
+func TestJobsEveryPage(t *testing.T) {
+	srv := forgetest.NewGitHub("tok")
+	defer srv.Close()
+	var want []int64
+	big := int64(900001)
+	for i := 0; i < 150; i++ { // one run, two pages of jobs
+		want = append(want, srv.AddJobInRun("acme/app", big, []string{"linux"}))
+	}
+	for i := 0; i < 110; i++ { // 110 runs: two pages of runs
+		want = append(want, srv.AddJob("acme/lib", []string{"linux", "x64"}))
+	}
+	running := srv.AddJob("acme/lib", []string{"linux"})
+	srv.SetJobStatus(running, forge.StatusInProgress)
+	want = append(want, running)
+	done := srv.AddJob("acme/lib", []string{"linux"})
+	srv.SetJobStatus(done, forge.StatusCompleted)
+	srv.AddJob("acme/old", []string{"linux"})
+	srv.Archived["acme/old"] = true
+	srv.AddJob("other/app", []string{"linux"})
+
+	c, _ := client(t, srv.URL, "tok")
+	jobs, err := c.Jobs(ctx, forge.Scope{Kind: "org", Owner: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, j := range jobs {
+		got = append(got, j.ID)
+		if !strings.HasPrefix(j.Repo, "acme/") || len(j.Labels) == 0 || (j.Status != forge.StatusQueued && j.Status != forge.StatusInProgress) {
+			t.Errorf("job %+v", j)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %d jobs, want %d (the queued and running ones of acme's live repositories)", len(got), len(want))
+	}
+	req := srv.Requests()
+	if n := req["GET /repos/acme/lib/actions/runs"]; n != 3 {
+		t.Errorf("%d runs requests for acme/lib (2 pages of queued runs, 1 of in-progress)", n)
+	}
+	if n := req["GET /repos/acme/app/actions/runs/900001/jobs"]; n != 2 {
+		t.Errorf("%d requests for a run of 150 jobs", n)
+	}
+	j, err := c.Job(ctx, forge.Job{ID: done, Repo: "acme/lib"})
+	if err != nil || j.Status != forge.StatusCompleted || j.Conclusion != "success" {
+		t.Errorf("Job: %+v %v", j, err)
+	}
+	if _, err := c.Job(ctx, forge.Job{ID: 1, Repo: "acme/lib"}); !errors.Is(err, forge.ErrNotFound) {
+		t.Errorf("missing job: %v", err)
+	}
+	if _, err := c.Jobs(ctx, forge.Scope{Kind: "user", Owner: "bob"}); err == nil {
+		t.Error("a user scope was accepted (GitHub has org and repo runners)")
+	}
+}
+
+// A JIT config names the runner and its label names; where JIT is refused
+// a registration token is the fallback. Runners list and delete, a
+// missing one included.
+func TestRegisterAndRunners(t *testing.T) {
+	srv := forgetest.NewGitHub("tok")
+	defer srv.Close()
+	c, _ := client(t, srv.URL, "tok")
+	s := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
+	reg, err := c.Register(ctx, s, "g-1", []string{"self-hosted", "linux:host"})
+	if err != nil || reg.JITConfig == "" || reg.RunnerID == 0 || reg.Token != "" {
+		t.Fatalf("JIT: %+v %v", reg, err)
+	}
+	var cfg map[string]any
+	b, _ := base64.StdEncoding.DecodeString(reg.JITConfig)
+	if json.Unmarshal(b, &cfg) != nil || cfg["runner_id"] != float64(reg.RunnerID) {
+		t.Errorf("JIT config %s", b)
+	}
+	rs, err := c.Runners(ctx, s)
+	if err != nil || len(rs) != 1 || rs[0].Name != "g-1" || strings.Join(rs[0].Labels, ",") != "self-hosted,linux" {
+		t.Fatalf("runners %+v %v", rs, err)
+	}
+	if err := c.DeleteRunner(ctx, s, rs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteRunner(ctx, s, rs[0].ID); err != nil {
+		t.Errorf("deleting a missing runner: %v", err)
+	}
+	srv.JITDisabled = true
+	reg, err = c.Register(ctx, forge.Scope{Kind: "org", Owner: "acme"}, "g-2", []string{"linux"})
+	if err != nil || reg.Token == "" || reg.JITConfig != "" {
+		t.Fatalf("fallback: %+v %v", reg, err)
+	}
+}
+
+// Errors carry the status, never the token; 5xx are retried within the
+// budget.
+func TestErrors(t *testing.T) {
+	srv := forgetest.NewGitHub("tok")
+	defer srv.Close()
+	c, tr := client(t, srv.URL, "wrong-token")
+	tr.Retry.Budget = 300 * time.Millisecond
+	_, err := c.Runners(ctx, forge.Scope{Kind: "org", Owner: "acme"})
+	var ae *forge.APIError
+	if !errors.As(err, &ae) || ae.Status != 401 || !strings.Contains(err.Error(), "Bad credentials") {
+		t.Fatalf("bad token: %v", err)
+	}
+	if strings.Contains(err.Error(), "wrong-token") {
+		t.Errorf("the token reached the error: %v", err)
+	}
+}
+
+// Deliveries verify with X-Hub-Signature-256 only.
+func TestVerifyDelivery(t *testing.T) {
+	c, _ := client(t, "http://127.0.0.1:1", "tok")
+	body := []byte(`{"action":"queued"}`)
+	secret := []byte("s3cret")
+	good := http.Header{"X-Hub-Signature-256": {"sha256=" + forge.Sign(secret, body)}}
+	if !c.VerifyDelivery(secret, body, good) {
+		t.Error("a good signature was refused")
+	}
+	for name, tc := range map[string]struct {
+		secret, body []byte
+		h            http.Header
+	}{
+		"wrong secret": {[]byte("other"), body, good},
+		"changed body": {secret, append(body, ' '), good},
+		"gitea header": {secret, body, http.Header{"X-Gitea-Signature": {forge.Sign(secret, body)}}},
+		"empty secret": {nil, body, http.Header{"X-Hub-Signature-256": {"sha256=" + forge.Sign(nil, body)}}},
+	} {
+		if c.VerifyDelivery(tc.secret, tc.body, tc.h) {
+			t.Errorf("%s: verified", name)
+		}
+	}
+}
