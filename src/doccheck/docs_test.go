@@ -20,7 +20,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/openstack"
 	"github.com/runway-cpi/runway/src/garm"
 	"github.com/runway-cpi/runway/src/hooks"
-	"github.com/runway-cpi/runway/src/orchestrator"
+	orchcfg "github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
 // A config section, its struct and where its table is.
@@ -44,7 +44,7 @@ func TestConfigDocsMatchTheCode(t *testing.T) {
 			leaves: []string{"extensions[].settings"}},
 		{doc: "garm.md", heading: "## garm configuration", v: garm.Config{}, tag: "json",
 			leaves: []string{"networks", "cloud_properties", "flavors", "images.*.cloud_properties"}},
-		{doc: "orchestrator.md", heading: "## Configuration reference", v: orchestrator.Config{}, tag: "yaml",
+		{doc: "orchestrator.md", heading: "## Configuration reference", v: orchcfg.Config{}, tag: "yaml",
 			leaves: []string{"groups[].cloud_properties", "groups[].networks", "groups[].stemcell.cloud_properties", "groups[].runner.env", "groups[].runner.args"}},
 	} {
 		t.Run(s.doc+" "+s.heading, func(t *testing.T) {

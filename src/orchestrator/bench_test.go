@@ -17,6 +17,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
 )
@@ -28,13 +29,13 @@ import (
 func BenchmarkReconcilePass(b *testing.B) {
 	const nGroups, nJobs = 100, 10000
 	o := &Orchestrator{}
-	fv := &forgeView{cfg: ForgeConfig{Name: "f"}}
+	fv := &forgeView{cfg: config.ForgeConfig{Name: "f"}}
 	for i := 0; i < nGroups; i++ {
 		labels := []string{fmt.Sprintf("pool-%d", i), "linux:host"}
 		scope := forge.Scope{Kind: "org", Owner: fmt.Sprintf("org%d", i%10)}
 		o.groups = append(o.groups, &group{o: o, index: i, scope: scope, labels: forge.NewLabelSet(labels),
-			cfg: GroupConfig{Name: fmt.Sprintf("g%d", i), Forge: "f", Labels: labels, MaxActiveRunners: 50,
-				Timeouts: Timeouts{Idle: Duration{time.Hour}, MaxLifetime: Duration{time.Hour}}}})
+			cfg: config.GroupConfig{Name: fmt.Sprintf("g%d", i), Forge: "f", Labels: labels, MaxActiveRunners: 50,
+				Timeouts: config.Timeouts{Idle: config.Duration{Duration: time.Hour}, MaxLifetime: config.Duration{Duration: time.Hour}}}})
 	}
 	jobs := map[int64]forge.Job{}
 	for i := 0; i < nJobs; i++ {
@@ -97,7 +98,7 @@ func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpi
 func benchOrchestrator(b testing.TB, srv *forgetest.Gitea, poll, sweep time.Duration, cpi *recordingCPI, top ...string) (*Orchestrator, *recordingCPI, *httptest.Server, context.CancelFunc) {
 	dir := b.TempDir()
 	os.WriteFile(filepath.Join(dir, "secret"), []byte("s"), 0o600)
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 %s
 state_dir: %s
 sweep_interval: %s
@@ -114,7 +115,7 @@ groups:
 		cpi = &recordingCPI{created: make(chan time.Time, 100000)}
 	}
 	client := gitea.New(srv.URL, forge.NewTransport(func() string { return "token " + srv.APIToken }))
-	o, err := New(cfg, Options{CPI: cpi, Forges: map[string]forge.Client{"gitea": client},
+	o, err := New(cfg, Options{CPI: cpi, Forges: map[string]Forge{"gitea": {Client: client, Secret: func() string { return "s" }}},
 		Logger: logging.Discard()})
 	if err != nil {
 		b.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
 // bootstrap is the user-data script a runner VM runs: it exports what the
@@ -16,7 +17,7 @@ import (
 // Both Runway's names and the forge's own are set: RUNWAY_RUNNER_* for a
 // bootstrap of your own; GITEA_* as the gitea-runner image reads them;
 // ACTIONS_RUNNER_INPUT_JITCONFIG as the GitHub runner reads --jitconfig.
-func bootstrap(g GroupConfig, f ForgeConfig, name string, reg forge.Registration) string {
+func bootstrap(g config.GroupConfig, f config.ForgeConfig, name string, reg forge.Registration) string {
 	labels := strings.Join(g.Labels, ",")
 	env := map[string]string{
 		"RUNWAY_RUNNER_NAME":   name,

@@ -11,13 +11,14 @@ import (
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
 // Check asks each group's forge for every endpoint the group will use,
 // with the configured token, and answers what is refused (naming the
 // missing token scope where the forge says it). It needs neither the
 // state dir nor a running daemon: `runway check`.
-func Check(ctx context.Context, cfg *Config, opt Options) error {
+func Check(ctx context.Context, cfg *config.Config, opt Options) error {
 	logger, redact := opt.Logger, opt.Redactor
 	if logger == nil {
 		logger, redact = logging.New(boshlog.LevelError, io.Discard)
@@ -29,12 +30,9 @@ func Check(ctx context.Context, cfg *Config, opt Options) error {
 		forges: map[string]*forgeView{}, now: time.Now, metrics: NewMetrics()}
 	var errs []error
 	for _, fc := range cfg.Forges {
-		fv, err := o.newForgeView(fc, opt.Forges[fc.Name])
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if f, ok := opt.Forges[fc.Name]; ok && f.Client != nil {
+			o.forges[fc.Name] = newForgeView(fc, f)
 		}
-		o.forges[fc.Name] = fv
 	}
 	for _, gc := range cfg.Groups {
 		fv := o.forges[gc.Forge]

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
 // group is one runner group and its reconcile loop.
 type group struct {
 	o      *Orchestrator
-	cfg    GroupConfig
+	cfg    config.GroupConfig
 	index  int
 	forge  *forgeView
 	cpi    CPI

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/secret"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -38,7 +39,7 @@ func (o *Orchestrator) openStore() error {
 		o.store, o.leader = st, sole{}
 		return nil
 	}
-	dsn, err := o.secret(o.cfg.Postgres.DSNFile, o.cfg.Postgres.DSNEnv, "postgres.dsn")
+	dsn, err := secret.Read(o.cfg.Postgres.DSNFile, o.cfg.Postgres.DSNEnv, "postgres.dsn", o.redact)
 	if err != nil {
 		return err
 	}

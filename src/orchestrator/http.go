@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/runway-cpi/runway/src/orchestrator/secret"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -52,7 +53,7 @@ const maxWebhookBody = 5 << 20
 
 // Handler serves the daemon's HTTP interface.
 func (o *Orchestrator) Handler() (http.Handler, error) {
-	admin, err := o.secret(o.cfg.AdminTokenFile, "", "admin_token_file")
+	admin, err := secret.Read(o.cfg.AdminTokenFile, "", "admin_token_file", o.redact)
 	if err != nil {
 		return nil, err
 	}

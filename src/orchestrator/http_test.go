@@ -15,14 +15,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
 func testDaemon(t *testing.T, extra string) *Orchestrator {
 	t.Helper()
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "token"), []byte("t"), 0o600)
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
 cpi: {path: /nonexistent}
 forges:
@@ -33,7 +36,8 @@ groups:
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := New(cfg, Options{Logger: logging.Discard()})
+	client := gitea.New("http://127.0.0.1:1", forge.NewTransport(nil))
+	o, err := New(cfg, Options{Logger: logging.Discard(), Forges: map[string]Forge{"gitea": {Client: client}}})
 	if err != nil {
 		t.Fatal(err)
 	}

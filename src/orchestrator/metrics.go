@@ -1,6 +1,9 @@
 package orchestrator
 
 import (
+	"fmt"
+	"net/http"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -53,4 +56,18 @@ func NewMetrics() *Metrics {
 		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs, m.acting,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// ObserveForge is a forge.Transport's observer for forge name: requests
+// by method and status, and the rate limit left.
+func (m *Metrics) ObserveForge(name string) func(method string, status int, h http.Header) {
+	return func(method string, status int, h http.Header) {
+		m.forgeRequests.WithLabelValues(name, method, fmt.Sprint(status)).Inc()
+		if v := h.Get("X-RateLimit-Remaining"); v != "" {
+			var n float64
+			if _, err := fmt.Sscan(v, &n); err == nil {
+				m.forgeRateRemaining.WithLabelValues(name).Set(n)
+			}
+		}
+	}
 }

@@ -21,13 +21,10 @@ import (
 
 	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/gitea"
-	"github.com/runway-cpi/runway/src/forge/github"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
-
-type forgeScope = forge.Scope
 
 // CPI is one CPI executable (cpiclient.Client in production).
 type CPI interface {
@@ -36,7 +33,7 @@ type CPI interface {
 
 // Orchestrator is the daemon.
 type Orchestrator struct {
-	cfg     *Config
+	cfg     *config.Config
 	store   *store.Store
 	log     logging.Fields
 	redact  *logging.Redactor
@@ -60,6 +57,14 @@ type Orchestrator struct {
 	deliveryOrder []string
 }
 
+// Forge is one configured forge as the daemon uses it.
+type Forge struct {
+	Client forge.Client
+	// Secret is the webhook secret's current value ("" or nil: every
+	// delivery is refused).
+	Secret func() string
+}
+
 // Options are the parts tests and benchmarks replace.
 type Options struct {
 	CPI CPI // default: cpiclient for cfg.CPI
@@ -67,13 +72,17 @@ type Options struct {
 	// the config's log_level); the daemon registers its secrets with it.
 	Logger   logging.Logger
 	Redactor *logging.Redactor
-	Forges   map[string]forge.Client // default: REST clients from cfg
-	Now      func() time.Time
+	// Forges are the configured forges by name, their clients built by
+	// the caller (cmd/runway: forge.Transport, gitea.New, github.New).
+	Forges map[string]Forge
+	// Metrics, when set, are the series the forges' transports report to.
+	Metrics *Metrics
+	Now     func() time.Time
 }
 
 // New opens the state store (taking the state dir's lock, so two daemons
 // never manage the same runners) and builds the groups.
-func New(cfg *Config, opt Options) (*Orchestrator, error) {
+func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state_dir: %w", err)
 	}
@@ -98,7 +107,10 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 		redact = &logging.Redactor{}
 	}
 	o := &Orchestrator{cfg: cfg, log: logging.Fields{Logger: logger, Tag: "orchestrator"}, redact: redact,
-		forges: map[string]*forgeView{}, now: opt.Now, lock: lk, metrics: NewMetrics(), replica: randHex(6)}
+		forges: map[string]*forgeView{}, now: opt.Now, lock: lk, metrics: opt.Metrics, replica: randHex(6)}
+	if o.metrics == nil {
+		o.metrics = NewMetrics()
+	}
 	if o.now == nil {
 		o.now = time.Now
 	}
@@ -108,12 +120,12 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 	}
 	st := o.store
 	for _, fc := range cfg.Forges {
-		fv, err := o.newForgeView(fc, opt.Forges[fc.Name])
-		if err != nil {
+		f, ok := opt.Forges[fc.Name]
+		if !ok || f.Client == nil {
 			o.Close()
-			return nil, err
+			return nil, fmt.Errorf("forge %s: no client", fc.Name)
 		}
-		o.forges[fc.Name] = fv
+		o.forges[fc.Name] = newForgeView(fc, f)
 	}
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]
@@ -122,7 +134,7 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 			o.Close()
 			return nil, err
 		}
-		var cpi CPI = cpiFor(gc.cpiConfig(cfg.CPI))
+		var cpi CPI = cpiFor(gc.EffectiveCPI(cfg.CPI))
 		if opt.CPI != nil {
 			cpi = opt.CPI
 		}
@@ -133,7 +145,7 @@ func New(cfg *Config, opt Options) (*Orchestrator, error) {
 	return o, nil
 }
 
-func cpiFor(c CPIConfig) *cpiclient.Client {
+func cpiFor(c config.CPIConfig) *cpiclient.Client {
 	return &cpiclient.Client{Path: c.Path, ConfigPath: c.Config, DirectorUUID: c.DirectorUUID, APIVersion: 2,
 		StemcellAPIVersion: c.StemcellAPIVersion, Timeout: c.Timeout.Duration}
 }
@@ -244,9 +256,9 @@ func better(a, b *group) bool {
 // scope's job listing, shared by the groups that watch the same scope, and
 // kept current between polls by webhook deliveries.
 type forgeView struct {
-	cfg    ForgeConfig
+	cfg    config.ForgeConfig
 	client forge.Client
-	secret *reloadable // the webhook secret
+	secret func() string // the webhook secret's current value
 
 	mu     sync.Mutex
 	scopes map[string]*scopeJobs
@@ -314,47 +326,12 @@ type listing struct {
 	owned   map[string][]forge.Job
 }
 
-func (o *Orchestrator) newForgeView(fc ForgeConfig, client forge.Client) (*forgeView, error) {
-	fv := &forgeView{cfg: fc, client: client, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{}}
-	var err error
-	if fv.secret, err = o.reloadable(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret"); err != nil {
-		return nil, err
+func newForgeView(fc config.ForgeConfig, f Forge) *forgeView {
+	secret := f.Secret
+	if secret == nil {
+		secret = func() string { return "" }
 	}
-	if client != nil {
-		return fv, nil
-	}
-	token, err := o.reloadable(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token")
-	if err != nil {
-		return nil, err
-	}
-	observe := func(method string, status int, h http.Header) {
-		o.metrics.forgeRequests.WithLabelValues(fc.Name, method, fmt.Sprint(status)).Inc()
-		if v := h.Get("X-RateLimit-Remaining"); v != "" {
-			var n float64
-			if _, err := fmt.Sscan(v, &n); err == nil {
-				o.metrics.forgeRateRemaining.WithLabelValues(fc.Name).Set(n)
-			}
-		}
-	}
-	tr := forge.NewTransport(nil)
-	tr.Observe = observe
-	switch fc.Type {
-	case "gitea":
-		tr.AuthFunc = func() string { return "token " + token.get() }
-		fv.client = gitea.New(fc.URL, tr)
-	case "github":
-		tr.AuthFunc = func() string { return "Bearer " + token.get() }
-		tr.Headers = map[string]string{"X-GitHub-Api-Version": "2022-11-28"}
-		c, err := github.New(fc.URL, tr)
-		if err != nil {
-			return nil, fmt.Errorf("forge %s: %w", fc.Name, err)
-		}
-		c.RunnerGroupID = fc.RunnerGroupID
-		fv.client = c
-	default:
-		return nil, fmt.Errorf("forge %s: unknown type %q", fc.Name, fc.Type)
-	}
-	return fv, nil
+	return &forgeView{cfg: fc, client: f.Client, secret: secret, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{}}
 }
 
 func scopeKey(s forge.Scope) string { return s.Kind + "/" + s.Owner + "/" + s.Repo }
@@ -492,7 +469,7 @@ func (o *Orchestrator) signedBy(forgeType string, body []byte, h http.Header) st
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if fv := o.forges[n]; fv.cfg.Type == forgeType && fv.client.VerifyDelivery([]byte(fv.secret.get()), body, h) {
+		if fv := o.forges[n]; fv.cfg.Type == forgeType && fv.client.VerifyDelivery([]byte(fv.secret()), body, h) {
 			return n
 		}
 	}

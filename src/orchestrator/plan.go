@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -24,7 +25,7 @@ type decision struct {
 // plan decides one pass. jobs is the scope's listing; owned the queued
 // jobs this group claims; runners the group's rows that are not deleted;
 // finished the runners a delivery said finished their job.
-func plan(cfg *GroupConfig, now time.Time, l listing, owned []forge.Job,
+func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 	runners []store.Runner, inflight, finished map[string]bool, drained bool) decision {
 	d := decision{busy: map[string]forge.Job{}, reap: map[string]string{}, queued: len(owned)}
 	jobs, running := l.jobs, l.running

@@ -5,14 +5,15 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
 var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
-func testGroup(maxActive, minIdle int) *GroupConfig {
-	return &GroupConfig{Name: "g", MaxActiveRunners: maxActive, MinIdle: minIdle, Timeouts: Timeouts{
-		Spawn: Duration{10 * time.Minute}, Idle: Duration{15 * time.Minute}, MaxLifetime: Duration{6 * time.Hour}}}
+func testGroup(maxActive, minIdle int) *config.GroupConfig {
+	return &config.GroupConfig{Name: "g", MaxActiveRunners: maxActive, MinIdle: minIdle, Timeouts: config.Timeouts{
+		Spawn: config.Duration{Duration: 10 * time.Minute}, Idle: config.Duration{Duration: 15 * time.Minute}, MaxLifetime: config.Duration{Duration: 6 * time.Hour}}}
 }
 
 func lst(jobs map[int64]forge.Job) listing {
@@ -125,7 +126,7 @@ func TestPlanDrainAndWarmPool(t *testing.T) {
 
 func TestOwnerIsDeterministic(t *testing.T) {
 	mk := func(name string, idx int, scope forge.Scope, labels ...string) *group {
-		return &group{cfg: GroupConfig{Name: name, Forge: "f", Labels: labels}, index: idx, scope: scope, labels: forge.NewLabelSet(labels)}
+		return &group{cfg: config.GroupConfig{Name: name, Forge: "f", Labels: labels}, index: idx, scope: scope, labels: forge.NewLabelSet(labels)}
 	}
 	o := &Orchestrator{}
 	global := mk("global", 0, forge.Scope{Kind: "global"}, "linux")
@@ -163,7 +164,7 @@ func TestPlanUnregisteredRunnerRetried(t *testing.T) {
 	owned, jobs := queued(1)
 	stale := []store.Runner{{Name: "g-x", State: store.Idle, TriggerJob: 1, CreatedAt: t0.Add(-11 * time.Minute), StateAt: t0.Add(-11 * time.Minute)}}
 	cfg := testGroup(5, 0)
-	cfg.Timeouts.Idle = Duration{time.Hour}
+	cfg.Timeouts.Idle = config.Duration{Duration: time.Hour}
 	d := plan(cfg, t0, lst(jobs), owned, stale, nil, nil, false)
 	if d.reap["g-x"] == "" {
 		t.Fatalf("a runner never seen registered past the spawn timeout is kept: %v", d.reap)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -139,7 +140,7 @@ func (g *group) stemcell(ctx context.Context) (string, error) {
 	}
 	g.o.stemcellMu.Lock()
 	defer g.o.stemcellMu.Unlock()
-	cpi := g.cfg.cpiConfig(g.o.cfg.CPI)
+	cpi := g.cfg.EffectiveCPI(g.o.cfg.CPI)
 	key, err := stemcellKey(cpi.Path+"|"+cpi.Config, sc)
 	if err != nil {
 		return "", err
@@ -175,7 +176,7 @@ func (g *group) stemcell(ctx context.Context) (string, error) {
 	return kept, nil
 }
 
-func stemcellKey(cpi string, sc StemcellConfig) (string, error) {
+func stemcellKey(cpi string, sc config.StemcellConfig) (string, error) {
 	h := sha256.New()
 	f, err := os.Open(sc.Image)
 	if err != nil {

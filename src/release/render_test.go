@@ -22,7 +22,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/catalog" // the drivers bin/cpi carries: config knows their sections
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	_ "github.com/runway-cpi/runway/src/driver/openstack"
-	"github.com/runway-cpi/runway/src/orchestrator"
+	orchcfg "github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
 // renderRepoJob renders every file of jobs/<name> (templates and monit),
@@ -238,7 +238,7 @@ func TestOrchestratorJobRenders(t *testing.T) {
 	if strings.Contains(cfgText, "tok-SECRET") || strings.Contains(cfgText, "hook-SECRET") {
 		t.Fatalf("a secret is in the config file:\n%s", cfgText)
 	}
-	cfg, err := orchestrator.ParseConfig([]byte(cfgText))
+	cfg, err := orchcfg.ParseConfig([]byte(cfgText))
 	if err != nil {
 		t.Fatalf("runway serve rejects the rendered config: %v\n%s", err, cfgText)
 	}
@@ -267,7 +267,7 @@ func TestOrchestratorJobRenders(t *testing.T) {
 	if strings.Contains(cfgText, "pw-SECRET") {
 		t.Fatalf("the DSN is in the config file:\n%s", cfgText)
 	}
-	if cfg, err = orchestrator.ParseConfig([]byte(cfgText)); err != nil || cfg.Store != "postgres" || cfg.Postgres.DSNEnv != "RUNWAY_POSTGRES_DSN" {
+	if cfg, err = orchcfg.ParseConfig([]byte(cfgText)); err != nil || cfg.Store != "postgres" || cfg.Postgres.DSNEnv != "RUNWAY_POSTGRES_DSN" {
 		t.Errorf("rendered config with postgres.dsn: %+v (%v)\n%s", cfg, err, cfgText)
 	}
 	got, err = exec.Command("bash", "-c", `set -a; . "$1"; printf '%s' "$RUNWAY_POSTGRES_DSN"`, "-", filepath.Join(out2, "config", "secrets.env")).Output()

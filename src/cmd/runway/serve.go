@@ -20,6 +20,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
 func serveCmd(args []string) error {
@@ -28,7 +29,7 @@ func serveCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := orchestrator.LoadConfig(*cfgPath)
+	cfg, err := config.LoadConfig(*cfgPath)
 	if err != nil {
 		return err
 	}
@@ -38,7 +39,12 @@ func serveCmd(args []string) error {
 	}
 	logger, redact := logging.New(level, os.Stderr)
 	log := logging.Fields{Logger: logger, Tag: "runway"}
-	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact})
+	metrics := orchestrator.NewMetrics()
+	fcs, err := forges(cfg, metrics, redact, logging.Fields{Logger: logger, Tag: "orchestrator"})
+	if err != nil {
+		return err
+	}
+	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact, Forges: fcs, Metrics: metrics})
 	if err != nil {
 		return err
 	}
@@ -80,13 +86,17 @@ func checkCmd(args []string) error {
 	if fs.NArg() != 0 {
 		return fmt.Errorf("usage: runway check [-config runway.yml] (unexpected %q)", fs.Args())
 	}
-	cfg, err := orchestrator.LoadConfig(*cfgPath)
+	cfg, err := config.LoadConfig(*cfgPath)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := orchestrator.Check(ctx, cfg, orchestrator.Options{}); err != nil {
+	fcs, err := forges(cfg, nil, &logging.Redactor{}, logging.Fields{Logger: logging.Discard()})
+	if err != nil {
+		return fmt.Errorf("check failed:\n%w", err)
+	}
+	if err := orchestrator.Check(ctx, cfg, orchestrator.Options{Forges: fcs}); err != nil {
 		return fmt.Errorf("check failed:\n%w", err)
 	}
 	fmt.Printf("ok: %d groups on %d forges can list jobs and runners, register runners and check finished jobs\n", len(cfg.Groups), len(cfg.Forges))
@@ -138,7 +148,7 @@ func parseAnywhere(fs *flag.FlagSet, args []string) error {
 
 func findDaemon(cfgPath, addr string) (*daemon, error) {
 	d := &daemon{addr: addr}
-	if cfg, err := orchestrator.LoadConfig(cfgPath); err == nil {
+	if cfg, err := config.LoadConfig(cfgPath); err == nil {
 		if d.addr == "" {
 			d.addr = cfg.Listen
 			if b, err := os.ReadFile(filepath.Join(cfg.StateDir, "listen.addr")); err == nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -180,7 +181,7 @@ forges:%s
 groups:%s`, filepath.Join(e.dir, "orch"), cmp.Or(e.sweep, "1s"), e.top, cmp.Or(e.cpiPath, bins.cpi), e.cpiCfg, directorUUID, forges, strings.Join(groups, ""))
 	e.cfgPath = filepath.Join(e.dir, "runway.yml")
 	must(e.t, os.WriteFile(e.cfgPath, []byte(cfg), 0o600))
-	if _, err := orchestrator.LoadConfig(e.cfgPath); err != nil {
+	if _, err := config.LoadConfig(e.cfgPath); err != nil {
 		e.t.Fatalf("test config does not load: %v", err)
 	}
 }

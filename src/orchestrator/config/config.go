@@ -1,4 +1,6 @@
-package orchestrator
+// Package config is `runway serve`'s configuration: the YAML, decoded
+// strictly, its defaults and its validation with field names.
+package config
 
 import (
 	"errors"
@@ -8,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/strict/strictyaml"
 	"gopkg.in/yaml.v3"
@@ -114,8 +117,8 @@ type GroupCPI struct {
 	Timeout Duration `yaml:"timeout"`
 }
 
-// cpiConfig is the group's effective CPI.
-func (g GroupConfig) cpiConfig(top CPIConfig) CPIConfig {
+// EffectiveCPI is the group's CPI: top with the group's overrides.
+func (g GroupConfig) EffectiveCPI(top CPIConfig) CPIConfig {
 	c := top
 	if g.CPI.Path != "" {
 		c.Path = g.CPI.Path
@@ -278,183 +281,178 @@ func (c *Config) defaults() {
 	}
 }
 
+// fieldErrors collects errors naming their field.
+type fieldErrors []error
+
+func (e *fieldErrors) bad(field, format string, args ...any) {
+	*e = append(*e, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
 func (c *Config) validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	var errs fieldErrors
+	c.validateDaemon(&errs)
+	forges := c.validateForges(&errs)
+	names := map[string]bool{}
+	for i, g := range c.Groups {
+		p := fmt.Sprintf("groups[%d]", i)
+		if !nameRE.MatchString(g.Name) {
+			errs.bad(p+".name", "%q must be lowercase letters, digits and dashes (it prefixes runner names)", g.Name)
+		} else if names[g.Name] {
+			errs.bad(p+".name", "%q is used twice", g.Name)
+		}
+		names[g.Name] = true
+		g.validate(&errs, p, forges)
 	}
+	if len(c.Groups) == 0 {
+		errs.bad("groups", "at least one group is required")
+	}
+	return errors.Join(errs...)
+}
+
+// validateDaemon checks the daemon's own keys: store, log, HTTP, CPI.
+func (c *Config) validateDaemon(errs *fieldErrors) {
 	if c.StateDir == "" {
-		bad("state_dir", "required (the SQLite store and the daemon's lock live there)")
+		errs.bad("state_dir", "required (the SQLite store and the daemon's lock live there)")
 	}
 	switch c.Store {
 	case "sqlite":
 		if c.Postgres != (PostgresConfig{}) {
-			bad("postgres", "set only with store: postgres")
+			errs.bad("postgres", "set only with store: postgres")
 		}
 	case "postgres":
 		if (c.Postgres.DSNFile == "") == (c.Postgres.DSNEnv == "") {
-			bad("postgres.dsn_file", "set exactly one of dsn_file or dsn_env (the DSN may hold a password: never inline)")
+			errs.bad("postgres.dsn_file", "set exactly one of dsn_file or dsn_env (the DSN may hold a password: never inline)")
 		}
 	default:
-		bad("store", "%q must be sqlite or postgres", c.Store)
+		errs.bad("store", "%q must be sqlite or postgres", c.Store)
 	}
 	if _, err := logging.Level(c.LogLevel); err != nil {
-		bad("log_level", "%q: want debug, info, warn, error or none", c.LogLevel)
+		errs.bad("log_level", "%q: want debug, info, warn, error or none", c.LogLevel)
 	}
 	if c.HTTP.MaxConnections < 0 {
-		bad("http.max_connections", "must be positive")
+		errs.bad("http.max_connections", "must be positive")
 	}
 	// A timeout too short to read one request is a typo (1ns, 5ms).
 	for name, d := range map[string]Duration{"http.read_header_timeout": c.HTTP.ReadHeaderTimeout, "http.read_timeout": c.HTTP.ReadTimeout,
 		"http.write_timeout": c.HTTP.WriteTimeout, "http.idle_timeout": c.HTTP.IdleTimeout} {
 		if d.Duration < 100*time.Millisecond {
-			bad(name, "%s is too short to serve a request: at least 100ms", d.Duration)
+			errs.bad(name, "%s is too short to serve a request: at least 100ms", d.Duration)
 		}
 	}
 	if v := c.CPI.StemcellAPIVersion; v < 1 || v > 3 {
-		bad("cpi.stemcell_api_version", "%d: the Director sends 1, 2 or 3", v)
+		errs.bad("cpi.stemcell_api_version", "%d: the Director sends 1, 2 or 3", v)
 	}
 	if c.CPI.Path == "" {
-		bad("cpi.path", "required (the bin/cpi to call)")
+		errs.bad("cpi.path", "required (the bin/cpi to call)")
 	}
+}
+
+// validateForges checks the forges and answers them by name.
+func (c *Config) validateForges(errs *fieldErrors) map[string]ForgeConfig {
 	forges := map[string]ForgeConfig{}
 	for i, f := range c.Forges {
 		p := fmt.Sprintf("forges[%d]", i)
 		if !nameRE.MatchString(f.Name) {
-			bad(p+".name", "%q must be lowercase letters, digits and dashes", f.Name)
+			errs.bad(p+".name", "%q must be lowercase letters, digits and dashes", f.Name)
 		} else if _, dup := forges[f.Name]; dup {
-			bad(p+".name", "%q is used twice", f.Name)
+			errs.bad(p+".name", "%q is used twice", f.Name)
 		}
 		forges[f.Name] = f
 		if f.Type != "gitea" && f.Type != "github" {
-			bad(p+".type", "%q must be gitea or github", f.Type)
+			errs.bad(p+".type", "%q must be gitea or github", f.Type)
 		}
 		if !strings.HasPrefix(f.URL, "http://") && !strings.HasPrefix(f.URL, "https://") {
-			bad(p+".url", "%q must be an http(s) URL", f.URL)
+			errs.bad(p+".url", "%q must be an http(s) URL", f.URL)
 		}
 		if (f.TokenFile == "") == (f.TokenEnv == "") {
-			bad(p+".token_file", "set exactly one of token_file or token_env (tokens are never inline)")
+			errs.bad(p+".token_file", "set exactly one of token_file or token_env (tokens are never inline)")
 		}
 		if f.WebhookSecretFile != "" && f.WebhookSecretEnv != "" {
-			bad(p+".webhook_secret_file", "set at most one of webhook_secret_file or webhook_secret_env")
+			errs.bad(p+".webhook_secret_file", "set at most one of webhook_secret_file or webhook_secret_env")
 		}
 	}
 	if len(c.Forges) == 0 {
-		bad("forges", "at least one forge is required")
+		errs.bad("forges", "at least one forge is required")
 	}
-	names := map[string]bool{}
-	for i, g := range c.Groups {
-		p := fmt.Sprintf("groups[%d]", i)
-		if !nameRE.MatchString(g.Name) {
-			bad(p+".name", "%q must be lowercase letters, digits and dashes (it prefixes runner names)", g.Name)
-		} else if names[g.Name] {
-			bad(p+".name", "%q is used twice", g.Name)
-		}
-		names[g.Name] = true
-		f, ok := forges[g.Forge]
-		if !ok {
-			bad(p+".forge", "%q is not a configured forge", g.Forge)
-		}
-		switch g.Scope {
-		case "global":
-			if f.Type == "github" {
-				bad(p+".scope", "global is not supported on GitHub (use org or repo)")
-			}
-		case "org":
-			if g.Org == "" {
-				bad(p+".org", "required for scope org")
-			}
-		case "user":
-			if g.User == "" {
-				bad(p+".user", "required for scope user")
-			}
-			if f.Type == "github" {
-				bad(p+".scope", "user is not supported on GitHub (use org or repo)")
-			}
-		case "repo":
-			if o, n, ok := strings.Cut(g.Repo, "/"); !ok || o == "" || n == "" || strings.Contains(n, "/") {
-				bad(p+".repo", "%q must be owner/name for scope repo", g.Repo)
-			}
-		default:
-			bad(p+".scope", "%q must be one of global, org, user, repo", g.Scope)
-		}
-		if len(g.Labels) == 0 {
-			bad(p+".labels", "at least one label is required (no default labels are added)")
-		}
-		for j, l := range g.Labels {
-			if strings.TrimSpace(l) == "" || strings.Contains(l, ",") {
-				bad(fmt.Sprintf("%s.labels[%d]", p, j), "%q is not a label", l)
-			}
-		}
-		if g.MaxActiveRunners < 1 {
-			bad(p+".max_active_runners", "must be at least 1")
-		}
-		if g.MinIdle < 0 || g.MinIdle > g.MaxActiveRunners {
-			bad(p+".min_idle", "must be between 0 and max_active_runners")
-		}
-		if (g.Stemcell.CID == "") == (g.Stemcell.Image == "") {
-			bad(p+".stemcell", "set exactly one of cid or image")
-		}
-		if g.Runner.Command == "" {
-			bad(p+".runner.command", "required (the runner or its bootstrap, as a path on the VM)")
-		}
-		for k := range g.Runner.Env {
-			if !envRE.MatchString(k) {
-				bad(p+".runner.env", "%q is not an environment variable name", k)
-			}
-		}
-		if g.SpawnConcurrency < 1 {
-			bad(p+".spawn_concurrency", "must be at least 1")
+	return forges
+}
+
+// validate checks one group (p is its field path).
+func (g GroupConfig) validate(errs *fieldErrors, p string, forges map[string]ForgeConfig) {
+	f, ok := forges[g.Forge]
+	if !ok {
+		errs.bad(p+".forge", "%q is not a configured forge", g.Forge)
+	}
+	g.validateScope(errs, p, f.Type)
+	if len(g.Labels) == 0 {
+		errs.bad(p+".labels", "at least one label is required (no default labels are added)")
+	}
+	for j, l := range g.Labels {
+		if strings.TrimSpace(l) == "" || strings.Contains(l, ",") {
+			errs.bad(fmt.Sprintf("%s.labels[%d]", p, j), "%q is not a label", l)
 		}
 	}
-	if len(c.Groups) == 0 {
-		bad("groups", "at least one group is required")
+	if g.MaxActiveRunners < 1 {
+		errs.bad(p+".max_active_runners", "must be at least 1")
 	}
-	return errors.Join(errs...)
+	if g.MinIdle < 0 || g.MinIdle > g.MaxActiveRunners {
+		errs.bad(p+".min_idle", "must be between 0 and max_active_runners")
+	}
+	if (g.Stemcell.CID == "") == (g.Stemcell.Image == "") {
+		errs.bad(p+".stemcell", "set exactly one of cid or image")
+	}
+	if g.Runner.Command == "" {
+		errs.bad(p+".runner.command", "required (the runner or its bootstrap, as a path on the VM)")
+	}
+	for k := range g.Runner.Env {
+		if !envRE.MatchString(k) {
+			errs.bad(p+".runner.env", "%q is not an environment variable name", k)
+		}
+	}
+	if g.SpawnConcurrency < 1 {
+		errs.bad(p+".spawn_concurrency", "must be at least 1")
+	}
+}
+
+// validateScope checks the group's scope against its forge's type.
+func (g GroupConfig) validateScope(errs *fieldErrors, p, forgeType string) {
+	switch g.Scope {
+	case "global":
+		if forgeType == "github" {
+			errs.bad(p+".scope", "global is not supported on GitHub (use org or repo)")
+		}
+	case "org":
+		if g.Org == "" {
+			errs.bad(p+".org", "required for scope org")
+		}
+	case "user":
+		if g.User == "" {
+			errs.bad(p+".user", "required for scope user")
+		}
+		if forgeType == "github" {
+			errs.bad(p+".scope", "user is not supported on GitHub (use org or repo)")
+		}
+	case "repo":
+		if o, n, ok := strings.Cut(g.Repo, "/"); !ok || o == "" || n == "" || strings.Contains(n, "/") {
+			errs.bad(p+".repo", "%q must be owner/name for scope repo", g.Repo)
+		}
+	default:
+		errs.bad(p+".scope", "%q must be one of global, org, user, repo", g.Scope)
+	}
 }
 
 var envRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Scope returns the group's forge scope.
-func (g GroupConfig) ForgeScope() forgeScope {
+// ForgeScope returns the group's forge scope.
+func (g GroupConfig) ForgeScope() forge.Scope {
 	switch g.Scope {
 	case "org":
-		return forgeScope{Kind: "org", Owner: g.Org}
+		return forge.Scope{Kind: "org", Owner: g.Org}
 	case "user":
-		return forgeScope{Kind: "user", Owner: g.User}
+		return forge.Scope{Kind: "user", Owner: g.User}
 	case "repo":
 		o, n, _ := strings.Cut(g.Repo, "/")
-		return forgeScope{Kind: "repo", Owner: o, Repo: n}
+		return forge.Scope{Kind: "repo", Owner: o, Repo: n}
 	}
-	return forgeScope{Kind: "global"}
-}
-
-// secret reads a token and keeps it out of the log from then on.
-func (o *Orchestrator) secret(file, env, what string) (string, error) {
-	s, err := readSecret(file, env, what)
-	o.redact.Add(s)
-	return s, err
-}
-
-// readSecret reads a token from a file (trimmed) or an environment variable.
-func readSecret(file, env, what string) (string, error) {
-	switch {
-	case file != "":
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", what, err)
-		}
-		s := strings.TrimSpace(string(b))
-		if s == "" {
-			return "", fmt.Errorf("%s: %s is empty", what, file)
-		}
-		return s, nil
-	case env != "":
-		s := strings.TrimSpace(os.Getenv(env))
-		if s == "" {
-			return "", fmt.Errorf("%s: environment variable %s is empty", what, env)
-		}
-		return s, nil
-	}
-	return "", nil
+	return forge.Scope{Kind: "global"}
 }
