@@ -25,7 +25,7 @@ func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclien
 		}
 		g.o.metrics.cpiErrors.WithLabelValues(method, kind).Inc()
 		if kind != rpc.TypeVMNotFound {
-			g.o.failure(g.cfg.Name, "cpi "+method, err)
+			g.o.Failure(g.cfg.Name, "cpi "+method, err)
 		}
 	}
 	return resp, err

@@ -64,7 +64,7 @@ func (o *Orchestrator) checkAccess(ctx context.Context) {
 	for _, g := range o.groups {
 		if err := checkGroup(ctx, g.forge.client, g.scope); err != nil {
 			o.log.Error("the forge refuses what this group needs (runway check lists it)", "group", g.cfg.Name, "forge", g.cfg.Forge, "err", err)
-			o.failure(g.cfg.Name, "forge", err)
+			o.Failure(g.cfg.Name, "forge", err)
 		}
 	}
 }

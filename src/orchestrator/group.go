@@ -194,7 +194,7 @@ func (g *group) pass(ctx context.Context) error {
 		// The forge could not be read: decide nothing from it, delete
 		// nothing because of it.
 		err = fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
-		o.failure(g.cfg.Name, "forge", err)
+		o.Failure(g.cfg.Name, "forge", err)
 		return err
 	}
 	l := o.partition(g.forge, sj)
@@ -328,7 +328,7 @@ func (g *group) refreshStatus(queued int) {
 	}
 	g.mu.Unlock()
 	if queued >= 0 {
-		g.o.hist.record(g.cfg.Name, g.o.now(), queued, len(runners))
+		g.o.hist.Record(g.cfg.Name, g.o.now(), queued, len(runners))
 	}
 	for _, s := range []string{store.Spawning, store.Idle, store.Busy, store.Deleting} {
 		g.o.metrics.runners.WithLabelValues(g.cfg.Name, s).Set(float64(c[s]))

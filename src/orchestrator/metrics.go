@@ -71,3 +71,7 @@ func (m *Metrics) ObserveForge(name string) func(method string, status int, h ht
 		}
 	}
 }
+
+// Webhook counts a delivery by forge type and result (accepted,
+// duplicate, bad_signature, bad_payload, too_large, ignored).
+func (m *Metrics) Webhook(kind, result string) { m.webhooks.WithLabelValues(kind, result).Inc() }

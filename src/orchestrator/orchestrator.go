@@ -7,9 +7,7 @@ package orchestrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -50,7 +48,7 @@ type Orchestrator struct {
 	ownMu  sync.Mutex
 	ownGen int // bumped when a drain flag changes: ownership may move
 
-	hist history // what the status page shows of the last hour
+	hist History // what the status page shows of the last hour
 
 	deliveryMu    sync.Mutex
 	deliveries    map[string]bool // webhook deliveries seen (bounded)
@@ -205,13 +203,13 @@ func (o *Orchestrator) group(name string) *group {
 }
 
 // SetDrained stops (or resumes) spawning for a group; persisted.
-func (o *Orchestrator) SetDrained(name string, drained bool) error {
+func (o *Orchestrator) SetDrained(name string, drained bool) (GroupStatus, error) {
 	g := o.group(name)
 	if g == nil {
-		return fmt.Errorf("no group %q", name)
+		return GroupStatus{}, fmt.Errorf("no group %q", name)
 	}
 	if err := o.store.SetDrained(name, drained); err != nil {
-		return err
+		return GroupStatus{}, err
 	}
 	g.mu.Lock()
 	g.drained = drained
@@ -222,8 +220,20 @@ func (o *Orchestrator) SetDrained(name string, drained bool) error {
 	o.log.Info("group drain changed", "group", name, "drained", drained)
 	g.wake()
 	o.relay(relayed{Group: name})
-	return nil
+	return g.Status(), nil
 }
+
+// Groups returns every group's status.
+func (o *Orchestrator) Groups() []GroupStatus {
+	out := make([]GroupStatus, 0, len(o.groups))
+	for _, g := range o.groups {
+		out = append(out, g.Status())
+	}
+	return out
+}
+
+// Metrics are the daemon's Prometheus series.
+func (o *Orchestrator) Metrics() *Metrics { return o.metrics }
 
 // owner picks the one group that claims a job among those able to run it:
 // the most specific scope (repo, then org/user, then global), then the
@@ -459,50 +469,6 @@ func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) listing {
 	sj.owned, sj.gen = &listing{jobs: jobs, running: running, owned: owned}, gen
 	return *sj.owned
 }
-
-// signedBy returns the forge of forgeType whose webhook secret signed
-// body ("" when none did).
-func (o *Orchestrator) signedBy(forgeType string, body []byte, h http.Header) string {
-	names := make([]string, 0, len(o.forges))
-	for n := range o.forges {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		if fv := o.forges[n]; fv.cfg.Type == forgeType && fv.client.VerifyDelivery([]byte(fv.secret()), body, h) {
-			return n
-		}
-	}
-	return ""
-}
-
-// Webhook verifies and applies one workflow_job delivery for a forge
-// type; it returns the forge that signed it. A delivery no configured
-// secret verifies is rejected; one whose id was seen before is answered
-// ErrDuplicate and not applied again.
-func (o *Orchestrator) Webhook(forgeType, delivery string, body []byte, h http.Header) (string, forge.WorkflowJobEvent, error) {
-	n := o.signedBy(forgeType, body, h)
-	if n == "" {
-		return "", forge.WorkflowJobEvent{}, ErrBadSignature
-	}
-	if o.seenDelivery(forgeType, delivery) {
-		return n, forge.WorkflowJobEvent{}, ErrDuplicate
-	}
-	ev, err := forge.ParseWorkflowJob(body)
-	if err != nil {
-		return n, ev, err
-	}
-	o.forges[n].apply(ev)
-	o.Kick(n, ev.Job.Repo)
-	o.relay(relayed{Forge: n, Action: ev.Action, Job: &ev.Job})
-	return n, ev, nil
-}
-
-// ErrBadSignature is a webhook delivery no secret verifies.
-var ErrBadSignature = errors.New("webhook signature does not verify")
-
-// ErrDuplicate is a webhook delivery whose id was seen before.
-var ErrDuplicate = errors.New("webhook delivery seen before")
 
 // sweepLoop drops old history rows now and then.
 func (o *Orchestrator) sweepLoop(ctx context.Context) {

@@ -21,6 +21,7 @@ import (
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 )
 
 func serveCmd(args []string) error {
@@ -49,7 +50,7 @@ func serveCmd(args []string) error {
 		return err
 	}
 	defer o.Close()
-	h, err := o.Handler()
+	h, err := httpapi.Handler(o, cfg, logging.Fields{Logger: logger, Tag: "orchestrator"}, redact, nil)
 	if err != nil {
 		return err
 	}
@@ -65,7 +66,7 @@ func serveCmd(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- o.Serve(ctx, ln, h); stop() }()
+	go func() { served <- httpapi.Serve(ctx, cfg.HTTP, ln, h); stop() }()
 	log.Info("runway serve", "listen", addr, "groups", len(cfg.Groups), "forges", len(cfg.Forges), "state_dir", cfg.StateDir)
 	err = o.Run(ctx)
 	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
@@ -229,7 +230,7 @@ func runnersCmd(args []string) error {
 	if fs.NArg() != 0 {
 		return fmt.Errorf("usage: runway runners [-all] [-json] [-config runway.yml] [-addr host:port] (unexpected %q)", fs.Args())
 	}
-	var rs []orchestrator.RunnerView
+	var rs []httpapi.RunnerView
 	path := "/api/v1/runners"
 	if *all {
 		path += "?all=true"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/orchestrator"
+	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 )
 
 func completed(e *env, ids ...int64) func() bool {
@@ -204,7 +204,7 @@ func TestDemandAfterRemovals(t *testing.T) {
 		b := e.gitea.AddJob("acme/app", "test", []string{"linux"}, forge.StatusQueued)
 		queued := time.Now()
 		e.eventually(30*time.Second, "job B completes", completed(e, b))
-		byName := map[string]orchestrator.RunnerView{}
+		byName := map[string]httpapi.RunnerView{}
 		for _, r := range e.runners(true) {
 			byName[r.Name] = r
 		}

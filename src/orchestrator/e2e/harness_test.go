@@ -25,6 +25,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -304,8 +305,8 @@ func (e *env) get(path string, out any) {
 	must(e.t, json.NewDecoder(resp.Body).Decode(out))
 }
 
-func (e *env) runners(all bool) []orchestrator.RunnerView {
-	var rs []orchestrator.RunnerView
+func (e *env) runners(all bool) []httpapi.RunnerView {
+	var rs []httpapi.RunnerView
 	p := "/api/v1/runners"
 	if all {
 		p += "?all=true"

@@ -1,4 +1,4 @@
-package orchestrator
+package httpapi
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,36 +16,46 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
-func testDaemon(t *testing.T, extra string) *Orchestrator {
+// daemon is an orchestrator and what its HTTP interface is built with.
+type daemon struct {
+	o      *orchestrator.Orchestrator
+	cfg    *config.Config
+	redact *logging.Redactor
+	now    func() time.Time
+}
+
+func testDaemon(t *testing.T, extra string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "token"), []byte("t"), 0o600)
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
 cpi: {path: /nonexistent}
 forges:
-  - {name: gitea, type: gitea, url: "http://127.0.0.1:1", token_file: %s}
+  - {name: gitea, type: gitea, url: "http://127.0.0.1:1", token_env: UNUSED}
 groups:
   - {name: g, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
-%s`, dir, filepath.Join(dir, "token"), extra)))
+%s`, dir, extra)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	d := &daemon{cfg: cfg, redact: &logging.Redactor{}, now: time.Now}
 	client := gitea.New("http://127.0.0.1:1", forge.NewTransport(nil))
-	o, err := New(cfg, Options{Logger: logging.Discard(), Forges: map[string]Forge{"gitea": {Client: client}}})
+	d.o, err = orchestrator.New(cfg, orchestrator.Options{Logger: logging.Discard(), Redactor: d.redact,
+		Forges: map[string]orchestrator.Forge{"gitea": {Client: client}}, Now: func() time.Time { return d.now() }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { o.Close() })
-	return o
+	t.Cleanup(func() { d.o.Close() })
+	return d
 }
 
-func serve(t *testing.T, o *Orchestrator) string {
+func serve(t *testing.T, d *daemon) string {
 	t.Helper()
-	h, err := o.Handler()
+	h, err := Handler(d.o, d.cfg, logging.Fields{Logger: logging.Discard()}, d.redact, func() time.Time { return d.now() })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +65,7 @@ func serve(t *testing.T, o *Orchestrator) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { o.Serve(ctx, ln, h); close(done) }()
+	go func() { Serve(ctx, d.cfg.HTTP, ln, h); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package httpapi
 
 import (
 	"errors"
@@ -15,21 +15,22 @@ import (
 // recent errors on the server; what an error says is escaped, and a
 // secret it carries is redacted.
 func TestStatusPage(t *testing.T) {
-	o := testDaemon(t, "")
+	d := testDaemon(t, "")
 	now := time.Now()
-	o.now = func() time.Time { return now }
-	if err := o.store.Save(store.Runner{Name: "g-abc", Group: "g", AgentID: "g-abc", State: store.Busy, JobID: 42, JobRepo: "acme/app",
+	d.now = func() time.Time { return now }
+	if err := d.o.Store().Save(store.Runner{Name: "g-abc", Group: "g", AgentID: "g-abc", State: store.Busy, JobID: 42, JobRepo: "acme/app",
 		VMCID: "vm-1", CreatedAt: now.Add(-90 * time.Second), StateAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	o.hist.record("g", now.Add(-2*time.Hour), 9, 9) // older than the plot's hour: dropped
+	h := d.o.History()
+	h.Record("g", now.Add(-2*time.Hour), 9, 9) // older than the plot's hour: dropped
 	for i := 0; i < 5; i++ {
-		o.hist.record("g", now.Add(time.Duration(i-5)*time.Minute), i, 1)
+		h.Record("g", now.Add(time.Duration(i-5)*time.Minute), i, 1)
 	}
 	const secret = "s3cret-forge-token-value"
-	o.redact.Add(secret)
-	o.failure("g", "forge", errors.New(`GET /orgs/acme/actions/jobs: <script>alert(1)</script> token `+secret))
-	addr := serve(t, o)
+	d.redact.Add(secret)
+	d.o.Failure("g", "forge", errors.New(`GET /orgs/acme/actions/jobs: <script>alert(1)</script> token `+secret))
+	addr := serve(t, d)
 	resp, err := http.Get("http://" + addr + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ func TestStatusPage(t *testing.T) {
 			t.Errorf("the page contains %q", bad)
 		}
 	}
-	if n := len(o.hist.samples["g"]); n != 5 {
+	if n := len(h.Samples("g")); n != 5 {
 		t.Errorf("%d samples kept; want the 5 of the last hour", n)
 	}
 	if resp, err := http.Get("http://" + addr + "/nope"); err != nil || resp.StatusCode != 404 {

@@ -1,80 +1,25 @@
-package orchestrator
+package httpapi
 
 import (
 	"fmt"
 	"html/template"
 	"net/http"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/runway-cpi/runway/src/clip"
+	"github.com/runway-cpi/runway/src/orchestrator"
 )
-
-// history keeps what the status page shows beyond the current state:
-// per group, queued jobs and runners at each pass of the last hour; and
-// the most recent CPI and forge errors.
-type history struct {
-	mu      sync.Mutex
-	samples map[string][]sample
-	errs    []recentError
-}
-
-type sample struct {
-	at              time.Time
-	queued, runners int
-}
-
-type recentError struct {
-	At          time.Time
-	Group, Kind string
-	Message     string
-}
-
-const (
-	historySpan = time.Hour
-	maxSamples  = 3600
-	maxErrors   = 20
-)
-
-func (h *history) record(group string, at time.Time, queued, runners int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.samples == nil {
-		h.samples = map[string][]sample{}
-	}
-	s := append(h.samples[group], sample{at, queued, runners})
-	cut := 0
-	for cut < len(s) && (at.Sub(s[cut].at) > historySpan || len(s)-cut > maxSamples) {
-		cut++
-	}
-	h.samples[group] = s[cut:]
-}
-
-// failure keeps an error for the page (redacted, clipped).
-func (o *Orchestrator) failure(group, kind string, err error) {
-	if err == nil {
-		return
-	}
-	h := &o.hist
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.errs = append(h.errs, recentError{At: o.now(), Group: group, Kind: kind, Message: clip.To(o.redact.Redact(err.Error()), 500)})
-	if len(h.errs) > maxErrors {
-		h.errs = h.errs[len(h.errs)-maxErrors:]
-	}
-}
 
 type statusPage struct {
 	Now     time.Time
 	Groups  []statusGroup
 	Runners []statusRunner
-	Errors  []recentError
+	Errors  []orchestrator.RecentError
 }
 
 type statusGroup struct {
-	GroupStatus
+	orchestrator.GroupStatus
 	Plot template.HTML
 }
 
@@ -85,16 +30,16 @@ type statusRunner struct {
 }
 
 // plot draws queued jobs and runners of the last hour as an inline SVG.
-func plot(samples []sample, now time.Time) template.HTML {
+func plot(samples []orchestrator.Sample, now time.Time) template.HTML {
 	const w, h = 600, 120
 	top := 1
 	for _, s := range samples {
-		top = max(top, s.queued, s.runners)
+		top = max(top, s.Queued, s.Runners)
 	}
-	line := func(v func(sample) int) string {
+	line := func(v func(orchestrator.Sample) int) string {
 		var pts []string
 		for _, s := range samples {
-			x := float64(w) * (1 - now.Sub(s.at).Seconds()/historySpan.Seconds())
+			x := float64(w) * (1 - now.Sub(s.At).Seconds()/orchestrator.HistorySpan.Seconds())
 			y := float64(h-10) - float64(h-20)*float64(v(s))/float64(top)
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
 		}
@@ -107,7 +52,7 @@ func plot(samples []sample, now time.Time) template.HTML {
 		`<polyline class="runners" fill="none" stroke="#337ab7" stroke-width="2" points="%s"/>`+
 		`<text x="4" y="12" font-size="10">max %d</text>`+
 		`<text x="4" y="%d" font-size="10">-60 min</text><text x="%d" y="%d" font-size="10" text-anchor="end">now</text></svg>`,
-		w, h, w, h, w, h, line(func(s sample) int { return s.queued }), line(func(s sample) int { return s.runners }), top, h-2, w-4, h-2))
+		w, h, w, h, w, h, line(func(s orchestrator.Sample) int { return s.Queued }), line(func(s orchestrator.Sample) int { return s.Runners }), top, h-2, w-4, h-2))
 }
 
 var statusTemplate = template.Must(template.New("status").Parse(`<!doctype html>
@@ -144,19 +89,16 @@ th{background:#f0f0f0}.err{color:#a94442}.legend span{display:inline-block;margi
 
 // statusHandler serves the page: the same data as /api/v1 (and the same
 // rule: reads are open), rendered on the server, no scripts.
-func (o *Orchestrator) statusHandler(w http.ResponseWriter, r *http.Request) {
-	now := o.now()
+func (a *api) status(w http.ResponseWriter, r *http.Request) {
+	now := a.now()
 	page := statusPage{Now: now}
-	groups := o.Groups() // before hist.mu: never hold it while taking a group's lock
-	o.hist.mu.Lock()
-	for _, g := range groups {
-		g.LastError = clip.To(o.redact.Redact(g.LastError), 500)
-		page.Groups = append(page.Groups, statusGroup{GroupStatus: g, Plot: plot(o.hist.samples[g.Name], now)})
+	h := a.o.History()
+	for _, g := range a.o.Groups() {
+		g.LastError = clip.To(a.redact.Redact(g.LastError), 500)
+		page.Groups = append(page.Groups, statusGroup{GroupStatus: g, Plot: plot(h.Samples(g.Name), now)})
 	}
-	page.Errors = append([]recentError(nil), o.hist.errs...)
-	o.hist.mu.Unlock()
-	sort.Slice(page.Errors, func(i, j int) bool { return page.Errors[i].At.After(page.Errors[j].At) })
-	rows, err := o.store.Active("")
+	page.Errors = h.Errors()
+	rows, err := a.o.Store().Active("")
 	if err != nil {
 		http.Error(w, "runway.db: "+err.Error(), http.StatusServiceUnavailable)
 		return
@@ -175,6 +117,6 @@ func (o *Orchestrator) statusHandler(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := statusTemplate.Execute(w, page); err != nil {
-		o.log.Warn("rendering the status page", "err", err)
+		a.log.Warn("rendering the status page", "err", err)
 	}
 }
