@@ -187,47 +187,106 @@ func (g *group) pass(ctx context.Context) error {
 	// runner taken as finished has its job done in the listing too, so
 	// demand counted after reaping it does not include that job.
 	finished := g.forge.finishedRunners(now)
-	g.setForgeDown(false)
-	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
-	g.setForgeDown(err != nil)
+	l, err := g.listing(ctx, now)
 	if err != nil {
-		// The forge could not be read: decide nothing from it, delete
-		// nothing because of it.
-		err = fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
-		o.Failure(g.cfg.Name, "forge", err)
 		return err
 	}
-	l := o.partition(g.forge, sj)
-	owned, jobs := l.owned[g.cfg.Name], l.jobs
 	runners, err := o.store.Active(g.cfg.Name)
 	if err != nil {
 		return err
 	}
-	g.mu.Lock()
-	inflight := make(map[string]bool, len(g.inflight))
-	for k := range g.inflight {
-		inflight[k] = true
-	}
-	g.mu.Unlock()
-	d := plan(&g.cfg, now, l, owned, runners, inflight, finished, drained)
+	inflight := g.inflightNow()
+	d := plan(&g.cfg, now, l, l.owned[g.cfg.Name], runners, inflight, finished, drained)
 	o.metrics.queued.WithLabelValues(g.cfg.Name).Set(float64(d.queued))
+	removed, sweepNow, errs, err := g.act(ctx, d, runners, now)
+	if err != nil {
+		return err
+	}
+	if sweepNow || now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
+		n, err := g.sweep(ctx)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			g.lastSweep = now
+		}
+		if n > 0 && !drained {
+			// A runner whose process ended may have run a job the pass's
+			// listing still shows queued: count demand from a newer one
+			// (listed again where that is cheap, else with the deliveries
+			// since).
+			if g.forge.cheapListing() {
+				g.forge.markStale(g.scope)
+			}
+			if l, err = g.listing(ctx, now); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			removed = true
+		}
+	}
+	if removed && !drained {
+		// Demand after the removals: a runner reaped in this pass (its job
+		// done) no longer covers a job queued meanwhile.
+		if fresh, err := o.store.Active(g.cfg.Name); err == nil {
+			d.spawn = plan(&g.cfg, now, l, l.owned[g.cfg.Name], fresh, inflight, nil, drained).spawn
+		} else {
+			errs = append(errs, err)
+			d.spawn = nil
+		}
+	}
+	if spawnErr == nil {
+		for _, trigger := range d.spawn {
+			g.startSpawn(ctx, trigger, l.jobs[trigger].Repo)
+		}
+	}
+	g.refreshStatus(d.queued)
+	return errors.Join(append(errs, spawnErr)...)
+}
 
+// listing is the scope's jobs split among the groups. A forge that cannot
+// be read decides nothing and deletes nothing: the error stops the pass.
+func (g *group) listing(ctx context.Context, now time.Time) (listing, error) {
+	g.setForgeDown(false)
+	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
+	g.setForgeDown(err != nil)
+	if err != nil {
+		err = fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
+		g.o.Failure(g.cfg.Name, "forge", err)
+		return listing{}, err
+	}
+	return g.o.partition(g.forge, sj), nil
+}
+
+// inflightNow copies the runners whose spawn runs in this process.
+func (g *group) inflightNow() map[string]bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]bool, len(g.inflight))
+	for k := range g.inflight {
+		out[k] = true
+	}
+	return out
+}
+
+// act carries out a plan's changes to existing runners: busy marks,
+// recoveries, cleared triggers, confirmations, reaping. It answers
+// whether supply was removed (demand is counted again), whether the
+// sweep must look now, the errors to report, and a store error that
+// stops the pass.
+func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now time.Time) (removed, sweepNow bool, errs []error, fatal error) {
+	o := g.o
 	byName := map[string]store.Runner{}
 	for _, r := range runners {
 		byName[r.Name] = r
 	}
-	var errs []error
 	for name, j := range d.busy {
 		r := byName[name]
 		r.State, r.StateAt, r.JobID, r.JobRepo = store.Busy, now, j.ID, j.Repo
 		if err := o.store.Save(r); err != nil {
-			return err
+			return false, false, nil, err
 		}
 		o.log.Info("runner took a job", "group", g.cfg.Name, "runner", name, "job", j.ID, "repo", j.Repo)
 	}
-	// removed: the pass took supply away; what to spawn is decided again
-	// below, in this pass, not a poll interval later.
-	removed := len(d.reap) > 0
+	removed = len(d.reap) > 0
 	for _, r := range d.recover {
 		gone, err := g.recover(ctx, r)
 		if err != nil {
@@ -235,11 +294,10 @@ func (g *group) pass(ctx context.Context) error {
 		}
 		removed = removed || gone
 	}
-	sweepNow := false
 	for _, r := range d.taken {
 		r.TriggerJob = 0
 		if err := o.store.Save(r); err != nil {
-			return err
+			return false, false, nil, err
 		}
 		sweepNow = true
 	}
@@ -265,48 +323,7 @@ func (g *group) pass(ctx context.Context) error {
 			g.forge.forgetRunner(name)
 		}
 	}
-	if sweepNow || now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
-		n, err := g.sweep(ctx)
-		if err != nil {
-			errs = append(errs, err)
-		} else {
-			g.lastSweep = now
-		}
-		if n > 0 && !drained {
-			// A runner whose process ended may have run a job the pass's
-			// listing still shows queued: count demand from a newer one
-			// (listed again where that is cheap, else with the deliveries
-			// since).
-			if g.forge.cheapListing() {
-				g.forge.markStale(g.scope)
-			}
-			sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
-			g.setForgeDown(err != nil)
-			if err != nil {
-				return errors.Join(append(errs, fmt.Errorf("forge %s: %w", g.cfg.Forge, err))...)
-			}
-			l = o.partition(g.forge, sj)
-			owned, jobs = l.owned[g.cfg.Name], l.jobs
-			removed = true
-		}
-	}
-	if removed && !drained {
-		// Demand after the removals: a runner reaped in this pass (its job
-		// done) no longer covers a job queued meanwhile.
-		if fresh, err := o.store.Active(g.cfg.Name); err == nil {
-			d.spawn = plan(&g.cfg, now, l, owned, fresh, inflight, nil, drained).spawn
-		} else {
-			errs = append(errs, err)
-			d.spawn = nil
-		}
-	}
-	if spawnErr == nil {
-		for _, trigger := range d.spawn {
-			g.startSpawn(ctx, trigger, jobs[trigger].Repo)
-		}
-	}
-	g.refreshStatus(d.queued)
-	return errors.Join(append(errs, spawnErr)...)
+	return removed, sweepNow, errs, nil
 }
 
 // refreshStatus recounts the group's runners for status and metrics

@@ -24,17 +24,30 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
-	// reaped: runners this sweep deleted. Their VMs are still in the list
-	// taken before: not strays, and not to be deleted a second time.
-	reaped := map[string]bool{}
-	live := map[string]store.Runner{}
-	for _, r := range runners {
-		live[r.Name] = r
-	}
 	vms, err := g.listVMs(ctx)
 	if err != nil {
 		return 0, err
+	}
+	// reaped: runners this sweep deleted. Their VMs are still in the list
+	// taken before: not strays, and not to be deleted a second time.
+	reaped := map[string]bool{}
+	live, errs := g.sweepVMs(ctx, runners, vms, reaped)
+	if err := g.sweepRegistrations(ctx, live, reaped); err != nil {
+		return len(reaped), errors.Join(append(errs, err)...)
+	}
+	errs = append(errs, g.sweepStrays(ctx, vms, live, reaped))
+	return len(reaped), errors.Join(errs...)
+}
+
+// sweepVMs checks each idle or busy runner's VM: gone, or its process
+// ended (list_vms on Runway's CPI; has_vm elsewhere), it is deleted. It
+// answers the runners still live.
+func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []listedVM, reaped map[string]bool) (map[string]store.Runner, []error) {
+	o := g.o
+	var errs []error
+	live := map[string]store.Runner{}
+	for _, r := range runners {
+		live[r.Name] = r
 	}
 	vmState := map[string]string{}
 	for _, vm := range vms {
@@ -74,11 +87,21 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 		live[r.Name] = r
 		errs = append(errs, o.store.Save(r))
 	}
+	return live, errs
+}
+
+// sweepRegistrations reads the forge's runner list: registration ids of
+// new runners, ephemeral runners the forge already removed (deleted
+// here), offline registrations of runners this orchestrator retired
+// (removed there).
+func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Runner, reaped map[string]bool) error {
+	o := g.o
 	registered, err := g.forge.client.Runners(ctx, g.scope)
 	if err != nil {
 		g.setForgeDown(true)
-		return len(reaped), errors.Join(append(errs, fmt.Errorf("forge %s runners: %w", g.cfg.Forge, err))...)
+		return fmt.Errorf("forge %s runners: %w", g.cfg.Forge, err)
 	}
+	var errs []error
 	atForge := map[string]forge.Runner{}
 	for _, fr := range registered {
 		atForge[fr.Name] = fr
@@ -94,7 +117,7 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 			}
 		}
 	}
-	for _, r := range live {
+	for name, r := range live {
 		if r.State != store.Idle {
 			continue
 		}
@@ -107,9 +130,18 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 			// It registered, and the forge removed it: an ephemeral
 			// runner goes once its one job is done.
 			reaped[r.Name] = true
+			delete(live, name)
 			errs = append(errs, g.destroy(ctx, r, "runner left the forge after its job"))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// sweepStrays deletes VMs of this store's group that no runner accounts
+// for; a VM of another store is reported, never deleted.
+func (g *group) sweepStrays(ctx context.Context, vms []listedVM, live map[string]store.Runner, reaped map[string]bool) error {
+	o := g.o
+	var errs []error
 	foreign := 0
 	for _, vm := range vms {
 		if _, ok := live[vm.AgentID]; ok || reaped[vm.AgentID] {
@@ -140,7 +172,7 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 		}
 	}
 	o.metrics.foreignVMs.WithLabelValues(g.cfg.Name).Set(float64(foreign))
-	return len(reaped), errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // reportForeign says whether a foreign VM is new (worth a log line).

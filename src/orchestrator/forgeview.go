@@ -1,0 +1,251 @@
+package orchestrator
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
+)
+
+// The forges as the groups see them: each scope's job listing, cached and
+// shared, kept current by deliveries, and split among the groups that
+// could run its jobs (one owner per job).
+
+// owner picks the one group that claims a job among those able to run it:
+// the most specific scope (repo, then org/user, then global), then the
+// fewest labels (the tightest fit), then the earliest in the config file.
+// Drained groups claim nothing, so their jobs fall to the next group.
+func (o *Orchestrator) owner(forgeName string, j forge.Job, cands []*group) *group {
+	var best *group
+	for _, g := range cands {
+		if g.cfg.Forge != forgeName || g.isDrained() || !g.scope.Covers(j.Repo) || !forge.Match(j.Labels, g.labels) {
+			continue
+		}
+		if best == nil || better(g, best) {
+			best = g
+		}
+	}
+	return best
+}
+
+func better(a, b *group) bool {
+	if sa, sb := a.scope.Specificity(), b.scope.Specificity(); sa != sb {
+		return sa > sb
+	}
+	if la, lb := len(a.cfg.Labels), len(b.cfg.Labels); la != lb {
+		return la < lb
+	}
+	return a.index < b.index
+}
+
+// forgeView is one forge: its client and a short-lived cache of each
+// scope's job listing, shared by the groups that watch the same scope, and
+// kept current between polls by webhook deliveries.
+type forgeView struct {
+	cfg    config.ForgeConfig
+	client forge.Client
+	secret func() string // the webhook secret's current value
+
+	mu     sync.Mutex
+	scopes map[string]*scopeJobs
+	// finished: runners a completed delivery named (their job is done,
+	// an ephemeral runner with it), until a pass reaps them.
+	finished map[string]time.Time
+}
+
+// finishedRunners are the runners whose job a delivery said is done.
+// Entries older than an hour (a runner of no group here) are dropped.
+func (fv *forgeView) finishedRunners(now time.Time) map[string]bool {
+	fv.mu.Lock()
+	defer fv.mu.Unlock()
+	out := map[string]bool{}
+	for name, at := range fv.finished {
+		if now.Sub(at) > time.Hour {
+			delete(fv.finished, name)
+			continue
+		}
+		out[name] = true
+	}
+	return out
+}
+
+// forgetRunner drops a reaped runner from finished.
+func (fv *forgeView) forgetRunner(name string) {
+	fv.mu.Lock()
+	delete(fv.finished, name)
+	fv.mu.Unlock()
+}
+
+// cheapListing: the forge's job listing is one cheap, authoritative
+// request per page (Gitea), listed again whenever it may be out of date;
+// GitHub's (runs, then their jobs, under a rate limit) is polled slowly
+// and lives on webhook deltas between.
+func (fv *forgeView) cheapListing() bool { return fv.cfg.Type == "gitea" }
+
+// markStale makes the next pass list scope afresh (deliveries may have
+// been missed: a restart, a new leader).
+func (fv *forgeView) markStale(s forge.Scope) {
+	fv.mu.Lock()
+	sj := fv.scopes[scopeKey(s)]
+	fv.mu.Unlock()
+	if sj != nil {
+		sj.mu.Lock()
+		sj.stale = true
+		sj.mu.Unlock()
+	}
+}
+
+type scopeJobs struct {
+	mu    sync.Mutex // one listing at a time per scope
+	at    time.Time
+	stale bool
+	jobs  map[int64]forge.Job
+	done  map[int64]bool // completed by webhook: a late delivery must not revive it
+	gen   int            // ownership generation the partition was built for
+	owned *listing
+}
+
+// listing is one scope's jobs as the groups use them, computed once.
+type listing struct {
+	jobs    map[int64]forge.Job
+	running map[string]forge.Job // in-progress jobs by runner name
+	owned   map[string][]forge.Job
+}
+
+func newForgeView(fc config.ForgeConfig, f Forge) *forgeView {
+	secret := f.Secret
+	if secret == nil {
+		secret = func() string { return "" }
+	}
+	return &forgeView{cfg: fc, client: f.Client, secret: secret, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{}}
+}
+
+func scopeKey(s forge.Scope) string { return s.Kind + "/" + s.Owner + "/" + s.Repo }
+
+// jobs returns the scope's listing: cached if younger than the forge's
+// poll interval and not marked stale by a webhook, else fetched. Errors
+// are returned as is: a group never acts on a listing it did not get.
+func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Duration, now time.Time) (*scopeJobs, error) {
+	fv.mu.Lock()
+	sj := fv.scopes[scopeKey(s)]
+	if sj == nil {
+		sj = &scopeJobs{stale: true}
+		fv.scopes[scopeKey(s)] = sj
+	}
+	fv.mu.Unlock()
+	sj.mu.Lock()
+	defer sj.mu.Unlock()
+	if !sj.stale && now.Sub(sj.at) < maxAge {
+		return sj, nil
+	}
+	list, err := fv.client.Jobs(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[int64]forge.Job, len(list))
+	for _, j := range list {
+		m[j.ID] = j
+	}
+	sj.jobs, sj.at, sj.stale, sj.owned, sj.done = m, now, false, nil, map[int64]bool{}
+	return sj, nil
+}
+
+// apply folds a webhook delivery into every cached listing that can see
+// the job. Gitea listings are cheap and authoritative, so they are also
+// marked stale; GitHub's are polled slowly and live on deltas between.
+func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
+	fv.mu.Lock()
+	defer fv.mu.Unlock()
+	if ev.Action == forge.StatusCompleted && ev.Job.RunnerName != "" {
+		// Its runner is done too (ephemeral): it must stop counting as
+		// supply now, not when a sweep finds its process gone.
+		fv.finished[ev.Job.RunnerName] = time.Now()
+	}
+	for key, sj := range fv.scopes {
+		kind, rest, _ := strings.Cut(key, "/")
+		owner, repo, _ := strings.Cut(rest, "/")
+		if !(forge.Scope{Kind: kind, Owner: owner, Repo: repo}).Covers(ev.Job.Repo) {
+			continue
+		}
+		sj.mu.Lock()
+		if sj.jobs != nil {
+			// Deliveries can arrive out of order: a job only moves
+			// forward (queued → in_progress → completed).
+			j := ev.Job
+			j.Status = ev.Action
+			switch prev, seen := sj.jobs[j.ID]; {
+			case sj.done[j.ID]:
+			case ev.Action == forge.StatusCompleted:
+				delete(sj.jobs, j.ID)
+				sj.done[j.ID] = true
+			case ev.Action == forge.StatusInProgress:
+				sj.jobs[j.ID] = j
+			case ev.Action == forge.StatusQueued && !(seen && prev.Status == forge.StatusInProgress):
+				sj.jobs[j.ID] = j
+			case ev.Action == forge.StatusWaiting:
+				delete(sj.jobs, j.ID)
+			}
+			sj.owned = nil
+		}
+		if fv.cheapListing() {
+			sj.stale = true
+		}
+		sj.mu.Unlock()
+	}
+}
+
+// partition splits a listing into the queued jobs each group claims. It
+// is computed once per listing (and ownership generation) and shared by
+// every group watching the scope; jobs with the same repository and labels
+// share one ownership decision.
+func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) listing {
+	o.ownMu.Lock()
+	gen := o.ownGen
+	o.ownMu.Unlock()
+	sj.mu.Lock()
+	defer sj.mu.Unlock()
+	if sj.owned != nil && sj.gen == gen {
+		return *sj.owned
+	}
+	owned := map[string][]forge.Job{}
+	running := map[string]forge.Job{}
+	memo := map[string]*group{}
+	var key strings.Builder
+	for _, j := range sj.jobs {
+		if j.Status == forge.StatusInProgress && j.RunnerName != "" {
+			running[j.RunnerName] = j
+		}
+		if j.Status != forge.StatusQueued {
+			continue
+		}
+		key.Reset()
+		key.WriteString(j.Repo)
+		for _, l := range j.Labels {
+			key.WriteByte(0)
+			key.WriteString(l)
+		}
+		g, ok := memo[key.String()]
+		if !ok {
+			g = o.owner(fv.cfg.Name, j, o.groups)
+			memo[key.String()] = g
+		}
+		if g != nil {
+			owned[g.cfg.Name] = append(owned[g.cfg.Name], j)
+		}
+	}
+	for _, js := range owned {
+		sort.Slice(js, func(a, b int) bool { return js[a].ID < js[b].ID })
+	}
+	// The webhook path replaces sj.jobs entries under sj.mu; the copy
+	// handed out is the groups' own.
+	jobs := make(map[int64]forge.Job, len(sj.jobs))
+	for id, j := range sj.jobs {
+		jobs[id] = j
+	}
+	sj.owned, sj.gen = &listing{jobs: jobs, running: running, owned: owned}, gen
+	return *sj.owned
+}
