@@ -195,3 +195,25 @@ func tagFilters(match map[string]string) []types.Filter {
 func tagSpec(rt types.ResourceType, m map[string]string) types.TagSpecification {
 	return types.TagSpecification{ResourceType: rt, Tags: ec2Tags(m)}
 }
+
+// sweepToken deletes what one create call tagged with token (listed by
+// list through op), except keep: a retried create can leave extras.
+func (d *Driver) sweepToken(ctx context.Context, op, token, keep string,
+	list func(context.Context, *ec2.Client, string) ([]string, error),
+	del func(context.Context, string) error) {
+	ids, err := call(ctx, d, op, func(ctx context.Context, c *ec2.Client) ([]string, error) {
+		return list(ctx, c, token)
+	})
+	if err != nil {
+		d.log.Warn("aws", "%s of token %s for cleanup: %v", op, token, err)
+		return
+	}
+	for _, id := range ids {
+		if id != keep {
+			d.log.Info("aws", "deleting %s left by this create", id)
+			if err := del(ctx, id); err != nil {
+				d.log.Warn("aws", "deleting %s: %v", id, err)
+			}
+		}
+	}
+}

@@ -130,21 +130,12 @@ func (d *Driver) volumesOfToken(ctx context.Context, c *ec2.Client, token string
 
 // sweepVolumes deletes every volume carrying token except keep.
 func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
-	ids, err := call(ctx, d, "DescribeVolumes", func(ctx context.Context, c *ec2.Client) ([]string, error) {
-		return d.volumesOfToken(ctx, c, token)
-	})
-	if err != nil {
-		d.log.Warn("aws", "listing volumes of token %s for cleanup: %v", token, err)
-		return
-	}
-	for _, id := range ids {
-		if id != keep {
-			d.log.Info("aws", "deleting %s left by this create", id)
-			if err := d.deleteVolume(ctx, id); err != nil && !errors.Is(err, driver.ErrDiskNotFound) {
-				d.log.Warn("aws", "deleting %s: %v", id, err)
-			}
+	d.sweepToken(ctx, "DescribeVolumes", token, keep, d.volumesOfToken, func(ctx context.Context, id string) error {
+		if err := d.deleteVolume(ctx, id); !errors.Is(err, driver.ErrDiskNotFound) {
+			return err
 		}
-	}
+		return nil
+	})
 }
 
 // volume describes one volume; unknown or deleted is ErrDiskNotFound.
@@ -494,117 +485,6 @@ func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]
 	}
 	if err != nil {
 		return d.cloudErr("CreateTags "+cid, err)
-	}
-	return nil
-}
-
-// SnapshotDisk snapshots a volume; the snapshot carries the volume's
-// creator tags plus the metadata, and the call waits until it completes.
-func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
-	v, err := d.volume(ctx, cid)
-	if err != nil {
-		return "", err
-	}
-	tags := tagMap(v.Tags)
-	delete(tags, tagName)
-	token := uuid.NewString()
-	tags = driver.MergeTags(tags, md)
-	tags[tagToken] = token
-	desc := "runway snapshot of " + cid
-	if dep, job := md["deployment"], md["job"]; dep != "" {
-		desc = fmt.Sprintf("%s/%s/%s", dep, job, md["index"])
-	}
-	out, sent, err := create(ctx, d, "CreateSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, error) {
-		return c.CreateSnapshot(ctx, &ec2.CreateSnapshotInput{VolumeId: aws.String(cid), Description: aws.String(desc),
-			TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeSnapshot, tags)}})
-	}, func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, bool, error) {
-		ids, err := d.snapshotsOfToken(ctx, c, token)
-		if len(ids) == 0 {
-			return nil, false, err
-		}
-		return &ec2.CreateSnapshotOutput{SnapshotId: aws.String(ids[0])}, true, err
-	})
-	if err != nil {
-		if sent > 1 {
-			d.sweepSnapshots(ctx, token, "")
-		}
-		if strings.HasPrefix(errCode(err), "InvalidVolume.") {
-			return "", fmt.Errorf("volume %s: %w", cid, driver.ErrDiskNotFound)
-		}
-		return "", d.cloudErr("CreateSnapshot "+cid, err)
-	}
-	id := aws.ToString(out.SnapshotId)
-	if sent > 1 {
-		d.sweepSnapshots(ctx, token, id)
-	}
-	if err := d.waitSnapshot(ctx, id); err != nil {
-		d.sweepSnapshots(context.WithoutCancel(ctx), token, "")
-		return "", err
-	}
-	return id, nil
-}
-
-func (d *Driver) waitSnapshot(ctx context.Context, id string) error {
-	return d.waitFor(ctx, "snapshot "+id+" completed", func(ctx context.Context) (bool, error) {
-		out, err := call(ctx, d, "DescribeSnapshots", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSnapshotsOutput, error) {
-			return c.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{SnapshotIds: []string{id}})
-		})
-		if err != nil {
-			return false, d.cloudErr("DescribeSnapshots "+id, err)
-		}
-		for _, s := range out.Snapshots {
-			switch s.State {
-			case types.SnapshotStateCompleted:
-				return true, nil
-			case types.SnapshotStateError:
-				return false, fmt.Errorf("snapshot %s failed: %s", id, aws.ToString(s.StateMessage))
-			}
-		}
-		return false, nil
-	})
-}
-
-// snapshotsOfToken lists the snapshots a create call tagged with token.
-func (d *Driver) snapshotsOfToken(ctx context.Context, c *ec2.Client, token string) ([]string, error) {
-	out, err := c.DescribeSnapshots(ctx, &ec2.DescribeSnapshotsInput{OwnerIds: []string{"self"}, Filters: tagFilters(map[string]string{tagToken: token})})
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, s := range out.Snapshots {
-		ids = append(ids, aws.ToString(s.SnapshotId))
-	}
-	return ids, nil
-}
-
-func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
-	ids, err := call(ctx, d, "DescribeSnapshots", func(ctx context.Context, c *ec2.Client) ([]string, error) {
-		return d.snapshotsOfToken(ctx, c, token)
-	})
-	if err != nil {
-		d.log.Warn("aws", "listing snapshots of token %s for cleanup: %v", token, err)
-		return
-	}
-	for _, id := range ids {
-		if id != keep {
-			d.log.Info("aws", "deleting %s left by this create", id)
-			if err := d.DeleteSnapshot(ctx, id); err != nil {
-				d.log.Warn("aws", "deleting %s: %v", id, err)
-			}
-		}
-	}
-}
-
-// DeleteSnapshot: a snapshot that is already gone is not an error.
-func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
-	if err := validCID("snapshot", cid); err != nil {
-		return err
-	}
-	_, err := call(ctx, d, "DeleteSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.DeleteSnapshotOutput, error) {
-		return c.DeleteSnapshot(ctx, &ec2.DeleteSnapshotInput{SnapshotId: aws.String(cid)})
-	})
-	if err != nil && !strings.HasPrefix(errCode(err), "InvalidSnapshot.") {
-		return d.cloudErr("DeleteSnapshot "+cid, err)
 	}
 	return nil
 }

@@ -6,277 +6,169 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
 
-// Container networking: one host bridge per driver config, one veth per
-// VM (host end on the bridge, the other as eth0 in the VM's network
-// namespace, which the runtime made). The host is the bridge's first
-// address; nothing is routed or translated beyond it.
+// ipam.json maps loopback address → owning VM CID. It is the driver's one
+// shared state file and is only touched under the "state-ipam" lock.
+func (d *Driver) ipamPath() string { return filepath.Join(d.root, "ipam.json") }
 
-// ip runs iproute2's ip with args.
-func ip(ctx context.Context, args ...string) error {
-	cmd := exec.CommandContext(ctx, "ip", args...)
-	cmd.Env = []string{"PATH=" + vmPath}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+// allocate answers the networks hash with addresses: manual networks keep
+// the address the caller assigned; others get a free loopback address.
+func (d *Driver) allocate(ctx context.Context, cid string, in driver.Networks) (driver.Networks, error) {
+	out := driver.Networks{}
+	need := 0
+	for name, n := range in {
+		if n.Type == "manual" && n.IP != "" {
+			a, err := netip.ParseAddr(n.IP)
+			if err != nil {
+				return nil, driver.Invalid("network %s: ip %q is not an IP address", name, n.IP)
+			}
+			if d.containers() {
+				// The address is configured inside the VM: it must be
+				// one of the bridge's, and held once.
+				if err := d.usable(a); err != nil {
+					return nil, driver.Invalid("network %s: ip %s: %v", name, n.IP, err)
+				}
+				if err := d.fitManual(name, a, &n); err != nil {
+					return nil, err
+				}
+				need++
+			}
+		} else {
+			need++
+		}
+		out[name] = n
 	}
-	return nil
-}
-
-// gateway is the bridge's (the host's) address on the VM network.
-func (d *Driver) gateway() netip.Addr { return d.prefix.Addr().Next() }
-
-// bridgeAlias marks the bridge this driver (this state dir) made: only
-// such a bridge is ever configured, never an interface someone else has.
-func (d *Driver) bridgeAlias() string { return "runway-cpi " + d.stateKey() }
-
-// linkAlias is an interface's alias in bin/cpi's network namespace (ip
-// asks the kernel over netlink; /sys may show another namespace's).
-func linkAlias(ctx context.Context, name string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ip", "-o", "link", "show", "dev", name)
-	cmd.Env = []string{"PATH=" + vmPath}
-	out, err := cmd.Output()
+	if need == 0 {
+		return out, nil
+	}
+	unlock, err := d.locks.Lock(ctx, "state-ipam")
 	if err != nil {
-		return "", fmt.Errorf("ip link show %s: %w", name, err)
-	}
-	if _, alias, ok := strings.Cut(strings.TrimSpace(string(out)), `\    alias `); ok {
-		return alias, nil
-	}
-	return "", nil
-}
-
-// bridgeRecord is the bridge the driver made, by interface index: the fast
-// path of every create_vm trusts an interface only while its index is the
-// one the driver made (a bridge deleted and made again by someone else
-// gets another).
-func (d *Driver) bridgeRecord() string { return filepath.Join(d.root, "bridge.json") }
-
-type bridgeRecord struct {
-	Name  string `json:"name"`
-	Index int    `json:"index"`
-}
-
-func (d *Driver) ownBridge(br string) bool {
-	var rec bridgeRecord
-	i, err := net.InterfaceByName(br)
-	return err == nil && readJSON(d.bridgeRecord(), &rec) == nil && rec.Name == br && rec.Index == i.Index
-}
-
-// ensureBridge makes the bridge, with the host's address, when missing.
-// It does not forward what arrives from VMs: they reach the host only.
-// An interface of that name that the driver did not make is refused, and
-// a bridge it made here is removed again when setting it up fails.
-func (d *Driver) ensureBridge(ctx context.Context) error {
-	br := d.cfg.Container.Bridge
-	want := netip.PrefixFrom(d.gateway(), d.prefix.Bits()).String()
-	if d.ownBridge(br) && hasAddr(br, want) {
-		return nil
-	}
-	unlock, err := d.locks.Lock(ctx, "state-bridge")
-	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unlock()
-	made := false
-	if _, err := net.InterfaceByName(br); err == nil {
-		a, err := linkAlias(ctx, br)
-		if err != nil {
-			return err
-		}
-		if a != d.bridgeAlias() {
-			return fmt.Errorf("container.bridge: interface %s exists and is not the bridge of this state dir (alias %q, want %q): name another bridge, or delete it if an earlier Runway made it (ip link del %s)", br, a, d.bridgeAlias(), br)
-		}
-	} else {
-		if err := ip(ctx, "link", "add", br, "type", "bridge"); err != nil {
-			return fmt.Errorf("making bridge %s: %w", br, err)
-		}
-		made = true
-		if err := ip(ctx, "link", "set", br, "alias", d.bridgeAlias()); err != nil {
-			_ = deleteLink(br)
-			return fmt.Errorf("marking bridge %s: %w", br, err)
+	table := map[string]string{}
+	if err := readJSON(d.ipamPath(), &table); err != nil && !isNotExist(err) {
+		return nil, err
+	}
+	for ip, owner := range table {
+		if !d.ownerAlive(owner) {
+			delete(table, ip) // left by a create that was killed
 		}
 	}
-	err = func() error {
-		if !hasAddr(br, want) {
-			if err := ip(ctx, "addr", "add", want, "dev", br); err != nil {
-				return fmt.Errorf("addressing bridge %s: %w", br, err)
+	// .0 is the network, .1 the gateway.
+	addr := d.prefix.Addr().Next().Next()
+	// Fixed addresses first, so no dynamic one takes them.
+	for name, n := range out {
+		if n.Type == "manual" && n.IP != "" && d.containers() {
+			if owner := table[n.IP]; owner != "" && owner != cid {
+				return nil, fmt.Errorf("network %s: ip %s is held by vm %s", name, n.IP, owner)
 			}
+			table[n.IP] = cid
 		}
-		if err := d.firewall(ctx); err != nil {
-			return fmt.Errorf("bridge %s: %w", br, err)
-		}
-		if err := ip(ctx, "link", "set", br, "up"); err != nil {
-			return err
-		}
-		i, err := net.InterfaceByName(br)
-		if err != nil {
-			return err
-		}
-		return writeJSON(d.bridgeRecord(), bridgeRecord{Name: br, Index: i.Index})
-	}()
-	if err != nil && made {
-		_ = deleteLink(br)
 	}
-	return err
+	for name, n := range out {
+		if n.Type == "manual" && n.IP != "" {
+			continue
+		}
+		for ; d.prefix.Contains(addr) && table[addr.String()] != ""; addr = addr.Next() {
+		}
+		if !d.prefix.Contains(addr.Next()) { // keep the broadcast address free
+			return nil, fmt.Errorf("loopback range %s exhausted", d.prefix)
+		}
+		table[addr.String()] = cid
+		n.IP = addr.String()
+		n.Netmask = netmask(d.prefix)
+		n.Gateway = d.prefix.Addr().Next().String()
+		out[name] = n
+		addr = addr.Next()
+	}
+	return out, writeJSON(d.ipamPath(), table)
 }
 
-// firewall sets what may cross the bridge, once, when the driver makes it.
-// Never: a connection from beyond the host into a VM. Without NAT, VMs
-// reach the host only (the bridge does not forward); with it, their
-// connections out are masqueraded as the host's.
-func (d *Driver) firewall(ctx context.Context) error {
-	br, cidr := d.cfg.Container.Bridge, d.prefix.String()
-	fwd := "0\n"
-	if d.cfg.Container.NAT {
-		// Forwarding on for the namespace (every interface), as Docker does.
-		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
-			return fmt.Errorf("turning IPv4 forwarding on: %w", err)
-		}
-		fwd = "1\n"
+// release frees cid's addresses.
+func (d *Driver) release(ctx context.Context, cid string) {
+	unlock, err := d.locks.Lock(ctx, "state-ipam")
+	if err != nil {
+		d.log.Warn("local", "releasing addresses of %s: %v", cid, err)
+		return
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+br+"/forwarding", []byte(fwd), 0o644); err != nil {
-		return fmt.Errorf("setting forwarding: %w", err)
+	defer unlock()
+	table := map[string]string{}
+	if err := readJSON(d.ipamPath(), &table); err != nil {
+		return
 	}
-	// Each rule goes to the top of its chain, so later ones come first:
-	// the accepting ones before the catch-all drop.
-	out := "DROP"
-	if d.cfg.Container.NAT {
-		out = "ACCEPT"
-	}
-	rules := [][]string{
-		{"filter", "FORWARD", "!", "-i", br, "-o", br, "-j", "DROP"},
-		{"filter", "FORWARD", "-i", br, "!", "-o", br, "-j", out},
-	}
-	if d.cfg.Container.NAT {
-		rules = append(rules,
-			[]string{"filter", "FORWARD", "!", "-i", br, "-o", br, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
-			[]string{"nat", "POSTROUTING", "-s", cidr, "!", "-o", br, "-j", "MASQUERADE"})
-	}
-	for _, r := range rules {
-		if err := ensureRule(ctx, r[0], r[1], r[2:]...); err != nil {
-			return err
+	for ip, owner := range table {
+		if owner == cid {
+			delete(table, ip)
 		}
 	}
-	return nil
+	if err := writeJSON(d.ipamPath(), table); err != nil {
+		d.log.Warn("local", "releasing addresses of %s: %v", cid, err)
+	}
 }
 
-// ensureRule inserts an iptables rule unless it is there.
-func ensureRule(ctx context.Context, table, chain string, spec ...string) error {
-	run := func(op string) error {
-		cmd := exec.CommandContext(ctx, "iptables", append([]string{"-w", "-t", table, op, chain}, spec...)...)
-		cmd.Env = []string{"PATH=" + vmPath}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("iptables -t %s %s %s %s: %w: %s", table, op, chain, strings.Join(spec, " "), err, strings.TrimSpace(string(out)))
-		}
-		return nil
-	}
-	if run("-C") == nil {
-		return nil
-	}
-	return run("-I")
-}
-
-func hasAddr(ifname, prefix string) bool {
-	i, err := net.InterfaceByName(ifname)
-	if err != nil || i.Flags&net.FlagUp == 0 {
-		return false
-	}
-	addrs, _ := i.Addrs()
-	for _, a := range addrs {
-		if a.String() == prefix {
+// ownerAlive: a VM being created or existing still owns its addresses.
+// The checks follow the publishing rename (.creating-<cid> → <cid>): looked
+// at in the other order, a VM published between the two looks dead.
+func (d *Driver) ownerAlive(cid string) bool {
+	for _, p := range []string{filepath.Join(d.root, "vms", ".creating-"+cid), d.path(vms, cid)} {
+		if _, err := os.Stat(p); err == nil {
 			return true
 		}
 	}
 	return false
 }
 
-// netPlan is what the supervisor configures between the runtime's create
-// and start: written by create_vm, read by the supervisor.
-type netPlan struct {
-	Bridge  string   `json:"bridge"`
-	HostIf  string   `json:"host_if"`
-	Addrs   []string `json:"addrs"` // CIDR notation, on eth0
-	Gateway string   `json:"gateway"`
-	// Isolated: the VM's bridge port talks to the host only, not to the
-	// other VMs' ports (the kernel's bridge port isolation).
-	Isolated bool `json:"isolated"`
+func netmask(p netip.Prefix) string {
+	m := uint32(0xffffffff) << (32 - p.Bits())
+	return fmt.Sprintf("%d.%d.%d.%d", m>>24, m>>16&0xff, m>>8&0xff, m&0xff)
 }
 
-func (d *Driver) netPlan(c ctr, nets driver.Networks) netPlan {
-	p := netPlan{Bridge: d.cfg.Container.Bridge, HostIf: c.hostIf(), Gateway: d.gateway().String(), Isolated: !d.cfg.Container.AllowVMToVM}
-	names := make([]string, 0, len(nets))
-	for name := range nets {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		a, err := netip.ParseAddr(nets[name].IP)
-		if err != nil {
-			continue
+// fitManual keeps a manual network's netmask and gateway, as the manifest
+// gives them (the agent and the VM's interface use them), when they fit
+// the bridge: the subnet inside container.cidr, the gateway the host's
+// bridge address (the only router there is). Missing ones are the
+// bridge's.
+func (d *Driver) fitManual(name string, a netip.Addr, n *driver.Network) error {
+	bits := d.prefix.Bits()
+	if n.Netmask != "" {
+		m := net.ParseIP(n.Netmask).To4()
+		ones, size := net.IPMask(m).Size()
+		if m == nil || size != 32 {
+			return driver.Invalid("networks.%s.netmask %q is not an IPv4 netmask", name, n.Netmask)
 		}
-		bits := d.prefix.Bits()
-		if m := net.ParseIP(nets[name].Netmask).To4(); m != nil {
-			bits, _ = net.IPMask(m).Size()
+		if ones < d.prefix.Bits() {
+			return driver.Invalid("networks.%s.netmask %s: the subnet %s is wider than the vm network container.cidr %s",
+				name, n.Netmask, netip.PrefixFrom(a, ones).Masked(), d.prefix)
 		}
-		p.Addrs = append(p.Addrs, netip.PrefixFrom(a, bits).String())
+		bits = ones
 	}
-	return p
-}
-
-// connect plugs the container whose init is pid into the bridge.
-func (p netPlan) connect(ctx context.Context, pid int) error {
-	_ = deleteLink(p.HostIf) // left by an earlier run of this VM
-	if err := ip(ctx, "link", "add", p.HostIf, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)); err != nil {
-		return err
+	if n.Gateway != "" && n.Gateway != d.gateway().String() {
+		return driver.Invalid("networks.%s.gateway %s: VMs route through the host, %s on the bridge (container.cidr %s)",
+			name, n.Gateway, d.gateway(), d.prefix)
 	}
-	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge); err != nil {
-		return err
+	if !netip.PrefixFrom(a, bits).Masked().Contains(d.gateway()) {
+		return driver.Invalid("networks.%s: the subnet %s (netmask %s) does not hold the host's address %s, the vm's gateway",
+			name, netip.PrefixFrom(a, bits).Masked(), n.Netmask, d.gateway())
 	}
-	if p.Isolated {
-		if err := ip(ctx, "link", "set", "dev", p.HostIf, "type", "bridge_slave", "isolated", "on"); err != nil {
-			return err
-		}
-	}
-	if err := ip(ctx, "link", "set", p.HostIf, "up"); err != nil {
-		return err
-	}
-	// One nsenter for the inside: ip in batch mode.
-	var batch strings.Builder
-	batch.WriteString("link set lo up\n")
-	for _, a := range p.Addrs {
-		batch.WriteString("addr add " + a + " dev eth0\n")
-	}
-	batch.WriteString("link set eth0 up\n")
-	if len(p.Addrs) > 0 {
-		batch.WriteString("route add default via " + p.Gateway + "\n")
-	}
-	cmd := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(pid), "-n", "ip", "-b", "-")
-	cmd.Env = []string{"PATH=" + vmPath}
-	cmd.Stdin = strings.NewReader(batch.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("configuring the vm's network: %w: %s", err, strings.TrimSpace(string(out)))
-	}
+	n.Netmask, n.Gateway = netmask(netip.PrefixFrom(a, bits)), d.gateway().String()
 	return nil
 }
 
-// deleteLink removes a host interface if it is there.
-func deleteLink(name string) error {
-	if _, err := net.InterfaceByName(name); err != nil {
-		return nil
-	}
-	if err := ip(context.Background(), "link", "del", name); err != nil {
-		if _, gone := net.InterfaceByName(name); gone != nil {
-			return nil // went with its namespace meanwhile
-		}
-		return err
+// usable: a VM address inside the bridge's network that is neither the
+// network, the host (.1) nor the broadcast address.
+func (d *Driver) usable(a netip.Addr) error {
+	switch {
+	case !d.prefix.Contains(a):
+		return fmt.Errorf("outside the vm network %s", d.prefix)
+	case a == d.prefix.Addr() || a == d.gateway():
+		return fmt.Errorf("is the network's or the host's address in %s", d.prefix)
+	case !d.prefix.Contains(a.Next()):
+		return fmt.Errorf("is the broadcast address of %s", d.prefix)
 	}
 	return nil
 }

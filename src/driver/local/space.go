@@ -184,11 +184,3 @@ func copyTree(ctx context.Context, src, dst string, budget *spaceBudget) error {
 		return nil
 	})
 }
-
-func unwrapPathErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}

@@ -3,9 +3,7 @@ package local
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -183,5 +181,3 @@ func writeFileAtomic(path string, b []byte) error {
 	}
 	return os.Rename(tmp, path)
 }
-
-func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

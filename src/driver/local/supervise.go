@@ -143,42 +143,73 @@ func supervise(dir string) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	// The runtime runs with the VM's marker, so a delete finds it too.
-	command := func(args ...string) *exec.Cmd {
-		cmd := exec.Command(s.Runtime, append([]string{"--root", s.RuntimeRoot, "--log", filepath.Join(dir, "runtime.log")}, args...)...)
-		cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
-		return cmd
+	v := supervised{dir: dir, spec: s}
+	pid, err := v.start(sigs)
+	if err != nil {
+		return fail(err)
 	}
-	rt := func(args ...string) error {
-		cmd := command(args...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("%s %s: %w: %s%s", filepath.Base(s.Runtime), args[0], err, bytes.TrimSpace(out.Bytes()), lastLine(filepath.Join(dir, "runtime.log")))
+	fmt.Fprintln(res, "ok")
+	res.Close()
+	go func() {
+		for range sigs {
+			_ = v.rt("kill", s.ID, "TERM")
 		}
-		return nil
+	}()
+	v.finish(waitExit(pid))
+	return 0
+}
+
+// supervised is one container VM as its supervisor runs it.
+type supervised struct {
+	dir  string
+	spec superviseSpec
+}
+
+// command is the runtime with its state root and log; it runs with the
+// VM's marker, so a delete finds it too.
+func (v supervised) command(args ...string) *exec.Cmd {
+	s := v.spec
+	cmd := exec.Command(s.Runtime, append([]string{"--root", s.RuntimeRoot, "--log", filepath.Join(v.dir, "runtime.log")}, args...)...)
+	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
+	return cmd
+}
+
+// rt runs the runtime, its output in the error.
+func (v supervised) rt(args ...string) error {
+	cmd := v.command(args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s%s", filepath.Base(v.spec.Runtime), args[0], err, bytes.TrimSpace(out.Bytes()), lastLine(filepath.Join(v.dir, "runtime.log")))
 	}
+	return nil
+}
+
+// start creates the container, plugs its network in and starts its
+// init, answering its pid; on failure the container is deleted.
+func (v supervised) start(sigs chan os.Signal) (int, error) {
+	s, dir := v.spec, v.dir
 	_ = os.Remove(filepath.Join(dir, "exit_status"))
 	_ = os.Remove(filepath.Join(dir, "container.pid"))
 	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
-		return fail(err)
+		return 0, err
 	}
 	// The runtime hands its stdio to the VM's init: the console.
-	create := command("create", "--bundle", filepath.Join(dir, "bundle"), "--pid-file", filepath.Join(dir, "container.pid"), s.ID)
+	create := v.command("create", "--bundle", filepath.Join(dir, "bundle"), "--pid-file", filepath.Join(dir, "container.pid"), s.ID)
 	create.Stdout, create.Stderr = console, console
 	err = create.Run()
 	console.Close()
 	if err != nil {
-		_ = rt("delete", "--force", s.ID)
-		return fail(fmt.Errorf("%s create: %w%s", filepath.Base(s.Runtime), err, lastLine(filepath.Join(dir, "runtime.log"))))
+		_ = v.rt("delete", "--force", s.ID)
+		return 0, fmt.Errorf("%s create: %w%s", filepath.Base(s.Runtime), err, lastLine(filepath.Join(dir, "runtime.log")))
+	}
+	abort := func(err error) (int, error) {
+		_ = v.rt("delete", "--force", s.ID)
+		return 0, err
 	}
 	b, _ := os.ReadFile(filepath.Join(dir, "container.pid"))
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	abort := func(err error) int {
-		_ = rt("delete", "--force", s.ID)
-		return fail(err)
-	}
 	if pid <= 1 {
 		return abort(errors.New("the runtime recorded no process for the vm"))
 	}
@@ -193,35 +224,28 @@ func supervise(dir string) int {
 		return abort(errors.New("the vm was stopped while starting"))
 	default:
 	}
-	if err := rt("start", s.ID); err != nil {
+	if err := v.rt("start", s.ID); err != nil {
 		return abort(err)
 	}
-	fmt.Fprintln(res, "ok")
-	res.Close()
+	return pid, nil
+}
 
-	go func() {
-		for range sigs {
-			_ = rt("kill", s.ID, "TERM")
-		}
-	}()
-	status := waitExit(pid)
-	msg := ""
+// finish records how the VM's init ended (an OOM kill said on the
+// console) and deletes the container.
+func (v supervised) finish(status int) {
+	s, dir := v.spec, v.dir
 	if n := oomKills(s.Cgroup); n > 0 {
-		msg = fmt.Sprintf("runway: vm %s was killed by the kernel's out-of-memory killer at its memory limit", s.CID)
+		msg := fmt.Sprintf("runway: vm %s was killed by the kernel's out-of-memory killer at its memory limit", s.CID)
 		if s.RAM > 0 {
 			msg += fmt.Sprintf(" of %d MiB (cloud_properties.ram)", s.RAM)
 		}
-		msg += "\n"
-	}
-	if msg != "" {
 		if f, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_APPEND, 0); err == nil {
-			_, _ = f.WriteString(msg)
+			_, _ = f.WriteString(msg + "\n")
 			f.Close()
 		}
 	}
 	_ = writeFileAtomic(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
-	_ = rt("delete", "--force", s.ID)
-	return 0
+	_ = v.rt("delete", "--force", s.ID)
 }
 
 // waitExit reaps children until pid is among them and answers its status

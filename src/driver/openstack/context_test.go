@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+
 	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/testenv"

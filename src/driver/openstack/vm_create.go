@@ -449,30 +449,6 @@ func (d *Driver) creationError(err error) error {
 	return &driver.CreationError{Err: err, Retryable: retryable}
 }
 
-// sweepServers deletes every server named name with this call's token,
-// except keep, and waits until they are gone.
-func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
-	var list []servers.Server
-	_, err := d.do(ctx, "compute", "list servers named "+name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		list, err = serversNamed(ctx, sc, name)
-		return err
-	})
-	if err != nil {
-		d.log.Warn("openstack", "listing servers named %s for cleanup: %v", name, err)
-		return
-	}
-	for _, s := range list {
-		if s.ID == keep || s.Metadata[mdToken] != token {
-			continue
-		}
-		d.log.Info("openstack", "deleting server %s left by this create", s.ID)
-		if err := d.deleteServer(ctx, s.ID); err != nil && !errors.Is(err, driver.ErrVMNotFound) {
-			d.log.Warn("openstack", "deleting server %s: %v", s.ID, err)
-		}
-	}
-}
-
 // agentUserData adjusts the agent settings as the official CPI writes
 // them: use_dhcp on every non-vip network (openstack.use_dhcp, default
 // true), and no ephemeral disk when the flavor has none (the agent then

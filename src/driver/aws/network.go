@@ -1,6 +1,7 @@
 package aws
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -253,4 +254,100 @@ func nilIfEmpty(s string) *string {
 		return nil
 	}
 	return aws.String(s)
+}
+
+// placeGroups sets the instance's security groups (on every described
+// interface, else on the launch). Names are resolved to ids within the
+// VPC of the first interface's subnet, as the official CPI maps them (a
+// name alone is ambiguous across VPCs); without a subnet they go by name
+// (the default VPC's).
+func (d *Driver) placeGroups(ctx context.Context, groups []string, in *ec2.RunInstancesInput) error {
+	var ids, names []string
+	for _, g := range groups {
+		if strings.HasPrefix(g, "sg-") {
+			ids = append(ids, g)
+		} else {
+			names = append(names, g)
+		}
+	}
+	subnet := aws.ToString(in.SubnetId)
+	if len(in.NetworkInterfaces) > 0 {
+		subnet = aws.ToString(in.NetworkInterfaces[0].SubnetId)
+	}
+	if len(names) > 0 && subnet != "" {
+		resolved, err := d.groupIDs(ctx, names, subnet)
+		if err != nil {
+			return err
+		}
+		ids, names = append(ids, resolved...), nil
+	}
+	if len(in.NetworkInterfaces) == 0 {
+		in.SecurityGroupIds, in.SecurityGroups = ids, names
+		return nil
+	}
+	if len(names) > 0 {
+		return driver.Invalid("security group names %v need a subnet to be resolved in (several interfaces take ids)", names)
+	}
+	for i := range in.NetworkInterfaces {
+		in.NetworkInterfaces[i].Groups = ids
+	}
+	return nil
+}
+
+// groupIDs resolves security group names within the subnet's VPC.
+func (d *Driver) groupIDs(ctx context.Context, names []string, subnet string) ([]string, error) {
+	subnets, err := call(ctx, d, "DescribeSubnets", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSubnetsOutput, error) {
+		return c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{SubnetIds: []string{subnet}})
+	})
+	if err != nil {
+		return nil, d.cloudErr("DescribeSubnets "+subnet, err)
+	}
+	if len(subnets.Subnets) == 0 {
+		return nil, driver.Invalid("subnet %s not found", subnet)
+	}
+	vpc := aws.ToString(subnets.Subnets[0].VpcId)
+	found, err := call(ctx, d, "DescribeSecurityGroups", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeSecurityGroupsOutput, error) {
+		return c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{Filters: []types.Filter{
+			{Name: aws.String("vpc-id"), Values: []string{vpc}}, {Name: aws.String("group-name"), Values: names}}})
+	})
+	if err != nil {
+		return nil, d.cloudErr("DescribeSecurityGroups in "+vpc, err)
+	}
+	var out []string
+	for _, n := range names {
+		var ids []string
+		for _, g := range found.SecurityGroups {
+			if aws.ToString(g.GroupName) == n {
+				ids = append(ids, aws.ToString(g.GroupId))
+			}
+		}
+		switch len(ids) {
+		case 0:
+			return nil, driver.Invalid("security group %q not found in %s (the VPC of subnet %s)", n, vpc, subnet)
+		case 1:
+			out = append(out, ids[0])
+		default:
+			return nil, driver.Invalid("security group name %q matches %s in %s", n, strings.Join(ids, ", "), vpc)
+		}
+	}
+	return out, nil
+}
+
+// moveToInterface sets auto_assign_public_ip, which RunInstances takes
+// only on a described interface, and only when there is one.
+func moveToInterface(in *ec2.RunInstancesInput, public bool) error {
+	switch {
+	case len(in.NetworkInterfaces) > 1:
+		return driver.Invalid("cloud_properties.auto_assign_public_ip needs a VM with one interface (EC2 refuses it with several)")
+	case len(in.NetworkInterfaces) == 1:
+		in.NetworkInterfaces[0].AssociatePublicIpAddress = aws.Bool(public)
+		return nil
+	case len(in.SecurityGroups) > 0:
+		return driver.Invalid("cloud_properties.auto_assign_public_ip with security group names needs a subnet (names are resolved in its VPC)")
+	}
+	in.NetworkInterfaces = []types.InstanceNetworkInterfaceSpecification{{DeviceIndex: aws.Int32(0),
+		AssociatePublicIpAddress: aws.Bool(public), DeleteOnTermination: aws.Bool(true),
+		SubnetId: in.SubnetId, PrivateIpAddress: in.PrivateIpAddress, Groups: in.SecurityGroupIds}}
+	in.SubnetId, in.PrivateIpAddress, in.SecurityGroupIds = nil, nil, nil
+	return nil
 }

@@ -1,0 +1,228 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/runway-cpi/runway/src/driver/catalog"
+)
+
+// Config is the "local" section of the CPI config.
+type Config struct {
+	// StopGraceSeconds: time between SIGTERM and SIGKILL of a VM's processes.
+	StopGraceSeconds int `json:"stop_grace_seconds,omitempty"`
+	// StemcellFormats reported by info.
+	StemcellFormats []string `json:"stemcell_formats,omitempty"`
+	// LoopbackCIDR is where dynamic network addresses come from.
+	LoopbackCIDR string `json:"loopback_cidr,omitempty"`
+	// Shell runs string commands and user-data scripts without a #! line.
+	Shell string `json:"shell,omitempty"`
+	// RunProcesses: false records VMs without ever running their command
+	// (state-only hosts, fuzzing). Default true.
+	RunProcesses *bool `json:"run_processes,omitempty"`
+	// MaxImageMiB caps what one stemcell image may unpack to.
+	MaxImageMiB int `json:"max_image_mib,omitempty"`
+	// MaxImageEntries caps the files one stemcell image may hold (empty
+	// files cost inodes, not bytes).
+	MaxImageEntries int `json:"max_image_entries,omitempty"`
+	// Isolation: "process" (VMs are process groups on the host, the
+	// default) or "container" (each VM an OCI container made from a rootfs
+	// stemcell, with its own address on a bridge; needs root and runc).
+	Isolation string `json:"isolation,omitempty"`
+	// Container configures isolation "container".
+	Container ContainerConfig `json:"container,omitempty"`
+}
+
+// Defaults.
+var (
+	DefaultStemcellFormats = catalog.Formats("local")
+)
+
+const (
+	DefaultStopGrace    = 5
+	DefaultLoopbackCIDR = "127.101.0.0/16"
+	DefaultShell        = "/bin/sh"
+	DefaultMaxImageMiB  = 10 << 10
+	// DefaultMaxImageEntries: a stemcell's root file system holds tens of
+	// thousands of files.
+	DefaultMaxImageEntries = 150000
+)
+
+// ContainerConfig is the "local.container" section: how container-mode
+// VMs are run and networked.
+type ContainerConfig struct {
+	// Runtime is the OCI runtime's executable (runc or crun); default:
+	// runc, else crun, from PATH.
+	Runtime string `json:"runtime,omitempty"`
+	// Bridge is the host bridge the driver manages; VMs get addresses on it.
+	Bridge string `json:"bridge,omitempty"`
+	// CIDR is the bridge's network: .1 is the host, the rest VMs.
+	CIDR string `json:"cidr,omitempty"`
+	// PidsLimit caps the processes of one VM (a fork bomb stays inside).
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// NAT lets VMs reach beyond the host (masqueraded as the host, as
+	// Garden and Docker do): what runners need to reach a forge elsewhere.
+	// Connections into the VMs from beyond the host stay refused.
+	NAT bool `json:"nat,omitempty"`
+	// AllowVMToVM lets VMs on the bridge reach each other (a BOSH
+	// Director's VMs talk to it); by default each reaches the host only.
+	AllowVMToVM bool `json:"allow_vm_to_vm,omitempty"`
+	// BoshAgent gives every VM the agent profile (cloud properties'
+	// bosh_agent decide per VM).
+	BoshAgent bool `json:"bosh_agent,omitempty"`
+	// DefaultRAMMiB and DefaultCPU limit a VM whose cloud properties
+	// give no ram or cpu.
+	DefaultRAMMiB int `json:"default_ram_mib,omitempty"`
+	DefaultCPU    int `json:"default_cpu,omitempty"`
+}
+
+// Container-mode defaults.
+const (
+	IsolationProcess   = "process"
+	IsolationContainer = "container"
+	DefaultBridge      = "runway0"
+	DefaultBridgeCIDR  = "10.244.0.0/16"
+	DefaultPidsLimit   = 4096
+	DefaultRAMMiB      = 2048
+	DefaultCPU         = 2
+	// Where a warden stemcell's bosh-agent looks (agent.json's File
+	// settings source), and where the warden CPI puts persistent disks.
+	agentSettingsPath = "/var/vcap/bosh/warden-cpi-agent-env.json"
+	userDataJSONPath  = "/var/vcap/bosh/warden-cpi-user-data.json"
+	metadataJSONPath  = "/var/vcap/bosh/warden-cpi-metadata.json"
+	userDataPath      = "/var/vcap/bosh/user-data"
+	diskMountDir      = "/warden-cpi-dev"
+	// maxHostname: HOST_NAME_MAX; the hostname is the CID.
+	maxHostname = 64
+)
+
+// setupContainer validates and completes the container section.
+func (c *Config) setupContainer() (netip.Prefix, error) {
+	cc := &c.Container
+	if cc.Runtime == "" {
+		for _, name := range []string{"runc", "crun"} {
+			if p, err := exec.LookPath(name); err == nil {
+				cc.Runtime = p
+				break
+			}
+		}
+		if cc.Runtime == "" {
+			return netip.Prefix{}, errors.New(`local: isolation "container" needs an OCI runtime: install runc (or crun), or set local.container.runtime`)
+		}
+	} else if !filepath.IsAbs(cc.Runtime) {
+		return netip.Prefix{}, fmt.Errorf("local: container.runtime: must be an absolute path, got %q", cc.Runtime)
+	}
+	if cc.Bridge == "" {
+		cc.Bridge = DefaultBridge
+	}
+	if len(cc.Bridge) > 15 || !ifName(cc.Bridge) {
+		return netip.Prefix{}, fmt.Errorf("local: container.bridge: %q is not an interface name (letters, digits, '-', '_', at most 15)", cc.Bridge)
+	}
+	if cc.CIDR == "" {
+		cc.CIDR = DefaultBridgeCIDR
+	}
+	p, err := netip.ParsePrefix(cc.CIDR)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p.Bits() < 8 {
+		return netip.Prefix{}, fmt.Errorf("local: container.cidr: must be an IPv4 network of /8 to /29, got %q", cc.CIDR)
+	}
+	if cc.PidsLimit == 0 {
+		cc.PidsLimit = DefaultPidsLimit
+	}
+	if cc.PidsLimit < 0 {
+		return netip.Prefix{}, errors.New("local: container.pids_limit: must be positive")
+	}
+	if cc.DefaultRAMMiB == 0 {
+		cc.DefaultRAMMiB = DefaultRAMMiB
+	}
+	if cc.DefaultCPU == 0 {
+		cc.DefaultCPU = DefaultCPU
+	}
+	if cc.DefaultRAMMiB < 0 || cc.DefaultCPU < 0 {
+		return netip.Prefix{}, errors.New("local: container.default_ram_mib and default_cpu: must be positive")
+	}
+	// The firewall is what keeps VMs from reaching beyond the host and
+	// each other: no firewall, no container mode.
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return netip.Prefix{}, errors.New(`local: isolation "container" needs iptables for the firewall that keeps VMs in (Debian's iptables package); none on PATH`)
+	}
+	return p.Masked(), nil
+}
+
+func ifName(s string) bool {
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// complete fills the defaults in and validates, answering the address
+// range VMs get addresses from and the state dir as used (resolved in
+// container mode: mounts are found by path in the mount table, which
+// holds resolved paths).
+func (c *Config) complete(stateDir string) (netip.Prefix, string, error) {
+	if c.StopGraceSeconds == 0 {
+		c.StopGraceSeconds = DefaultStopGrace
+	}
+	if c.StopGraceSeconds < 0 {
+		return netip.Prefix{}, "", errors.New("local: stop_grace_seconds: must be positive")
+	}
+	if len(c.StemcellFormats) == 0 {
+		c.StemcellFormats = DefaultStemcellFormats
+	}
+	if c.LoopbackCIDR == "" {
+		c.LoopbackCIDR = DefaultLoopbackCIDR
+	}
+	p, err := netip.ParsePrefix(c.LoopbackCIDR)
+	if err != nil || !p.Addr().Is4() || !p.Addr().IsLoopback() || p.Bits() > 30 {
+		return netip.Prefix{}, "", fmt.Errorf("local: loopback_cidr: must be an IPv4 range inside 127.0.0.0/8 with at least 4 addresses, got %q", c.LoopbackCIDR)
+	}
+	switch c.Isolation {
+	case "", IsolationProcess:
+		c.Isolation = IsolationProcess
+	case IsolationContainer:
+		if os.Geteuid() != 0 {
+			return netip.Prefix{}, "", errors.New(`local: isolation "container" needs root (mounts, cgroups, network namespaces)`)
+		}
+		if p, err = c.setupContainer(); err != nil {
+			return netip.Prefix{}, "", err
+		}
+		// Mounts are found by path in the mount table, which holds
+		// resolved paths.
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			return netip.Prefix{}, "", fmt.Errorf("local: state dir: %w", err)
+		}
+		if stateDir, err = filepath.Abs(stateDir); err == nil {
+			stateDir, err = filepath.EvalSymlinks(stateDir)
+		}
+		if err != nil {
+			return netip.Prefix{}, "", fmt.Errorf("local: state dir: %w", err)
+		}
+	default:
+		return netip.Prefix{}, "", fmt.Errorf(`local: isolation: must be "process" or "container", got %q`, c.Isolation)
+	}
+	if c.Shell == "" {
+		c.Shell = DefaultShell
+	}
+	if c.MaxImageMiB == 0 {
+		c.MaxImageMiB = DefaultMaxImageMiB
+	}
+	if c.MaxImageMiB < 0 {
+		return netip.Prefix{}, "", errors.New("local: max_image_mib: must be positive")
+	}
+	if c.MaxImageEntries == 0 {
+		c.MaxImageEntries = DefaultMaxImageEntries
+	}
+	if c.MaxImageEntries < 0 {
+		return netip.Prefix{}, "", errors.New("local: max_image_entries: must be positive")
+	}
+	if !filepath.IsAbs(c.Shell) {
+		return netip.Prefix{}, "", fmt.Errorf("local: shell: must be an absolute path, got %q", c.Shell)
+	}
+	return p.Masked(), stateDir, nil
+}

@@ -1,0 +1,294 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// CreateVM implements driver.Driver: planVM checks the request and
+// decides everything, touching nothing; applyVM makes the VM.
+func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
+	pl, err := d.planVM(spec)
+	if err != nil {
+		return driver.VM{}, err
+	}
+	return d.applyVM(ctx, pl)
+}
+
+// vmPlan is what create_vm decided before it makes anything.
+type vmPlan struct {
+	spec      driver.VMSpec
+	cid       string
+	props     vmProps
+	argv      []string // nil: nothing runs (no command, or run_processes off)
+	userData  string
+	container bool // runs in a container (container mode, processes on)
+}
+
+// planVM checks the request: names, the stemcell, disks, cloud
+// properties, networks, and what the VM runs.
+func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
+	cid := spec.Name
+	if cid == "" {
+		var err error
+		if cid, err = newCID("vm-"); err != nil {
+			return nil, &driver.CreationError{Err: err, Retryable: true}
+		}
+	}
+	if err := checkCID("vm", cid); err != nil {
+		return nil, err
+	}
+	if d.containers() && len(cid) >= maxHostname {
+		return nil, driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
+	}
+	if err := checkCID("stemcell", spec.StemcellCID); err != nil {
+		return nil, err
+	}
+	if ok, err := d.has(stemcells, spec.StemcellCID); !ok || err != nil {
+		return nil, fmt.Errorf("%w: %s", driver.ErrStemcellNotFound, spec.StemcellCID)
+	}
+	for _, disk := range spec.DiskCIDs {
+		if err := checkCID("disk", disk); err != nil {
+			return nil, err
+		}
+	}
+	props, err := decodeVMProps(spec.CloudProps)
+	if err != nil {
+		return nil, err
+	}
+	if props.BoshAgent != nil && *props.BoshAgent && !d.containers() {
+		return nil, driver.Invalid(`cloud_properties.bosh_agent needs local.isolation "container" (a process VM cannot host an agent)`)
+	}
+	for name, n := range spec.Networks {
+		if err := n.CheckNoDelegation(name, "local"); err != nil {
+			return nil, err
+		}
+		if !n.CloudProperties.Empty() {
+			return nil, driver.Invalid("networks.%s.cloud_properties: the local driver takes none, got %s", name, n.CloudProperties.Raw())
+		}
+	}
+	argv, userData, err := d.command(spec, props)
+	if err != nil {
+		return nil, err
+	}
+	run := d.cfg.RunProcesses == nil || *d.cfg.RunProcesses
+	if !run {
+		argv = nil
+	}
+	return &vmPlan{spec: spec, cid: cid, props: props, argv: argv, userData: userData, container: d.containers() && run}, nil
+}
+
+// applyVM builds the VM out of view, publishes it with one rename and
+// starts it. The VM's lock is held from the first directory to the
+// started process: delete_vm waits for a create in flight, and a sweeper
+// that can take the lock knows the create is dead. What a failed call
+// made is removed.
+func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
+	cid, spec := pl.cid, pl.spec
+	unlock, err := d.lock(ctx, vms, cid)
+	if err != nil {
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+	}
+	defer unlock()
+	tmp, err := d.stage(vms, cid, "disks", "ephemeral")
+	if err != nil {
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+	}
+	allocated := false
+	fail := func(err error) (driver.VM, error) {
+		if allocated {
+			d.release(ctx, cid)
+		}
+		_ = os.RemoveAll(tmp)
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+	}
+	want := spec.Networks
+	if pl.container && len(want) == 0 {
+		// Every container VM has its address (callers such as the
+		// orchestrator name no network).
+		want = driver.Networks{"default": {Type: "dynamic"}}
+	}
+	nets, err := d.allocate(ctx, cid, want)
+	if err != nil {
+		return fail(err)
+	}
+	allocated = true
+	rec := vmRecord{
+		CID: cid, AgentID: spec.AgentID, StemcellCID: spec.StemcellCID, CloudProps: spec.CloudProps,
+		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: pl.argv, CreatedAt: now(),
+	}
+	settings := spec.AgentSettings
+	if pl.container {
+		rec.Isolation = IsolationContainer
+		settings = withAddresses(settings, nets)
+	}
+	if settings != nil {
+		if err := os.WriteFile(filepath.Join(tmp, "agent-settings.json"), settings, 0o600); err != nil {
+			return fail(err)
+		}
+	}
+	if pl.userData != "" {
+		if err := os.WriteFile(filepath.Join(tmp, "user-data"), []byte(pl.userData), 0o700); err != nil {
+			return fail(err)
+		}
+	}
+	if err := d.publish(vms, cid, tmp, rec); err != nil {
+		return fail(err)
+	}
+	if err := d.start(ctx, pl, rec, settings); err != nil {
+		// Leave nothing behind: the VM never ran.
+		if derr := d.deleteLocked(ctx, cid); derr != nil {
+			d.log.Warn("local", "removing vm %s after its failed start: %v", cid, derr)
+		}
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
+	}
+	return driver.VM{CID: cid, Networks: nets}, nil
+}
+
+// start runs a published VM: its container, or its process group.
+func (d *Driver) start(ctx context.Context, pl *vmPlan, rec vmRecord, settings []byte) error {
+	switch {
+	case pl.container:
+		if err := d.runContainer(ctx, rec, pl.props, settings, pl.userData); err != nil {
+			return err
+		}
+		d.log.Info("local", "vm %s started in a container", rec.CID)
+	case len(pl.argv) > 0:
+		if err := startProcess(d.path(vms, rec.CID), pl.argv, d.processEnv(rec, pl.props)); err != nil {
+			return err
+		}
+		d.log.Info("local", "vm %s started: %s", rec.CID, strings.Join(redactArgv(pl.argv), " "))
+	}
+	return nil
+}
+
+// command resolves what the VM runs: cloud_properties.command (argv array
+// or shell string), else a user-data script from cloud_properties.user_data
+// or environment.user_data. No command: a VM with no process.
+func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error) {
+	var userData string
+	if p.UserData != nil {
+		userData = *p.UserData
+	} else if v, ok := spec.Env["user_data"]; ok {
+		s, ok := v.(string)
+		if !ok {
+			return nil, "", driver.Invalid("environment.user_data must be a string")
+		}
+		userData = s
+	}
+	if len(p.Command) > 0 && string(p.Command) != "null" {
+		var shell string
+		var argv []string
+		switch {
+		case json.Unmarshal(p.Command, &shell) == nil:
+			if shell == "" {
+				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
+			}
+			return []string{d.cfg.Shell, "-c", shell}, userData, nil
+		case json.Unmarshal(p.Command, &argv) == nil:
+			if len(argv) == 0 || argv[0] == "" {
+				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
+			}
+			check := findExecutable
+			if d.containers() {
+				image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
+				check = func(name string) error { return findExecutableIn(image, name) }
+			}
+			if err := check(argv[0]); err != nil {
+				return nil, "", &driver.CreationError{Err: err}
+			}
+			return argv, userData, nil
+		default:
+			return nil, "", driver.Invalid("cloud_properties.command must be a string or an array of strings")
+		}
+	}
+	if userData != "" {
+		script := "./user-data"
+		if d.containers() {
+			script = userDataPath
+		}
+		if strings.HasPrefix(userData, "#!") {
+			return []string{script}, userData, nil
+		}
+		return []string{d.cfg.Shell, script}, userData, nil
+	}
+	if d.containers() {
+		// No command: the stemcell's own init, as the warden CPI starts it.
+		image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
+		if err := findExecutableIn(image, agentInit); err != nil {
+			return nil, "", &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", spec.StemcellCID, agentInit, err)}
+		}
+		return agentBoot, "", nil
+	}
+	return nil, "", nil
+}
+
+// agentProfile: whether a VM gets the BOSH agent's capabilities.
+func (d *Driver) agentProfile(p vmProps) bool {
+	if p.BoshAgent != nil {
+		return *p.BoshAgent
+	}
+	return d.cfg.Container.BoshAgent
+}
+
+// processEnv is the VM process's whole environment: nothing of bin/cpi's
+// own environment (which may hold credentials) is inherited.
+func (d *Driver) processEnv(rec vmRecord, p vmProps) []string {
+	dir := d.path(vms, rec.CID)
+	env := map[string]string{
+		"PATH":                  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME":                  dir,
+		"RUNWAY_VM_DIR":         dir,
+		envMarker:               rec.CID,
+		"RUNWAY_AGENT_ID":       rec.AgentID,
+		"RUNWAY_DISKS_DIR":      filepath.Join(dir, "disks"),
+		"RUNWAY_EPHEMERAL_DIR":  filepath.Join(dir, "ephemeral"),
+		"RUNWAY_STEMCELL_DIR":   filepath.Join(d.path(stemcells, rec.StemcellCID), "image"),
+		"RUNWAY_AGENT_SETTINGS": filepath.Join(dir, "agent-settings.json"),
+	}
+	for k, v := range p.Env {
+		if k != envMarker && k != "RUNWAY_VM_DIR" {
+			env[k] = v
+		}
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// findExecutable checks the command exists before the VM is made: once it
+// is started detached, a failed exec could only show in the console log.
+func findExecutable(name string) error {
+	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) {
+			return nil // relative to the VM directory: checked by the process
+		}
+		if st, err := os.Stat(name); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			return fmt.Errorf("command %s is not an executable file", name)
+		}
+		return nil
+	}
+	for _, dir := range filepath.SplitList(vmPath) {
+		if st, err := os.Stat(filepath.Join(dir, name)); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("command %q not found in %s", name, vmPath)
+}
+
+func redactArgv(argv []string) []string {
+	if len(argv) > 3 {
+		return append(append([]string{}, argv[:3]...), "...")
+	}
+	return argv
+}
