@@ -10,10 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/strict/strictyaml"
-	"gopkg.in/yaml.v3"
 )
 
 // Config is `runway serve -config runway.yml`.
