@@ -15,13 +15,23 @@ type resizeDiskArgs struct {
 // resize_disk: NotImplemented or NotSupported make the Director copy the
 // disk instead.
 var _ = method("resize_disk", "disk", func(s *Service, ctx context.Context, req *rpc.Request, a *resizeDiskArgs) (any, error) {
-	if a.NewSize <= 0 {
-		return nil, CpiError("resize_disk: argument 2 (new_size) must be a positive number of MiB, got %d", a.NewSize)
+	r, err := s.resizer(req, a.NewSize)
+	if err != nil {
+		return nil, err
+	}
+	s.Logger.Info("cpi", "resizing disk %s to %d MiB", a.Disk, a.NewSize)
+	return nil, r.ResizeDisk(ctx, a.Disk, a.NewSize)
+})
+
+// resizer is the driver's DiskResizer for resize_disk and update_disk,
+// once new_size (argument 2) is a positive number of MiB.
+func (s *Service) resizer(req *rpc.Request, newSize int) (driver.DiskResizer, error) {
+	if newSize <= 0 {
+		return nil, CpiError("%s: argument 2 (new_size) must be a positive number of MiB, got %d", req.Method, newSize)
 	}
 	r, ok := s.Driver.(driver.DiskResizer)
 	if !ok {
 		return nil, s.lacks(req.Method)
 	}
-	s.Logger.Info("cpi", "resizing disk %s to %d MiB", a.Disk, a.NewSize)
-	return nil, r.ResizeDisk(ctx, a.Disk, a.NewSize)
-})
+	return r, nil
+}

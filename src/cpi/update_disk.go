@@ -14,12 +14,9 @@ type updateDiskArgs struct {
 }
 
 var _ = method("update_disk", "disk", func(s *Service, ctx context.Context, req *rpc.Request, a *updateDiskArgs) (any, error) {
-	if a.NewSize <= 0 {
-		return nil, CpiError("update_disk: argument 2 (new_size) must be a positive number of MiB, got %d", a.NewSize)
-	}
-	r, ok := s.Driver.(driver.DiskResizer)
-	if !ok {
-		return nil, s.lacks(req.Method)
+	r, err := s.resizer(req, a.NewSize)
+	if err != nil {
+		return nil, err
 	}
 	s.Logger.Info("cpi", "updating disk %s to %d MiB", a.Disk, a.NewSize)
 	return r.UpdateDisk(ctx, a.Disk, a.NewSize, a.CloudProps)

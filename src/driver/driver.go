@@ -248,3 +248,15 @@ type Snapshotter interface {
 	SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error)
 	DeleteSnapshot(ctx context.Context, cid string) error
 }
+
+// Complete is the core interface and every optional one: what a driver
+// that answers every CPI method implements (checked at compile time).
+type Complete interface {
+	Driver
+	VMSizer
+	VMLister
+	PowerSwitch
+	DiskResizer
+	DiskMetadata
+	Snapshotter
+}

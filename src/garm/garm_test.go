@@ -298,10 +298,7 @@ func TestImageAndFlavorMapping(t *testing.T) {
 }
 
 func TestFailedCreateLeavesNothingAndHooksApply(t *testing.T) {
-	hooksDir := t.TempDir()
-	pre := filepath.Join(hooksDir, "create_vm-pre.d")
-	os.MkdirAll(pre, 0o755)
-	os.WriteFile(filepath.Join(pre, "10-deny"), []byte("#!/bin/sh\necho \"no runners for $CPI_AGENT_ID\"\nexit 1\n"), 0o755)
+	hooksDir := hookScript(t, "create_vm-pre.d", "10-deny", "echo \"no runners for $CPI_AGENT_ID\"\nexit 1")
 	g := newGarm(t, "v0.1.1", map[string]any{"hooks": map[string]any{"dir": hooksDir}})
 	r := g.run("CreateInstance", "pool-a", "", bootstrap("runner-h", "pool-a", quiet))
 	if r.code != 1 || !strings.Contains(r.stderr, "no runners for runner-h") || r.stdout != "" {
@@ -317,12 +314,9 @@ func TestFailedCreateLeavesNothingAndHooksApply(t *testing.T) {
 }
 
 func TestKillDuringCreateThenDeleteByName(t *testing.T) {
-	hooksDir := t.TempDir()
-	post := filepath.Join(hooksDir, "create_vm-post.d")
-	os.MkdirAll(post, 0o755)
 	// The post hook holds CreateInstance after the VM exists: the moment
 	// garm's bootstrap timeout would SIGKILL a slow provider.
-	os.WriteFile(filepath.Join(post, "10-slow"), []byte("#!/bin/sh\nexec sleep 60\n"), 0o755)
+	hooksDir := hookScript(t, "create_vm-post.d", "10-slow", "exec sleep 60")
 	g := newGarm(t, "v0.1.1", map[string]any{"hooks": map[string]any{"dir": hooksDir}})
 	cmd := exec.Command(cpiBin)
 	cmd.Env = []string{"GARM_COMMAND=CreateInstance", "GARM_CONTROLLER_ID=ctl-1", "GARM_PROVIDER_CONFIG_FILE=" + g.config,
@@ -374,4 +368,16 @@ func TestBadInput(t *testing.T) {
 	if r := missing.run("ListInstances", "pool-a", "", nil); r.code != 1 || !strings.Contains(r.stderr, "/nonexistent/runway.json") {
 		t.Errorf("missing config: %+v", r)
 	}
+}
+
+// hookScript makes a hooks directory holding one shell script, dir/name.
+func hookScript(t *testing.T, dir, name, body string) string {
+	hooks := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(hooks, dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hooks, dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return hooks
 }

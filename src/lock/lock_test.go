@@ -18,7 +18,15 @@ import (
 // Separate Lockers open separate file descriptions, which flock treats as
 // separate owners: the same exclusion two processes get.
 func TestExclusionAcrossLockers(t *testing.T) {
-	dir := t.TempDir()
+	if n := maxHolders(t, t.TempDir(), 20, func(*Locker) {}); n != 1 {
+		t.Fatalf("%d holders at once", n)
+	}
+}
+
+// maxHolders runs 8 Lockers on dir, each taking "vm-1" rounds times and
+// calling held (under the lock, after counting itself in), and answers the
+// most holders seen at once.
+func maxHolders(t *testing.T, dir string, rounds int, held func(*Locker)) int {
 	var mu sync.Mutex
 	inside, maxInside := 0, 0
 	var wg sync.WaitGroup
@@ -31,7 +39,7 @@ func TestExclusionAcrossLockers(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			for j := 0; j < 20; j++ {
+			for j := 0; j < rounds; j++ {
 				release, err := l.Lock(context.Background(), "vm-1")
 				if err != nil {
 					t.Error(err)
@@ -39,10 +47,9 @@ func TestExclusionAcrossLockers(t *testing.T) {
 				}
 				mu.Lock()
 				inside++
-				if inside > maxInside {
-					maxInside = inside
-				}
+				maxInside = max(maxInside, inside)
 				mu.Unlock()
+				held(l)
 				mu.Lock()
 				inside--
 				mu.Unlock()
@@ -51,9 +58,7 @@ func TestExclusionAcrossLockers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if maxInside != 1 {
-		t.Fatalf("%d holders at once", maxInside)
-	}
+	return maxInside
 }
 
 func TestTimeoutAndWaitLogged(t *testing.T) {
@@ -92,36 +97,12 @@ func TestInvalidNames(t *testing.T) {
 // (waiters move to the new file) and no file is left at the end.
 func TestPruneKeepsExclusion(t *testing.T) {
 	dir := t.TempDir()
-	var mu sync.Mutex
-	inside, maxInside := 0, 0
-	var wg sync.WaitGroup
-	for i := 0; i < 8; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			l, _ := New(dir, 10*time.Second, nil)
-			for j := 0; j < 50; j++ {
-				release, err := l.Lock(context.Background(), "vm-1")
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				inside++
-				maxInside = max(maxInside, inside)
-				mu.Unlock()
-				time.Sleep(100 * time.Microsecond) // hold it a while: others queue on this file
-				mu.Lock()
-				inside--
-				mu.Unlock()
-				l.Prune("vm-1")
-				release()
-			}
-		}(i)
-	}
-	wg.Wait()
-	if maxInside != 1 {
-		t.Fatalf("%d holders at once", maxInside)
+	n := maxHolders(t, dir, 50, func(l *Locker) {
+		time.Sleep(100 * time.Microsecond) // hold it a while: others queue on this file
+		l.Prune("vm-1")
+	})
+	if n != 1 {
+		t.Fatalf("%d holders at once", n)
 	}
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
 		t.Fatalf("lock files left: %v", left)

@@ -112,11 +112,17 @@ type daemon struct {
 
 // connect adds -config and -addr to a command's flags, parses args and
 // finds the daemon.
-func connect(fs *flag.FlagSet, args []string) (*daemon, error) {
+// connect parses a client command's flags (its own, then -config and
+// -addr), wants nargs positional arguments (usage names them) and finds
+// the daemon.
+func connect(fs *flag.FlagSet, args []string, nargs int, usage string) (*daemon, error) {
 	cfg := fs.String("config", "runway.yml", "orchestrator config (YAML)")
 	addr := fs.String("addr", "", "daemon address (default: from the config)")
 	if err := parseAnywhere(fs, args); err != nil {
 		return nil, err
+	}
+	if fs.NArg() != nargs {
+		return nil, fmt.Errorf("usage: runway %s [-config runway.yml] [-addr host:port] (got %d arguments: %q)", usage, fs.NArg(), fs.Args())
 	}
 	return findDaemon(*cfg, *addr)
 }
@@ -192,29 +198,35 @@ func (d *daemon) do(method, path string, out any) error {
 func statusCmd(args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print JSON")
-	d, err := connect(fs, args)
+	d, err := connect(fs, args, 0, "status [-json]")
 	if err != nil {
 		return err
 	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("usage: runway status [-json] [-config runway.yml] [-addr host:port] (unexpected %q)", fs.Args())
-	}
-	var groups []orchestrator.GroupStatus
-	if err := d.do("GET", "/api/v1/groups", &groups); err != nil {
+	return show(d, "/api/v1/groups", *asJSON, "GROUP\tSCOPE\tQUEUED\tACTIVE/MAX\tCREATING\tIDLE\tBUSY\tDELETING\tDRAINED\tLAST CHECK\tERROR",
+		func(g orchestrator.GroupStatus) string {
+			last := "never"
+			if !g.LastCheckTime.IsZero() {
+				last = time.Since(g.LastCheckTime).Round(time.Second).String() + " ago"
+			}
+			return fmt.Sprintf("%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d\t%v\t%s\t%s", g.Name, g.Scope, g.QueuedJobs, g.ActiveRunners,
+				g.MaxActiveRunners, g.Creating, g.Idle, g.Busy, g.Deleting, g.Drained, last, g.LastError)
+		})
+}
+
+// show GETs a list from the daemon and prints it: JSON with -json, else
+// a table of header and one row per element.
+func show[T any](d *daemon, path string, asJSON bool, header string, row func(T) string) error {
+	var list []T
+	if err := d.do("GET", path, &list); err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(groups)
+	if asJSON {
+		return printJSON(list)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "GROUP\tSCOPE\tQUEUED\tACTIVE/MAX\tCREATING\tIDLE\tBUSY\tDELETING\tDRAINED\tLAST CHECK\tERROR")
-	for _, g := range groups {
-		last := "never"
-		if !g.LastCheckTime.IsZero() {
-			last = time.Since(g.LastCheckTime).Round(time.Second).String() + " ago"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d\t%v\t%s\t%s\n", g.Name, g.Scope, g.QueuedJobs, g.ActiveRunners,
-			g.MaxActiveRunners, g.Creating, g.Idle, g.Busy, g.Deleting, g.Drained, last, g.LastError)
+	fmt.Fprintln(w, header)
+	for _, v := range list {
+		fmt.Fprintln(w, row(v))
 	}
 	return w.Flush()
 }
@@ -223,37 +235,24 @@ func runnersCmd(args []string) error {
 	fs := flag.NewFlagSet("runners", flag.ContinueOnError)
 	all := fs.Bool("all", false, "include deleted runners (history)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	d, err := connect(fs, args)
+	d, err := connect(fs, args, 0, "runners [-all] [-json]")
 	if err != nil {
 		return err
 	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("usage: runway runners [-all] [-json] [-config runway.yml] [-addr host:port] (unexpected %q)", fs.Args())
-	}
-	var rs []httpapi.RunnerView
 	path := "/api/v1/runners"
 	if *all {
 		path += "?all=true"
 	}
-	if err := d.do("GET", path, &rs); err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(rs)
-	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "RUNNER\tGROUP\tSTATE\tVM\tJOB\tAGE\tREASON")
-	for _, r := range rs {
+	return show(d, path, *asJSON, "RUNNER\tGROUP\tSTATE\tVM\tJOB\tAGE\tREASON", func(r httpapi.RunnerView) string {
 		job := ""
 		if r.JobID != 0 {
 			job = fmt.Sprintf("%s#%d", r.JobRepo, r.JobID)
 		} else if r.TriggerJob != 0 {
 			job = fmt.Sprintf("(for #%d)", r.TriggerJob)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Group, r.State, r.VMCID, job,
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Name, r.Group, r.State, r.VMCID, job,
 			time.Since(r.CreatedAt).Round(time.Second), r.Reason)
-	}
-	return w.Flush()
+	})
 }
 
 func drainCmd(args []string, drain bool) error {
@@ -262,12 +261,9 @@ func drainCmd(args []string, drain bool) error {
 		name = "resume"
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	d, err := connect(fs, args)
+	d, err := connect(fs, args, 1, name+" <group>")
 	if err != nil {
 		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("usage: runway %s <group> [-config runway.yml] [-addr host:port] (got %d arguments: %q)", name, fs.NArg(), fs.Args())
 	}
 	var g orchestrator.GroupStatus
 	if err := d.do("POST", "/api/v1/groups/"+url.PathEscape(fs.Arg(0))+"/"+name, &g); err != nil {

@@ -8,6 +8,8 @@ package aws
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 
@@ -44,15 +46,7 @@ type Driver struct {
 	elbv2  *elbv2.Client
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.VMSizer      = (*Driver)(nil)
-	_ driver.VMLister     = (*Driver)(nil)
-	_ driver.PowerSwitch  = (*Driver)(nil)
-	_ driver.DiskResizer  = (*Driver)(nil)
-	_ driver.DiskMetadata = (*Driver)(nil)
-	_ driver.Snapshotter  = (*Driver)(nil)
-)
+var _ driver.Complete = (*Driver)(nil)
 
 // New builds the driver from its config section. No network I/O happens
 // until a method needs AWS.
@@ -196,24 +190,75 @@ func tagSpec(rt types.ResourceType, m map[string]string) types.TagSpecification 
 	return types.TagSpecification{ResourceType: rt, Tags: ec2Tags(m)}
 }
 
-// sweepToken deletes what one create call tagged with token (listed by
-// list through op), except keep: a retried create can leave extras.
-func (d *Driver) sweepToken(ctx context.Context, op, token, keep string,
-	list func(context.Context, *ec2.Client, string) ([]string, error),
-	del func(context.Context, string) error) {
-	ids, err := call(ctx, d, op, func(ctx context.Context, c *ec2.Client) ([]string, error) {
-		return list(ctx, c, token)
+// tagged is a kind of resource a create call tags with its token: how to
+// list the ids carrying a token, and delete one.
+type tagged struct {
+	listOp string
+	list   func(ctx context.Context, c *ec2.Client, token string) ([]string, error)
+	del    func(ctx context.Context, id string) error
+}
+
+func (d *Driver) volumes() tagged {
+	return tagged{"DescribeVolumes", d.volumesOfToken, func(ctx context.Context, id string) error {
+		if err := d.deleteVolume(ctx, id); !errors.Is(err, driver.ErrDiskNotFound) {
+			return err
+		}
+		return nil
+	}}
+}
+
+func (d *Driver) snapshots() tagged {
+	return tagged{"DescribeSnapshots", d.snapshotsOfToken, d.DeleteSnapshot}
+}
+
+// createTagged runs create (op, send) for a resource of kind k tagged
+// with token, and answers its id. After more than one send a duplicate
+// may exist (lists lag): whatever else carries the token is deleted — all
+// of it when the create failed.
+func (d *Driver) createTagged(ctx context.Context, op, token string, k tagged, send func(ctx context.Context, c *ec2.Client) (string, error)) (string, error) {
+	id, sent, err := create(ctx, d, op, send, func(ctx context.Context, c *ec2.Client) (string, bool, error) {
+		ids, err := k.list(ctx, c, token)
+		if len(ids) == 0 {
+			return "", false, err
+		}
+		return ids[0], true, err
+	})
+	if sent > 1 {
+		d.sweepToken(ctx, k, token, id)
+	}
+	return id, err
+}
+
+// sweepToken deletes what carries token (resources of kind k), except
+// keep.
+func (d *Driver) sweepToken(ctx context.Context, k tagged, token, keep string) {
+	ids, err := call(ctx, d, k.listOp, func(ctx context.Context, c *ec2.Client) ([]string, error) {
+		return k.list(ctx, c, token)
 	})
 	if err != nil {
-		d.log.Warn("aws", "%s of token %s for cleanup: %v", op, token, err)
+		d.log.Warn("aws", "%s of token %s for cleanup: %v", k.listOp, token, err)
 		return
 	}
 	for _, id := range ids {
 		if id != keep {
 			d.log.Info("aws", "deleting %s left by this create", id)
-			if err := del(ctx, id); err != nil {
+			if err := k.del(ctx, id); err != nil {
 				d.log.Warn("aws", "deleting %s: %v", id, err)
 			}
 		}
 	}
+}
+
+// describe runs one Describe call (op) about one resource (kind, id): an
+// error code starting with missing, EC2's not-found family for that kind,
+// is notFound.
+func describe[O any](ctx context.Context, d *Driver, op, kind, id, missing string, notFound error, fn func(ctx context.Context, c *ec2.Client) (O, error)) (O, error) {
+	out, err := call(ctx, d, op, fn)
+	if err != nil && strings.HasPrefix(errCode(err), missing) {
+		return out, fmt.Errorf("%s %s: %w", kind, id, notFound)
+	}
+	if err != nil {
+		return out, d.cloudErr(op+" "+id, err)
+	}
+	return out, nil
 }

@@ -23,8 +23,7 @@ import (
 // naming a closed endpoint fails on that endpoint, and the context's
 // secret key never comes back.
 func TestTwoCPIConfigContexts(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	bin, err := cpibin.Path("aws")
 	if err != nil {
 		t.Fatal(err)

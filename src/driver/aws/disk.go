@@ -52,24 +52,15 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 			in.KmsKeyId = aws.String(d.cfg.KMSKeyARN)
 		}
 	}
-	out, sent, err := create(ctx, d, "CreateVolume", func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, error) {
-		return c.CreateVolume(ctx, in)
-	}, func(ctx context.Context, c *ec2.Client) (*ec2.CreateVolumeOutput, bool, error) {
-		ids, err := d.volumesOfToken(ctx, c, token)
-		if len(ids) == 0 {
-			return nil, false, err
+	id, err := d.createTagged(ctx, "CreateVolume", token, d.volumes(), func(ctx context.Context, c *ec2.Client) (string, error) {
+		out, err := c.CreateVolume(ctx, in)
+		if err != nil {
+			return "", err
 		}
-		return &ec2.CreateVolumeOutput{VolumeId: aws.String(ids[0])}, true, err
+		return aws.ToString(out.VolumeId), nil
 	})
 	if err != nil {
-		if sent > 1 {
-			d.sweepVolumes(ctx, token, "")
-		}
 		return "", d.cloudErr("CreateVolume", err)
-	}
-	id := aws.ToString(out.VolumeId)
-	if sent > 1 {
-		d.sweepVolumes(ctx, token, id)
 	}
 	if err := d.waitVolume(ctx, id, func(v types.Volume) (bool, error) {
 		switch v.State {
@@ -80,7 +71,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		}
 		return false, nil
 	}); err != nil {
-		d.sweepVolumes(context.WithoutCancel(ctx), token, "")
+		d.sweepToken(context.WithoutCancel(ctx), d.volumes(), token, "")
 		return "", err
 	}
 	d.log.Info("aws", "created %s (%d GiB %s in %s)", id, *in.Size, in.VolumeType, az)
@@ -128,29 +119,16 @@ func (d *Driver) volumesOfToken(ctx context.Context, c *ec2.Client, token string
 	return ids, nil
 }
 
-// sweepVolumes deletes every volume carrying token except keep.
-func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
-	d.sweepToken(ctx, "DescribeVolumes", token, keep, d.volumesOfToken, func(ctx context.Context, id string) error {
-		if err := d.deleteVolume(ctx, id); !errors.Is(err, driver.ErrDiskNotFound) {
-			return err
-		}
-		return nil
-	})
-}
-
 // volume describes one volume; unknown or deleted is ErrDiskNotFound.
 func (d *Driver) volume(ctx context.Context, id string) (types.Volume, error) {
 	if err := validCID("disk", id); err != nil {
 		return types.Volume{}, err
 	}
-	out, err := call(ctx, d, "DescribeVolumes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
+	out, err := describe(ctx, d, "DescribeVolumes", "volume", id, "InvalidVolume.", driver.ErrDiskNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
 		return c.DescribeVolumes(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
 	})
 	if err != nil {
-		if strings.HasPrefix(errCode(err), "InvalidVolume.") {
-			return types.Volume{}, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
-		}
-		return types.Volume{}, d.cloudErr("DescribeVolumes "+id, err)
+		return types.Volume{}, err
 	}
 	for _, v := range out.Volumes {
 		if v.State == types.VolumeStateDeleting || v.State == types.VolumeStateDeleted {

@@ -42,7 +42,24 @@ func motoEndpoint(t *testing.T) string {
 	return testenv.Need(t, "scripts/ec2-dev start; scripts/test sets it", "RUNWAY_EC2_ENDPOINT")[0]
 }
 
-// resetMoto clears the server's state so each test starts empty.
+// emptyMoto is the EC2 server's endpoint, its state cleared: each test
+// starts empty.
+func emptyMoto(t *testing.T) string {
+	t.Helper()
+	ep := motoEndpoint(t)
+	resetMoto(t, ep)
+	return ep
+}
+
+// freshMoto is an empty EC2 server and a driver on it.
+func freshMoto(t *testing.T) (string, *Driver) {
+	t.Helper()
+	ep := emptyMoto(t)
+	d, _ := newTestDriver(t, ep, "", nil)
+	return ep, d
+}
+
+// resetMoto clears the server's state.
 func resetMoto(t *testing.T, ep string) {
 	t.Helper()
 	resp, err := http.Post(ep+"/moto-api/reset", "", nil)
@@ -111,8 +128,7 @@ func fixture(ep string, lockDir string) drivertest.Fixture {
 }
 
 func TestConformance(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	// Registered first, so it runs after the suite's own cleanups.
 	t.Cleanup(func() { assertNoLeftovers(t, ep, map[string]string{"created_by": "drivertest"}) })
 	drivertest.Run(t, fixture(ep, ""))
@@ -123,8 +139,7 @@ func TestConformance(t *testing.T) {
 // server saw them, or after it acted): no call may fail and nothing may be
 // left behind.
 func TestConformanceThroughFaults(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	p, err := faultproxy.New(ep, faultproxy.AWS)
 	if err != nil {
 		t.Fatal(err)
@@ -224,8 +239,7 @@ func assertNoLeftovers(t *testing.T, ep string, match map[string]string) {
 // once, and exactly one resource exists (moto ignores ClientToken, so a
 // resend would have made a second).
 func TestRetriedCreatesLeaveOneResource(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	p, _ := faultproxy.New(ep, faultproxy.AWS)
 	seen := map[string]bool{}
 	posts := map[string]int{}
@@ -309,9 +323,7 @@ func registerTestImage(t *testing.T, d *Driver) string {
 // TestHeavyStemcellContent reads the uploaded snapshot back through the
 // EBS direct API: the data blocks are there, the zero block was skipped.
 func TestHeavyStemcellContent(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
-	d, _ := newTestDriver(t, ep, "", nil)
+	ep, d := freshMoto(t)
 	ctx := context.Background()
 	ami := registerTestImage(t, d)
 	img, err := d.image(ctx, ami)
@@ -359,9 +371,7 @@ func TestHeavyStemcellContent(t *testing.T) {
 }
 
 func TestLightStemcell(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
-	d, _ := newTestDriver(t, ep, "", nil)
+	_, d := freshMoto(t)
 	ctx := context.Background()
 	ami := registerTestImage(t, d)
 	defer d.DeleteStemcell(ctx, ami)
@@ -391,9 +401,7 @@ func TestLightStemcell(t *testing.T) {
 // TestCreateVMPlacement: manual network with a fixed IP in a subnet,
 // launch tags on the instance and its volumes, user data, sizes.
 func TestCreateVMPlacement(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
-	d, _ := newTestDriver(t, ep, "", nil)
+	ep, d := freshMoto(t)
 	ctx := context.Background()
 	c := adminClient(t, ep)
 	ami := registerTestImage(t, d)
@@ -475,8 +483,7 @@ func decodeB64(s string) string {
 // TestConcurrentAttachesPickDistinctDevices: drivers sharing a lock dir
 // (like concurrent bin/cpi processes) attach to one VM at once.
 func TestConcurrentAttachesPickDistinctDevices(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	lockDir := t.TempDir()
 	d, _ := newTestDriver(t, ep, lockDir, nil)
 	ctx := context.Background()
@@ -569,8 +576,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 
 // TestDiskEdges: resize, update in place, attach elsewhere.
 func TestDiskEdges(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	d, _ := newTestDriver(t, ep, "", map[string]any{"default_availability_zone": region + "b"})
 	ctx := context.Background()
 	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1500, CloudProps: driver.PropsOf(map[string]any{"type": "io2", "iops": 3000})})
@@ -694,8 +700,7 @@ func signingKey(r *http.Request) string {
 // is sent again; moto ignores the ClientToken, so without the sweep the
 // first snapshot stays behind (found by the lifecycle audit under faults).
 func TestRetriedStartSnapshotLeavesOne(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	p, _ := faultproxy.New(ep, faultproxy.AWS)
 	var once sync.Once
 	resent := false
@@ -733,8 +738,7 @@ func TestRetriedStartSnapshotLeavesOne(t *testing.T) {
 // metadata_options on every instance, encrypted/kms_key_arn on every
 // volume (root, ephemeral, persistent) unless cloud properties say.
 func TestOfficialMetadataOptionsAndEncryption(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	ctx := context.Background()
 	arn := "arn:aws:kms:" + region + ":123456789012:key/runway-test"
 	// moto 5.1 takes MetadataOptions and does not store them: the request

@@ -116,8 +116,7 @@ func (r *recorder) last(action string) url.Values {
 // checks what EC2, ELB and ELBv2 hold afterwards (or, where moto takes a
 // field without storing it, what the request said).
 func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	ctx := context.Background()
 	rec, proxy := newRecorder(t, ep)
 	bin, err := cpibin.Path("aws")

@@ -23,8 +23,7 @@ import (
 // and disk types, the Director's manual, dynamic and vip network settings
 // (prefix "32", nic_group) and its create_vm env. Every call must succeed.
 func TestRealCallersInputs(t *testing.T) {
-	ep := motoEndpoint(t)
-	resetMoto(t, ep)
+	ep := emptyMoto(t)
 	ctx := context.Background()
 	c := adminClient(t, ep)
 	if _, err := c.CreateKeyPair(ctx, &ec2.CreateKeyPairInput{KeyName: aws.String("bosh")}); err != nil {

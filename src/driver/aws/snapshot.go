@@ -29,31 +29,22 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if dep, job := md["deployment"], md["job"]; dep != "" {
 		desc = fmt.Sprintf("%s/%s/%s", dep, job, md["index"])
 	}
-	out, sent, err := create(ctx, d, "CreateSnapshot", func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, error) {
-		return c.CreateSnapshot(ctx, &ec2.CreateSnapshotInput{VolumeId: aws.String(cid), Description: aws.String(desc),
+	id, err := d.createTagged(ctx, "CreateSnapshot", token, d.snapshots(), func(ctx context.Context, c *ec2.Client) (string, error) {
+		out, err := c.CreateSnapshot(ctx, &ec2.CreateSnapshotInput{VolumeId: aws.String(cid), Description: aws.String(desc),
 			TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeSnapshot, tags)}})
-	}, func(ctx context.Context, c *ec2.Client) (*ec2.CreateSnapshotOutput, bool, error) {
-		ids, err := d.snapshotsOfToken(ctx, c, token)
-		if len(ids) == 0 {
-			return nil, false, err
+		if err != nil {
+			return "", err
 		}
-		return &ec2.CreateSnapshotOutput{SnapshotId: aws.String(ids[0])}, true, err
+		return aws.ToString(out.SnapshotId), nil
 	})
 	if err != nil {
-		if sent > 1 {
-			d.sweepSnapshots(ctx, token, "")
-		}
 		if strings.HasPrefix(errCode(err), "InvalidVolume.") {
 			return "", fmt.Errorf("volume %s: %w", cid, driver.ErrDiskNotFound)
 		}
 		return "", d.cloudErr("CreateSnapshot "+cid, err)
 	}
-	id := aws.ToString(out.SnapshotId)
-	if sent > 1 {
-		d.sweepSnapshots(ctx, token, id)
-	}
 	if err := d.waitSnapshot(ctx, id); err != nil {
-		d.sweepSnapshots(context.WithoutCancel(ctx), token, "")
+		d.sweepToken(context.WithoutCancel(ctx), d.snapshots(), token, "")
 		return "", err
 	}
 	return id, nil
@@ -90,11 +81,6 @@ func (d *Driver) snapshotsOfToken(ctx context.Context, c *ec2.Client, token stri
 		ids = append(ids, aws.ToString(s.SnapshotId))
 	}
 	return ids, nil
-}
-
-// sweepSnapshots deletes every snapshot carrying token except keep.
-func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
-	d.sweepToken(ctx, "DescribeSnapshots", token, keep, d.snapshotsOfToken, d.DeleteSnapshot)
 }
 
 // DeleteSnapshot: a snapshot that is already gone is not an error.

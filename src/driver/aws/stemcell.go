@@ -143,14 +143,11 @@ func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[st
 
 // image describes one AMI; unknown or deregistered is ErrStemcellNotFound.
 func (d *Driver) image(ctx context.Context, ami string) (types.Image, error) {
-	out, err := call(ctx, d, "DescribeImages", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeImagesOutput, error) {
+	out, err := describe(ctx, d, "DescribeImages", "image", ami, "InvalidAMIID.", driver.ErrStemcellNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeImagesOutput, error) {
 		return c.DescribeImages(ctx, &ec2.DescribeImagesInput{ImageIds: []string{ami}})
 	})
 	if err != nil {
-		if strings.HasPrefix(errCode(err), "InvalidAMIID.") {
-			return types.Image{}, fmt.Errorf("image %s: %w", ami, driver.ErrStemcellNotFound)
-		}
-		return types.Image{}, d.cloudErr("DescribeImages "+ami, err)
+		return types.Image{}, err
 	}
 	for _, img := range out.Images {
 		if img.State == types.ImageStateAvailable || img.State == types.ImageStatePending {
@@ -224,27 +221,18 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	for _, t := range ec2Tags(tags) {
 		etags = append(etags, ebstypes.Tag{Key: t.Key, Value: t.Value})
 	}
-	start, sent, err := create(ctx, d, "StartSnapshot", func(ctx context.Context, _ *ec2.Client) (*ebs.StartSnapshotOutput, error) {
-		return eb.StartSnapshot(ctx, &ebs.StartSnapshotInput{VolumeSize: aws.Int64(gib), Tags: etags,
+	// EBS honours the ClientToken; emulators may not: either way one
+	// snapshot survives a resend.
+	snap, err := d.createTagged(ctx, "StartSnapshot", tags[tagToken], d.snapshots(), func(ctx context.Context, _ *ec2.Client) (string, error) {
+		out, err := eb.StartSnapshot(ctx, &ebs.StartSnapshotInput{VolumeSize: aws.Int64(gib), Tags: etags,
 			ClientToken: aws.String(tags[tagToken]), Description: aws.String("runway stemcell")})
-	}, func(ctx context.Context, c *ec2.Client) (*ebs.StartSnapshotOutput, bool, error) {
-		ids, err := d.snapshotsOfToken(ctx, c, tags[tagToken])
-		if len(ids) == 0 {
-			return nil, false, err
+		if err != nil {
+			return "", err
 		}
-		return &ebs.StartSnapshotOutput{SnapshotId: aws.String(ids[0])}, true, err
+		return aws.ToString(out.SnapshotId), nil
 	})
 	if err != nil {
-		if sent > 1 {
-			d.sweepSnapshots(ctx, tags[tagToken], "")
-		}
 		return "", d.cloudErr("StartSnapshot", err)
-	}
-	snap := aws.ToString(start.SnapshotId)
-	if sent > 1 {
-		// Sent more than once: EBS honours the ClientToken, emulators may
-		// not. Either way one snapshot survives.
-		d.sweepSnapshots(ctx, tags[tagToken], snap)
 	}
 	fail := func(err error) (string, error) {
 		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {

@@ -51,14 +51,11 @@ func (d *Driver) instance(ctx context.Context, id string) (types.Instance, error
 	if err := validCID("vm", id); err != nil {
 		return types.Instance{}, err
 	}
-	out, err := call(ctx, d, "DescribeInstances", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstancesOutput, error) {
+	out, err := describe(ctx, d, "DescribeInstances", "instance", id, "InvalidInstanceID.", driver.ErrVMNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstancesOutput, error) {
 		return c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
 	})
 	if err != nil {
-		if strings.HasPrefix(errCode(err), "InvalidInstanceID.") {
-			return types.Instance{}, fmt.Errorf("instance %s: %w", id, driver.ErrVMNotFound)
-		}
-		return types.Instance{}, d.cloudErr("DescribeInstances "+id, err)
+		return types.Instance{}, err
 	}
 	for _, r := range out.Reservations {
 		for _, i := range r.Instances {

@@ -83,18 +83,11 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 
 // DeleteDisk implements driver.Driver.
 func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
-	if err := checkCID("disk", cid); err != nil {
-		return err
-	}
-	unlock, err := d.lock(ctx, disks, cid)
+	rec, unlock, err := lockAndLoad[diskRecord](ctx, d, disks, cid)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	rec, err := d.loadDisk(cid)
-	if err != nil {
-		return err
-	}
 	// A VM that is gone holds nothing (a call killed half-way can leave
 	// its record naming one): only a live VM's attachment stops a delete.
 	if rec.AttachedTo != "" && d.vmExists(rec.AttachedTo) {
@@ -303,18 +296,11 @@ func checkDiskProps(p driver.Props) error {
 
 // update grows a disk and, when props is given, records new properties.
 func (d *Driver) update(ctx context.Context, cid string, size int, props *driver.Props) (string, error) {
-	if err := checkCID("disk", cid); err != nil {
-		return "", err
-	}
-	unlock, err := d.lock(ctx, disks, cid)
+	rec, unlock, err := lockAndLoad[diskRecord](ctx, d, disks, cid)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	rec, err := d.loadDisk(cid)
-	if err != nil {
-		return "", err
-	}
 	if size < rec.SizeMiB {
 		return "", fmt.Errorf("%w: shrinking disk %s from %d to %d MiB", driver.ErrNotSupported, cid, rec.SizeMiB, size)
 	}
@@ -332,25 +318,7 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 
 // SetDiskMetadata implements driver.Driver.
 func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error {
-	if err := checkCID("disk", cid); err != nil {
-		return err
-	}
-	unlock, err := d.lock(ctx, disks, cid)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	rec, err := d.loadDisk(cid)
-	if err != nil {
-		return err
-	}
-	if rec.Metadata == nil {
-		rec.Metadata = map[string]string{}
-	}
-	for k, v := range md {
-		rec.Metadata[k] = v
-	}
-	return d.save(disks, rec.CID, rec)
+	return setMetadata(ctx, d, disks, cid, md, func(r *diskRecord) *map[string]string { return &r.Metadata })
 }
 
 // snapshotRecord is snapshots/<cid>/snapshot.json.
@@ -365,18 +333,11 @@ type snapshotRecord struct {
 // SnapshotDisk implements driver.Driver: a copy of the disk's data taken
 // under the disk lock.
 func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
-	if err := checkCID("disk", cid); err != nil {
-		return "", err
-	}
-	unlock, err := d.lock(ctx, disks, cid)
+	rec, unlock, err := lockAndLoad[diskRecord](ctx, d, disks, cid)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	rec, err := d.loadDisk(cid)
-	if err != nil {
-		return "", err
-	}
 	snap, err := newCID("snap-")
 	if err != nil {
 		return "", err
@@ -417,20 +378,5 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 // DeleteSnapshot implements driver.Driver. A snapshot already gone is not
 // an error: the Director has no SnapshotNotFound to swallow.
 func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
-	if err := checkCID("snapshot", cid); err != nil {
-		return err
-	}
-	unlock, err := d.lock(ctx, snapshots, cid)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	defer d.sweep(snapshots)
-	if ok, err := d.has(snapshots, cid); err != nil {
-		return err
-	} else if !ok {
-		d.log.Info("local", "snapshot %s already gone", cid)
-		return nil
-	}
-	return d.remove(snapshots, cid)
+	return d.removeIfPresent(ctx, snapshots, cid)
 }

@@ -28,15 +28,7 @@ type Driver struct {
 	log    logging.Logger
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.VMSizer      = (*Driver)(nil)
-	_ driver.VMLister     = (*Driver)(nil)
-	_ driver.PowerSwitch  = (*Driver)(nil)
-	_ driver.DiskResizer  = (*Driver)(nil)
-	_ driver.DiskMetadata = (*Driver)(nil)
-	_ driver.Snapshotter  = (*Driver)(nil)
-)
+var _ driver.Complete = (*Driver)(nil)
 
 func init() {
 	// Every local key configures the host (its processes, bridge, runtime,

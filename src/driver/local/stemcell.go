@@ -70,20 +70,5 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 // DeleteStemcell implements driver.Driver; a stemcell already gone is not
 // an error (bosh-cli and the Director both expect that).
 func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
-	if err := checkCID("stemcell", cid); err != nil {
-		return err
-	}
-	unlock, err := d.lock(ctx, stemcells, cid)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	defer d.sweep(stemcells)
-	if ok, err := d.has(stemcells, cid); err != nil {
-		return err
-	} else if !ok {
-		d.log.Info("local", "stemcell %s already gone", cid)
-		return nil
-	}
-	return d.remove(stemcells, cid)
+	return d.removeIfPresent(ctx, stemcells, cid)
 }

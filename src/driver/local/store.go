@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,6 +48,58 @@ func load[T any](d *Driver, k kind, cid string) (*T, error) {
 		return nil, err
 	}
 	return &r, nil
+}
+
+// lockAndLoad checks cid, takes the resource's lock and loads its record;
+// the caller releases the lock with unlock once done.
+func lockAndLoad[T any](ctx context.Context, d *Driver, k kind, cid string) (rec *T, unlock func(), err error) {
+	if err := checkCID(k.name, cid); err != nil {
+		return nil, nil, err
+	}
+	if unlock, err = d.lock(ctx, k, cid); err != nil {
+		return nil, nil, err
+	}
+	if rec, err = load[T](d, k, cid); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return rec, unlock, nil
+}
+
+// setMetadata merges md into the metadata (of) of a VM's or disk's record.
+func setMetadata[T any](ctx context.Context, d *Driver, k kind, cid string, md map[string]string, of func(*T) *map[string]string) error {
+	rec, unlock, err := lockAndLoad[T](ctx, d, k, cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	m := of(rec)
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	maps.Copy(*m, md)
+	return d.save(k, cid, rec)
+}
+
+// removeIfPresent deletes a resource under its lock; one already gone is
+// not an error (the Director has nothing to swallow a not-found with).
+func (d *Driver) removeIfPresent(ctx context.Context, k kind, cid string) error {
+	if err := checkCID(k.name, cid); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, k, cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	defer d.sweep(k)
+	if ok, err := d.has(k, cid); err != nil {
+		return err
+	} else if !ok {
+		d.log.Info("local", "%s %s already gone", k.name, cid)
+		return nil
+	}
+	return d.remove(k, cid)
 }
 
 // save replaces an existing resource's record.

@@ -119,18 +119,11 @@ func (d *Driver) StopVM(ctx context.Context, cid string) error { return d.restar
 func (d *Driver) StartVM(ctx context.Context, cid string) error { return d.restart(ctx, cid, true) }
 
 func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
-	if err := checkCID("vm", cid); err != nil {
-		return err
-	}
-	unlock, err := d.lock(ctx, vms, cid)
+	rec, unlock, err := lockAndLoad[vmRecord](ctx, d, vms, cid)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	rec, err := d.loadVM(cid)
-	if err != nil {
-		return err
-	}
 	dir := d.path(vms, cid)
 	container := rec.Isolation == IsolationContainer
 	if container && start && !d.containers() {
@@ -181,25 +174,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 
 // SetVMMetadata implements driver.Driver.
 func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) error {
-	if err := checkCID("vm", cid); err != nil {
-		return err
-	}
-	unlock, err := d.lock(ctx, vms, cid)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	rec, err := d.loadVM(cid)
-	if err != nil {
-		return err
-	}
-	if rec.Metadata == nil {
-		rec.Metadata = map[string]string{}
-	}
-	for k, v := range md {
-		rec.Metadata[k] = v
-	}
-	return d.save(vms, cid, rec)
+	return setMetadata(ctx, d, vms, cid, md, func(r *vmRecord) *map[string]string { return &r.Metadata })
 }
 
 // ListVMs implements driver.Driver.

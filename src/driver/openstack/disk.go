@@ -181,12 +181,9 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 	if err != nil {
 		return d.cloudErr("delete volume "+id, err)
 	}
-	return d.waitFor(ctx, "volume "+id+" gone", func(ctx context.Context) (bool, error) {
+	return d.waitGone(ctx, "volume "+id, driver.ErrDiskNotFound, func(ctx context.Context) error {
 		_, err := d.volume(ctx, id)
-		if errors.Is(err, driver.ErrDiskNotFound) {
-			return true, nil
-		}
-		return false, err
+		return err
 	})
 }
 

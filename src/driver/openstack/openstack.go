@@ -10,6 +10,7 @@ package openstack
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 
@@ -38,15 +39,7 @@ type Driver struct {
 	initErr error
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.VMSizer      = (*Driver)(nil)
-	_ driver.VMLister     = (*Driver)(nil)
-	_ driver.PowerSwitch  = (*Driver)(nil)
-	_ driver.DiskResizer  = (*Driver)(nil)
-	_ driver.DiskMetadata = (*Driver)(nil)
-	_ driver.Snapshotter  = (*Driver)(nil)
-)
+var _ driver.Complete = (*Driver)(nil)
 
 // New builds the driver from its config section. No network I/O happens
 // until a method needs OpenStack.
@@ -143,6 +136,17 @@ func is409(err error) bool { return status(err) == 409 }
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
 	how := driver.Poll{Name: "openstack", First: firstPoll, Factor: 14}
 	return d.cfg.WaitFor(ctx, how, what, func(f string, a ...any) { d.log.Debug("openstack", f, a...) }, check)
+}
+
+// waitGone waits until probe (a lookup of what) answers gone.
+func (d *Driver) waitGone(ctx context.Context, what string, gone error, probe func(ctx context.Context) error) error {
+	return d.waitFor(ctx, what+" gone", func(ctx context.Context) (bool, error) {
+		err := probe(ctx)
+		if errors.Is(err, gone) {
+			return true, nil
+		}
+		return false, err
+	})
 }
 
 // validCID refuses anything but an OpenStack UUID (a stemcell may end

@@ -147,11 +147,8 @@ func (d *Driver) deleteSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return d.cloudErr("delete snapshot "+id, err)
 	}
-	return d.waitFor(ctx, "snapshot "+id+" gone", func(ctx context.Context) (bool, error) {
+	return d.waitGone(ctx, "snapshot "+id, errSnapshotGone, func(ctx context.Context) error {
 		_, err := d.snapshot(ctx, id)
-		if errors.Is(err, errSnapshotGone) {
-			return true, nil
-		}
-		return false, err
+		return err
 	})
 }

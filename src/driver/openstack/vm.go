@@ -66,12 +66,9 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	if err != nil {
 		return d.cloudErr("delete server "+id, err)
 	}
-	err = d.waitFor(ctx, "server "+id+" gone", func(ctx context.Context) (bool, error) {
+	err = d.waitGone(ctx, "server "+id, driver.ErrVMNotFound, func(ctx context.Context) error {
 		_, err := d.server(ctx, id)
-		if errors.Is(err, driver.ErrVMNotFound) {
-			return true, nil
-		}
-		return false, err
+		return err
 	})
 	if err == nil {
 		d.log.Info("openstack", "deleted server %s", id)

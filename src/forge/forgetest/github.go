@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -118,11 +119,7 @@ func (g *GitHub) RunnerCount() int {
 func (g *GitHub) Requests() map[string]int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range g.requests {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(g.requests)
 }
 
 // WaitDeliveries waits for webhook deliveries in flight.
