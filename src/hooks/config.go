@@ -110,63 +110,72 @@ func ParseConfig(raw json.RawMessage, stateDir string, knownMethod func(string) 
 			return nil, bad(field+".name", "duplicate extension %q", e.Name)
 		}
 		names[e.Name] = true
-		field = "extensions[" + e.Name + "]"
-		for _, op := range e.Operations {
-			if op != "*" && !knownMethod(op) {
-				return nil, bad(field+".operations", "unknown method %q", op)
-			}
+		if err := e.complete(knownMethod, bad); err != nil {
+			return nil, err
 		}
-		for _, ph := range e.Phases {
-			if ph != "pre" && ph != "post" {
-				return nil, bad(field+".phases", "must be pre or post, got %q", ph)
-			}
-		}
-		if e.TimeoutSeconds == 0 {
-			e.TimeoutSeconds = DefaultExtTimeout
-		}
-		if e.TimeoutSeconds < 1 || e.TimeoutSeconds > 30 {
-			return nil, bad(field+".timeoutSeconds", "must be 1 to 30, got %d", e.TimeoutSeconds)
-		}
-		switch e.FailurePolicy {
-		case "":
-			e.FailurePolicy = "Fail"
-		case "Fail", "Ignore":
-		default:
-			return nil, bad(field+".failurePolicy", "must be Fail or Ignore, got %q", e.FailurePolicy)
-		}
-		u, err := url.Parse(e.ClientConfig.URL)
-		if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-			return nil, bad(field+".clientConfig.url", "must be an http(s) URL, got %q", shownURL(e.ClientConfig.URL))
-		}
-		if u.Scheme == "http" && !loopback(u.Hostname()) {
-			return nil, bad(field+".clientConfig.url", "must use https (plain http is allowed for loopback only), got %q", shownURL(e.ClientConfig.URL))
-		}
-		if u.User != nil {
-			return nil, bad(field+".clientConfig.url", "must not carry credentials")
-		}
-		u.Fragment, u.RawFragment = "", ""
-		e.base, e.shown = u, shownURL(e.ClientConfig.URL)
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if e.ClientConfig.CABundle != "" {
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM([]byte(e.ClientConfig.CABundle)) {
-				return nil, bad(field+".clientConfig.caBundle", "holds no PEM certificate")
-			}
-			tc.RootCAs = pool
-		}
-		if (e.ClientConfig.ClientCert == "") != (e.ClientConfig.ClientKey == "") {
-			return nil, bad(field+".clientConfig", "clientCert and clientKey go together")
-		}
-		if e.ClientConfig.ClientCert != "" {
-			cert, err := tls.LoadX509KeyPair(e.ClientConfig.ClientCert, e.ClientConfig.ClientKey)
-			if err != nil {
-				return nil, bad(field+".clientConfig.clientCert", "%v", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		e.tls = tc
 	}
 	return &c, nil
+}
+
+// complete checks one extension (named already) and fills in its
+// defaults, its parsed URL and its TLS configuration.
+func (e *Extension) complete(knownMethod func(string) bool, bad func(field, format string, a ...any) error) error {
+	field := "extensions[" + e.Name + "]"
+	for _, op := range e.Operations {
+		if op != "*" && !knownMethod(op) {
+			return bad(field+".operations", "unknown method %q", op)
+		}
+	}
+	for _, ph := range e.Phases {
+		if ph != "pre" && ph != "post" {
+			return bad(field+".phases", "must be pre or post, got %q", ph)
+		}
+	}
+	if e.TimeoutSeconds == 0 {
+		e.TimeoutSeconds = DefaultExtTimeout
+	}
+	if e.TimeoutSeconds < 1 || e.TimeoutSeconds > 30 {
+		return bad(field+".timeoutSeconds", "must be 1 to 30, got %d", e.TimeoutSeconds)
+	}
+	switch e.FailurePolicy {
+	case "":
+		e.FailurePolicy = "Fail"
+	case "Fail", "Ignore":
+	default:
+		return bad(field+".failurePolicy", "must be Fail or Ignore, got %q", e.FailurePolicy)
+	}
+	u, err := url.Parse(e.ClientConfig.URL)
+	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+		return bad(field+".clientConfig.url", "must be an http(s) URL, got %q", shownURL(e.ClientConfig.URL))
+	}
+	if u.Scheme == "http" && !loopback(u.Hostname()) {
+		return bad(field+".clientConfig.url", "must use https (plain http is allowed for loopback only), got %q", shownURL(e.ClientConfig.URL))
+	}
+	if u.User != nil {
+		return bad(field+".clientConfig.url", "must not carry credentials")
+	}
+	u.Fragment, u.RawFragment = "", ""
+	e.base, e.shown = u, shownURL(e.ClientConfig.URL)
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if e.ClientConfig.CABundle != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(e.ClientConfig.CABundle)) {
+			return bad(field+".clientConfig.caBundle", "holds no PEM certificate")
+		}
+		tc.RootCAs = pool
+	}
+	if (e.ClientConfig.ClientCert == "") != (e.ClientConfig.ClientKey == "") {
+		return bad(field+".clientConfig", "clientCert and clientKey go together")
+	}
+	if e.ClientConfig.ClientCert != "" {
+		cert, err := tls.LoadX509KeyPair(e.ClientConfig.ClientCert, e.ClientConfig.ClientKey)
+		if err != nil {
+			return bad(field+".clientConfig.clientCert", "%v", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	e.tls = tc
+	return nil
 }
 
 func nameRe(s string) bool {

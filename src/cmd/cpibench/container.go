@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,28 +21,11 @@ func runContainer(cpiPath, rootfs string, n, procs int) error {
 	if rootfs == "" {
 		return fmt.Errorf("-rootfs: a rootfs tarball is needed (scripts/rootfs-dev path)")
 	}
-	dir, err := os.MkdirTemp("", "cpibench-ctr-")
+	callOK, cleanup, err := containerCaller(cpiPath)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	ns := "rwbench" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add: %v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	wrapper := filepath.Join(dir, "cpi-in-ns")
-	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, cpiPath)), 0o755); err != nil {
-		return err
-	}
-	cfg := filepath.Join(dir, "cpi.json")
-	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
-		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 5,
-			"container": map[string]any{"bridge": "rwb0", "cidr": "10.252.0.0/22"}}})
-	if err := os.WriteFile(cfg, b, 0o600); err != nil {
-		return err
-	}
-	callOK := caller(wrapper, cfg)
+	defer cleanup()
 	fmt.Printf("bin/cpi: %s, container mode (%s), rootfs %s\n\n", cpiPath, runtimeName(), rootfs)
 	res, d, err := callOK("create_stemcell", rootfs, map[string]any{})
 	if err != nil {
@@ -80,8 +64,46 @@ func runContainer(cpiPath, rootfs string, n, procs int) error {
 	}
 	report("container create_vm", creates)
 	report("container delete_vm", deletes)
+	return concurrentVMs(procs, create, callOK)
+}
 
-	// procs VMs at once.
+// cpiCall calls bin/cpi once: the answer's result and how long it took.
+type cpiCall = func(method string, args ...any) (json.RawMessage, time.Duration, error)
+
+// containerCaller calls bin/cpi as the Director would, inside a network
+// namespace of its own, on a container-mode config in a scratch
+// directory; cleanup removes both.
+func containerCaller(cpiPath string) (cpiCall, func(), error) {
+	dir, err := os.MkdirTemp("", "cpibench-ctr-")
+	if err != nil {
+		return nil, nil, err
+	}
+	ns := "rwbench" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("ip netns add: %v: %s", err, out)
+	}
+	cleanup := func() {
+		exec.Command("ip", "netns", "del", ns).Run()
+		os.RemoveAll(dir)
+	}
+	wrapper := filepath.Join(dir, "cpi-in-ns")
+	cfg := filepath.Join(dir, "cpi.json")
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
+		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 5,
+			"container": map[string]any{"bridge": "rwb0", "cidr": "10.252.0.0/22"}}})
+	if err := errors.Join(
+		os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, cpiPath)), 0o755),
+		os.WriteFile(cfg, b, 0o600)); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return caller(wrapper, cfg), cleanup, nil
+}
+
+// concurrentVMs creates procs VMs at once, reports how long that took and
+// the memory their cgroups use together, and deletes them at once.
+func concurrentVMs(procs int, create func() (string, time.Duration, error), callOK cpiCall) error {
 	vms := make([]string, procs)
 	errs := make(chan error, procs)
 	var wg sync.WaitGroup

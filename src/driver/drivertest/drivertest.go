@@ -35,25 +35,56 @@ type Fixture struct {
 // interfaces (listing, power, resizing, disk metadata, snapshots) for the
 // drivers that implement them.
 func Run(t *testing.T, f Fixture) {
-	ctx := context.Background()
-	d := f.New(t)
-	lister, listing := d.(driver.VMLister)
-	power, powered := d.(driver.PowerSwitch)
-	resizer, resizing := d.(driver.DiskResizer)
-	labeler, labeling := d.(driver.DiskMetadata)
-	snapper, snapping := d.(driver.Snapshotter)
+	s := &suite{ctx: context.Background(), f: f, d: f.New(t),
+		tags: map[string]string{"created_by": "drivertest", "director": "dt-director", "agent_id": "dt-agent"}}
+	s.lister, s.listing = s.d.(driver.VMLister)
+	s.power, s.powered = s.d.(driver.PowerSwitch)
+	s.resizer, s.resizing = s.d.(driver.DiskResizer)
+	s.labeler, s.labeling = s.d.(driver.DiskMetadata)
+	s.snapper, s.snapping = s.d.(driver.Snapshotter)
+	t.Run("stemcell formats", s.stemcellFormats)
+	s.createStemcell(t)
+	t.Run("vm lifecycle", s.vmLifecycle)
+	t.Run("unknown vm", s.unknownVM)
+	t.Run("unknown cloud property", s.unknownCloudProperty)
+	t.Run("unknown stemcell", s.unknownStemcell)
+	t.Run("disk lifecycle", s.diskLifecycle)
+	t.Run("delete vm detaches its disks", s.deleteVMDetachesDisks)
+	t.Run("unknown disk", s.unknownDisk)
+	t.Run("path-like cids are refused", s.pathLikeCIDs)
+}
 
-	t.Run("stemcell formats", func(t *testing.T) {
-		if len(d.StemcellFormats()) == 0 {
-			t.Fatal("driver reports no stemcell formats")
-		}
-	})
+// suite is one driver under test, its optional interfaces, and the
+// stemcell every VM of the suite is made from.
+type suite struct {
+	ctx  context.Context
+	f    Fixture
+	d    driver.Driver
+	sc   string
+	tags map[string]string
 
-	img, scProps := f.StemcellImage(t)
+	lister   driver.VMLister
+	listing  bool
+	power    driver.PowerSwitch
+	powered  bool
+	resizer  driver.DiskResizer
+	resizing bool
+	labeler  driver.DiskMetadata
+	labeling bool
+	snapper  driver.Snapshotter
+	snapping bool
+}
+
+// createStemcell makes the suite's stemcell; deleting it (twice: the
+// second must not fail) is the last cleanup.
+func (s *suite) createStemcell(t *testing.T) {
+	ctx, d := s.ctx, s.d
+	img, scProps := s.f.StemcellImage(t)
 	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: img, CloudProps: scProps, Tags: map[string]string{"created_by": "drivertest"}})
 	if err != nil {
 		t.Fatalf("create_stemcell: %v", err)
 	}
+	s.sc = sc
 	t.Cleanup(func() {
 		if err := d.DeleteStemcell(ctx, sc); err != nil {
 			t.Errorf("delete_stemcell: %v", err)
@@ -62,247 +93,260 @@ func Run(t *testing.T, f Fixture) {
 			t.Errorf("delete_stemcell of a deleted stemcell must not fail: %v", err)
 		}
 	})
+}
 
-	tags := map[string]string{"created_by": "drivertest", "director": "dt-director", "agent_id": "dt-agent"}
-	createVM := func(t *testing.T, name string) driver.VM {
-		t.Helper()
-		vm, err := d.CreateVM(ctx, driver.VMSpec{Name: name, AgentID: "dt-agent", StemcellCID: sc, CloudProps: f.VMProps,
-			Networks: f.Networks, Tags: tags, AgentSettings: []byte(`{"agent_id":"dt-agent"}`)})
-		if err != nil {
-			t.Fatalf("create_vm: %v", err)
-		}
-		if vm.CID == "" {
-			t.Fatal("create_vm returned an empty cid")
-		}
-		return vm
+func (s *suite) createVM(t *testing.T, name string) driver.VM {
+	t.Helper()
+	vm, err := s.d.CreateVM(s.ctx, driver.VMSpec{Name: name, AgentID: "dt-agent", StemcellCID: s.sc, CloudProps: s.f.VMProps,
+		Networks: s.f.Networks, Tags: s.tags, AgentSettings: []byte(`{"agent_id":"dt-agent"}`)})
+	if err != nil {
+		t.Fatalf("create_vm: %v", err)
 	}
+	if vm.CID == "" {
+		t.Fatal("create_vm returned an empty cid")
+	}
+	return vm
+}
 
-	t.Run("vm lifecycle", func(t *testing.T) {
-		vm := createVM(t, "")
-		if ok, err := d.HasVM(ctx, vm.CID); err != nil || !ok {
-			t.Fatalf("has_vm after create = %v, %v; want true", ok, err)
+func (s *suite) stemcellFormats(t *testing.T) {
+	d := s.d
+	if len(d.StemcellFormats()) == 0 {
+		t.Fatal("driver reports no stemcell formats")
+	}
+}
+
+func (s *suite) vmLifecycle(t *testing.T) {
+	ctx, d, f, lister, listing, power, powered := s.ctx, s.d, s.f, s.lister, s.listing, s.power, s.powered
+	vm := s.createVM(t, "")
+	if ok, err := d.HasVM(ctx, vm.CID); err != nil || !ok {
+		t.Fatalf("has_vm after create = %v, %v; want true", ok, err)
+	}
+	for name := range f.Networks {
+		if vm.Networks[name].IP == "" {
+			t.Errorf("network %s has no address in create_vm's answer: %+v", name, vm.Networks)
 		}
-		for name, n := range f.Networks {
-			if vm.Networks[name].IP == "" {
-				t.Errorf("network %s has no address in create_vm's answer: %+v", name, vm.Networks)
+	}
+	if err := d.SetVMMetadata(ctx, vm.CID, map[string]string{"deployment": "dt", "name": "dt/0", "index": "0"}); err != nil {
+		t.Fatalf("set_vm_metadata: %v", err)
+	}
+	if listing {
+		list, err := lister.ListVMs(ctx, map[string]string{"agent_id": "dt-agent", "director": "dt-director"})
+		if err != nil {
+			t.Fatalf("list vms: %v", err)
+		}
+		i := slices.IndexFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID })
+		if i < 0 {
+			t.Fatalf("list by tag does not find %s: %+v", vm.CID, list)
+		}
+		// garm and reapers read addresses from the listing.
+		for name, n := range vm.Networks {
+			if got := list[i].Networks[name].IP; got != n.IP {
+				t.Errorf("list_vms: network %s has address %q, create_vm answered %q", name, got, n.IP)
 			}
-			_ = n
 		}
-		if err := d.SetVMMetadata(ctx, vm.CID, map[string]string{"deployment": "dt", "name": "dt/0", "index": "0"}); err != nil {
-			t.Fatalf("set_vm_metadata: %v", err)
+		if other, _ := lister.ListVMs(ctx, map[string]string{"director": "someone-else"}); slices.ContainsFunc(other, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
+			t.Fatalf("list with a foreign tag finds %s", vm.CID)
+		}
+	}
+	if powered {
+		if err := power.StopVM(ctx, vm.CID); err != nil {
+			t.Fatalf("stop vm: %v", err)
 		}
 		if listing {
-			list, err := lister.ListVMs(ctx, map[string]string{"agent_id": "dt-agent", "director": "dt-director"})
-			if err != nil {
-				t.Fatalf("list vms: %v", err)
-			}
-			i := slices.IndexFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID })
-			if i < 0 {
-				t.Fatalf("list by tag does not find %s: %+v", vm.CID, list)
-			}
-			// garm and reapers read addresses from the listing.
-			for name, n := range vm.Networks {
-				if got := list[i].Networks[name].IP; got != n.IP {
-					t.Errorf("list_vms: network %s has address %q, create_vm answered %q", name, got, n.IP)
-				}
-			}
-			if other, _ := lister.ListVMs(ctx, map[string]string{"director": "someone-else"}); slices.ContainsFunc(other, func(v driver.VMInfo) bool { return v.CID == vm.CID }) {
-				t.Fatalf("list with a foreign tag finds %s", vm.CID)
+			if list, _ := lister.ListVMs(ctx, map[string]string{"agent_id": "dt-agent"}); !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID && v.State == "stopped" }) {
+				t.Fatalf("stopped vm not listed as stopped: %+v", list)
 			}
 		}
-		if powered {
-			if err := power.StopVM(ctx, vm.CID); err != nil {
-				t.Fatalf("stop vm: %v", err)
-			}
-			if listing {
-				if list, _ := lister.ListVMs(ctx, map[string]string{"agent_id": "dt-agent"}); !slices.ContainsFunc(list, func(v driver.VMInfo) bool { return v.CID == vm.CID && v.State == "stopped" }) {
-					t.Fatalf("stopped vm not listed as stopped: %+v", list)
-				}
-			}
-			if err := power.StartVM(ctx, vm.CID); err != nil {
-				t.Fatalf("start vm: %v", err)
-			}
+		if err := power.StartVM(ctx, vm.CID); err != nil {
+			t.Fatalf("start vm: %v", err)
 		}
-		if err := d.RebootVM(ctx, vm.CID); err != nil {
-			t.Fatalf("reboot_vm: %v", err)
-		}
-		if ok, _ := d.HasVM(ctx, vm.CID); !ok {
-			t.Fatal("vm gone after reboot")
-		}
-		if err := d.DeleteVM(ctx, vm.CID); err != nil {
-			t.Fatalf("delete_vm: %v", err)
-		}
-		if ok, err := d.HasVM(ctx, vm.CID); err != nil || ok {
-			t.Fatalf("has_vm after delete = %v, %v; want false", ok, err)
-		}
-		if err := d.DeleteVM(ctx, vm.CID); !errors.Is(err, driver.ErrVMNotFound) {
-			t.Fatalf("delete_vm twice: %v; want ErrVMNotFound", err)
-		}
-	})
+	}
+	if err := d.RebootVM(ctx, vm.CID); err != nil {
+		t.Fatalf("reboot_vm: %v", err)
+	}
+	if ok, _ := d.HasVM(ctx, vm.CID); !ok {
+		t.Fatal("vm gone after reboot")
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatalf("delete_vm: %v", err)
+	}
+	if ok, err := d.HasVM(ctx, vm.CID); err != nil || ok {
+		t.Fatalf("has_vm after delete = %v, %v; want false", ok, err)
+	}
+	if err := d.DeleteVM(ctx, vm.CID); !errors.Is(err, driver.ErrVMNotFound) {
+		t.Fatalf("delete_vm twice: %v; want ErrVMNotFound", err)
+	}
+}
 
-	t.Run("unknown vm", func(t *testing.T) {
-		calls := map[string]func() error{
-			"delete_vm":       func() error { return d.DeleteVM(ctx, f.UnknownVM) },
-			"reboot_vm":       func() error { return d.RebootVM(ctx, f.UnknownVM) },
-			"set_vm_metadata": func() error { return d.SetVMMetadata(ctx, f.UnknownVM, map[string]string{"a": "b"}) },
-			"get_disks":       func() error { _, err := d.GetDisks(ctx, f.UnknownVM); return err },
+func (s *suite) unknownVM(t *testing.T) {
+	ctx, d, f, power, powered := s.ctx, s.d, s.f, s.power, s.powered
+	calls := map[string]func() error{
+		"delete_vm":       func() error { return d.DeleteVM(ctx, f.UnknownVM) },
+		"reboot_vm":       func() error { return d.RebootVM(ctx, f.UnknownVM) },
+		"set_vm_metadata": func() error { return d.SetVMMetadata(ctx, f.UnknownVM, map[string]string{"a": "b"}) },
+		"get_disks":       func() error { _, err := d.GetDisks(ctx, f.UnknownVM); return err },
+	}
+	if powered {
+		calls["stop_vm"] = func() error { return power.StopVM(ctx, f.UnknownVM) }
+		calls["start_vm"] = func() error { return power.StartVM(ctx, f.UnknownVM) }
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
+			t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
 		}
-		if powered {
-			calls["stop_vm"] = func() error { return power.StopVM(ctx, f.UnknownVM) }
-			calls["start_vm"] = func() error { return power.StartVM(ctx, f.UnknownVM) }
-		}
-		for name, call := range calls {
-			if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
-				t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
-			}
-		}
-		if ok, err := d.HasVM(ctx, f.UnknownVM); err != nil || ok {
-			t.Errorf("has_vm on unknown vm = %v, %v; want false, nil", ok, err)
-		}
-	})
+	}
+	if ok, err := d.HasVM(ctx, f.UnknownVM); err != nil || ok {
+		t.Errorf("has_vm on unknown vm = %v, %v; want false, nil", ok, err)
+	}
+}
 
-	// Nothing is silently ignored: a cloud property no driver knows is an
-	// input error naming it.
-	t.Run("unknown cloud property", func(t *testing.T) {
-		bad := map[string]any{"no_such_key": true}
-		_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "dt-agent", StemcellCID: sc, CloudProps: merge(f.VMProps, bad), Networks: f.Networks, Tags: tags})
-		if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "no_such_key") {
-			t.Errorf("create_vm with an unknown cloud property: %v; want ErrInvalidInput naming it", err)
-		}
-		_, err = d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: merge(f.DiskProps, bad), Tags: tags})
-		if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "no_such_key") {
-			t.Errorf("create_disk with an unknown cloud property: %v; want ErrInvalidInput naming it", err)
-		}
-	})
+// Nothing is silently ignored: a cloud property no driver knows is an
+// input error naming it.
+func (s *suite) unknownCloudProperty(t *testing.T) {
+	ctx, d, f, sc, tags := s.ctx, s.d, s.f, s.sc, s.tags
+	bad := map[string]any{"no_such_key": true}
+	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "dt-agent", StemcellCID: sc, CloudProps: merge(f.VMProps, bad), Networks: f.Networks, Tags: tags})
+	if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "no_such_key") {
+		t.Errorf("create_vm with an unknown cloud property: %v; want ErrInvalidInput naming it", err)
+	}
+	_, err = d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: merge(f.DiskProps, bad), Tags: tags})
+	if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "no_such_key") {
+		t.Errorf("create_disk with an unknown cloud property: %v; want ErrInvalidInput naming it", err)
+	}
+}
 
-	t.Run("unknown stemcell", func(t *testing.T) {
-		_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "dt-agent", StemcellCID: "sc-does-not-exist", CloudProps: f.VMProps, Networks: f.Networks, Tags: tags})
-		if err == nil {
-			t.Fatal("create_vm with an unknown stemcell succeeded")
-		}
-	})
+func (s *suite) unknownStemcell(t *testing.T) {
+	ctx, d, f, tags := s.ctx, s.d, s.f, s.tags
+	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "dt-agent", StemcellCID: "sc-does-not-exist", CloudProps: f.VMProps, Networks: f.Networks, Tags: tags})
+	if err == nil {
+		t.Fatal("create_vm with an unknown stemcell succeeded")
+	}
+}
 
-	t.Run("disk lifecycle", func(t *testing.T) {
-		vm := createVM(t, "")
-		t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
-		disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: f.DiskProps, VMCID: vm.CID, Tags: tags})
+func (s *suite) diskLifecycle(t *testing.T) {
+	ctx, d, f, tags, resizer, resizing, labeler, labeling, snapper, snapping := s.ctx, s.d, s.f, s.tags, s.resizer, s.resizing, s.labeler, s.labeling, s.snapper, s.snapping
+	vm := s.createVM(t, "")
+	t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: f.DiskProps, VMCID: vm.CID, Tags: tags})
+	if err != nil {
+		t.Fatalf("create_disk: %v", err)
+	}
+	if ok, err := d.HasDisk(ctx, disk); err != nil || !ok {
+		t.Fatalf("has_disk = %v, %v", ok, err)
+	}
+	if labeling {
+		if err := labeler.SetDiskMetadata(ctx, disk, map[string]string{"deployment": "dt"}); err != nil {
+			t.Fatalf("set_disk_metadata: %v", err)
+		}
+	}
+	if err := d.DetachDisk(ctx, vm.CID, disk); !errors.Is(err, driver.ErrDiskNotAttached) {
+		t.Fatalf("detach of an unattached disk: %v; want ErrDiskNotAttached", err)
+	}
+	hint, err := d.AttachDisk(ctx, vm.CID, disk)
+	if err != nil {
+		t.Fatalf("attach_disk: %v", err)
+	}
+	if hint == nil || hint == "" {
+		t.Fatal("attach_disk returned an empty hint")
+	}
+	disks, err := d.GetDisks(ctx, vm.CID)
+	if err != nil || !slices.Equal(disks, []string{disk}) {
+		t.Fatalf("get_disks = %v, %v; want [%s]", disks, err, disk)
+	}
+	if snapping {
+		snap, err := snapper.SnapshotDisk(ctx, disk, map[string]string{"deployment": "dt"})
 		if err != nil {
-			t.Fatalf("create_disk: %v", err)
+			t.Fatalf("snapshot_disk: %v", err)
 		}
-		if ok, err := d.HasDisk(ctx, disk); err != nil || !ok {
-			t.Fatalf("has_disk = %v, %v", ok, err)
+		if err := snapper.DeleteSnapshot(ctx, snap); err != nil {
+			t.Fatalf("delete_snapshot: %v", err)
 		}
-		if labeling {
-			if err := labeler.SetDiskMetadata(ctx, disk, map[string]string{"deployment": "dt"}); err != nil {
-				t.Fatalf("set_disk_metadata: %v", err)
-			}
+	}
+	if err := d.DetachDisk(ctx, vm.CID, disk); err != nil {
+		t.Fatalf("detach_disk: %v", err)
+	}
+	if disks, _ := d.GetDisks(ctx, vm.CID); len(disks) != 0 {
+		t.Fatalf("get_disks after detach = %v", disks)
+	}
+	if resizing {
+		if err := resizer.ResizeDisk(ctx, disk, 2048); err != nil {
+			t.Fatalf("resize_disk grow: %v", err)
 		}
-		if err := d.DetachDisk(ctx, vm.CID, disk); !errors.Is(err, driver.ErrDiskNotAttached) {
-			t.Fatalf("detach of an unattached disk: %v; want ErrDiskNotAttached", err)
+		if err := resizer.ResizeDisk(ctx, disk, 1024); !errors.Is(err, driver.ErrNotSupported) {
+			t.Fatalf("resize_disk shrink: %v; want ErrNotSupported", err)
 		}
-		hint, err := d.AttachDisk(ctx, vm.CID, disk)
-		if err != nil {
-			t.Fatalf("attach_disk: %v", err)
-		}
-		if hint == nil || hint == "" {
-			t.Fatal("attach_disk returned an empty hint")
-		}
-		disks, err := d.GetDisks(ctx, vm.CID)
-		if err != nil || !slices.Equal(disks, []string{disk}) {
-			t.Fatalf("get_disks = %v, %v; want [%s]", disks, err, disk)
-		}
-		if snapping {
-			snap, err := snapper.SnapshotDisk(ctx, disk, map[string]string{"deployment": "dt"})
-			if err != nil {
-				t.Fatalf("snapshot_disk: %v", err)
-			}
-			if err := snapper.DeleteSnapshot(ctx, snap); err != nil {
-				t.Fatalf("delete_snapshot: %v", err)
-			}
-		}
-		if err := d.DetachDisk(ctx, vm.CID, disk); err != nil {
-			t.Fatalf("detach_disk: %v", err)
-		}
-		if disks, _ := d.GetDisks(ctx, vm.CID); len(disks) != 0 {
-			t.Fatalf("get_disks after detach = %v", disks)
-		}
-		if resizing {
-			if err := resizer.ResizeDisk(ctx, disk, 2048); err != nil {
-				t.Fatalf("resize_disk grow: %v", err)
-			}
-			if err := resizer.ResizeDisk(ctx, disk, 1024); !errors.Is(err, driver.ErrNotSupported) {
-				t.Fatalf("resize_disk shrink: %v; want ErrNotSupported", err)
-			}
-		}
-		if err := d.DeleteDisk(ctx, disk); err != nil {
-			t.Fatalf("delete_disk: %v", err)
-		}
-		if ok, _ := d.HasDisk(ctx, disk); ok {
-			t.Fatal("has_disk after delete = true")
-		}
-		if err := d.DeleteDisk(ctx, disk); !errors.Is(err, driver.ErrDiskNotFound) {
-			t.Fatalf("delete_disk twice: %v; want ErrDiskNotFound", err)
-		}
-	})
+	}
+	if err := d.DeleteDisk(ctx, disk); err != nil {
+		t.Fatalf("delete_disk: %v", err)
+	}
+	if ok, _ := d.HasDisk(ctx, disk); ok {
+		t.Fatal("has_disk after delete = true")
+	}
+	if err := d.DeleteDisk(ctx, disk); !errors.Is(err, driver.ErrDiskNotFound) {
+		t.Fatalf("delete_disk twice: %v; want ErrDiskNotFound", err)
+	}
+}
 
-	t.Run("delete vm detaches its disks", func(t *testing.T) {
-		vm := createVM(t, "")
-		disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: f.DiskProps, Tags: tags})
-		if err != nil {
-			t.Fatalf("create_disk: %v", err)
-		}
-		t.Cleanup(func() { _ = d.DeleteDisk(ctx, disk) })
-		if _, err := d.AttachDisk(ctx, vm.CID, disk); err != nil {
-			t.Fatalf("attach_disk: %v", err)
-		}
-		if err := d.DeleteVM(ctx, vm.CID); err != nil {
-			t.Fatalf("delete_vm: %v", err)
-		}
-		if ok, _ := d.HasDisk(ctx, disk); !ok {
-			t.Fatal("persistent disk lost with its vm")
-		}
-		if err := d.DeleteDisk(ctx, disk); err != nil {
-			t.Fatalf("delete_disk of a disk whose vm was deleted: %v", err)
-		}
-	})
+func (s *suite) deleteVMDetachesDisks(t *testing.T) {
+	ctx, d, f, tags := s.ctx, s.d, s.f, s.tags
+	vm := s.createVM(t, "")
+	disk, err := d.CreateDisk(ctx, driver.DiskSpec{SizeMiB: 1024, CloudProps: f.DiskProps, Tags: tags})
+	if err != nil {
+		t.Fatalf("create_disk: %v", err)
+	}
+	t.Cleanup(func() { _ = d.DeleteDisk(ctx, disk) })
+	if _, err := d.AttachDisk(ctx, vm.CID, disk); err != nil {
+		t.Fatalf("attach_disk: %v", err)
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatalf("delete_vm: %v", err)
+	}
+	if ok, _ := d.HasDisk(ctx, disk); !ok {
+		t.Fatal("persistent disk lost with its vm")
+	}
+	if err := d.DeleteDisk(ctx, disk); err != nil {
+		t.Fatalf("delete_disk of a disk whose vm was deleted: %v", err)
+	}
+}
 
-	t.Run("unknown disk", func(t *testing.T) {
-		vm := createVM(t, "")
-		t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
-		calls := map[string]func() error{
-			"delete_disk": func() error { return d.DeleteDisk(ctx, f.UnknownDisk) },
-			"attach_disk": func() error { _, err := d.AttachDisk(ctx, vm.CID, f.UnknownDisk); return err },
-			"detach_disk": func() error { return d.DetachDisk(ctx, vm.CID, f.UnknownDisk) },
+func (s *suite) unknownDisk(t *testing.T) {
+	ctx, d, f, resizer, resizing, labeler, labeling, snapper, snapping := s.ctx, s.d, s.f, s.resizer, s.resizing, s.labeler, s.labeling, s.snapper, s.snapping
+	vm := s.createVM(t, "")
+	t.Cleanup(func() { _ = d.DeleteVM(ctx, vm.CID) })
+	calls := map[string]func() error{
+		"delete_disk": func() error { return d.DeleteDisk(ctx, f.UnknownDisk) },
+		"attach_disk": func() error { _, err := d.AttachDisk(ctx, vm.CID, f.UnknownDisk); return err },
+		"detach_disk": func() error { return d.DetachDisk(ctx, vm.CID, f.UnknownDisk) },
+	}
+	if resizing {
+		calls["resize_disk"] = func() error { return resizer.ResizeDisk(ctx, f.UnknownDisk, 4096) }
+	}
+	if labeling {
+		calls["set_disk_metadata"] = func() error { return labeler.SetDiskMetadata(ctx, f.UnknownDisk, map[string]string{"a": "b"}) }
+	}
+	if snapping {
+		calls["snapshot_disk"] = func() error { _, err := snapper.SnapshotDisk(ctx, f.UnknownDisk, nil); return err }
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, driver.ErrDiskNotFound) {
+			t.Errorf("%s on unknown disk: %v; want ErrDiskNotFound", name, err)
 		}
-		if resizing {
-			calls["resize_disk"] = func() error { return resizer.ResizeDisk(ctx, f.UnknownDisk, 4096) }
-		}
-		if labeling {
-			calls["set_disk_metadata"] = func() error { return labeler.SetDiskMetadata(ctx, f.UnknownDisk, map[string]string{"a": "b"}) }
-		}
-		if snapping {
-			calls["snapshot_disk"] = func() error { _, err := snapper.SnapshotDisk(ctx, f.UnknownDisk, nil); return err }
-		}
-		for name, call := range calls {
-			if err := call(); !errors.Is(err, driver.ErrDiskNotFound) {
-				t.Errorf("%s on unknown disk: %v; want ErrDiskNotFound", name, err)
-			}
-		}
-		if ok, err := d.HasDisk(ctx, f.UnknownDisk); err != nil || ok {
-			t.Errorf("has_disk on unknown disk = %v, %v", ok, err)
-		}
-	})
+	}
+	if ok, err := d.HasDisk(ctx, f.UnknownDisk); err != nil || ok {
+		t.Errorf("has_disk on unknown disk = %v, %v", ok, err)
+	}
+}
 
-	t.Run("path-like cids are refused", func(t *testing.T) {
-		for _, cid := range []string{"", "..", "../x", "a/b", "/etc/passwd"} {
-			if _, err := d.HasVM(ctx, cid); !errors.Is(err, driver.ErrInvalidInput) {
-				t.Errorf("has_vm(%q): %v; want ErrInvalidInput", cid, err)
-			}
-			if err := d.DeleteDisk(ctx, cid); !errors.Is(err, driver.ErrInvalidInput) {
-				t.Errorf("delete_disk(%q): %v; want ErrInvalidInput", cid, err)
-			}
+func (s *suite) pathLikeCIDs(t *testing.T) {
+	ctx, d := s.ctx, s.d
+	for _, cid := range []string{"", "..", "../x", "a/b", "/etc/passwd"} {
+		if _, err := d.HasVM(ctx, cid); !errors.Is(err, driver.ErrInvalidInput) {
+			t.Errorf("has_vm(%q): %v; want ErrInvalidInput", cid, err)
 		}
-	})
+		if err := d.DeleteDisk(ctx, cid); !errors.Is(err, driver.ErrInvalidInput) {
+			t.Errorf("delete_disk(%q): %v; want ErrInvalidInput", cid, err)
+		}
+	}
 }
 
 // merge is p with extra keys added.

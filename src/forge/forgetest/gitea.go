@@ -13,15 +13,11 @@
 package forgetest
 
 import (
-	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,11 +66,6 @@ type GiteaRunner struct {
 	LastActive time.Time
 	TaskJob    int64
 	Disabled   bool
-}
-
-type hook struct {
-	url    string
-	secret []byte
 }
 
 // Gitea is the contract server.
@@ -129,11 +120,7 @@ func (g *Gitea) AddHook(u string, secret []byte) {
 func (g *Gitea) Requests() map[string]int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range g.requests {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(g.requests)
 }
 
 // AddJob queues a job (status queued or waiting) in repo owner/name.
@@ -499,227 +486,4 @@ func (g *Gitea) deliver(j *GiteaJob, action string) {
 		h.send(&g.deliveries, body, map[string]string{"X-Gitea-Event": "workflow_job", "X-Gitea-Event-Type": "workflow_job",
 			"X-Gitea-Delivery": randUUID(), "X-Gitea-Signature": sig, "X-Hub-Signature-256": "sha256=" + sig})
 	}
-}
-
-// send posts one delivery in the background, as a forge's hook queue does.
-func (h hook) send(wg *sync.WaitGroup, body []byte, headers map[string]string) {
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		req, _ := http.NewRequest("POST", h.url, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range headers {
-			req.Header.Set(k, v)
-		}
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}()
-}
-
-// hasAll is Gitea's ActionRunner.CanMatchLabels: the runner's labels, as
-// it registered them, hold every label of the job's runs-on, compared
-// exactly (a runner that registered "linux:host" does not take "linux").
-func hasAll(runner, job []string) bool {
-	for _, l := range job {
-		if !slices.Contains(runner, l) {
-			return false
-		}
-	}
-	return true
-}
-
-// runnerRPC serves the Connect-RPC JSON runner protocol.
-func (g *Gitea) runnerRPC(w http.ResponseWriter, r *http.Request, method string) {
-	var req map[string]any
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
-		connectError(w, 400, "invalid_argument", err.Error())
-		return
-	}
-	if method == "Register" {
-		g.register(w, req)
-		return
-	}
-	g.mu.Lock()
-	var rn *GiteaRunner
-	for _, x := range g.runners {
-		if x.UUID == r.Header.Get("x-runner-uuid") && x.Token == r.Header.Get("x-runner-token") {
-			rn = x
-		}
-	}
-	if rn == nil {
-		g.mu.Unlock()
-		connectError(w, 401, "unauthenticated", "unregistered runner")
-		return
-	}
-	rn.LastSeen = time.Now()
-	if method == "UpdateTask" || method == "UpdateLog" {
-		rn.LastActive = rn.LastSeen
-	}
-	switch method {
-	case "Declare":
-		// Gitea replaces the runner's labels with the declared ones.
-		if ls, ok := req["labels"].([]any); ok {
-			rn.Labels = strs(ls)
-		}
-		g.mu.Unlock()
-		writeJSON(w, 200, map[string]any{"runner": runnerJSON(rn)})
-	case "FetchTask":
-		// Gitea 1.26 (routers/api/actions/runner, services/actions/task.go):
-		// nothing new since the runner's tasksVersion, a disabled runner,
-		// or an ephemeral one that already has a task: no task.
-		known := toInt(req["tasksVersion"])
-		key := g.tasksVersionKey(rn.Scope)
-		if g.tasksVersions[key] == 0 {
-			g.tasksVersions[key] = 1 // Gitea starts a missing counter at 1
-		}
-		latest := g.tasksVersions[key]
-		var picked *GiteaJob
-		if known != latest && !(rn.Ephemeral && rn.TaskJob != 0) && !rn.Disabled {
-			var cands []*GiteaJob
-			for _, j := range g.jobs {
-				if j.Status == "queued" && scopeCovers(rn.Scope, j.Repo, g.User) && hasAll(rn.Labels, j.Labels) {
-					cands = append(cands, j)
-				}
-			}
-			sort.Slice(cands, func(a, b int) bool {
-				if !cands[a].Updated.Equal(cands[b].Updated) {
-					return cands[a].Updated.Before(cands[b].Updated)
-				}
-				return cands[a].ID < cands[b].ID
-			})
-			if len(cands) > 0 {
-				picked = cands[0]
-			}
-		}
-		version := strconv.FormatInt(latest, 10)
-		if picked == nil {
-			g.mu.Unlock()
-			writeJSON(w, 200, map[string]any{"tasksVersion": version})
-			return
-		}
-		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started, picked.Updated = "in_progress", rn.ID, rn.Name, time.Now(), time.Now()
-		picked.RunnerRegistered = rn.Registered
-		rn.TaskJob = picked.ID
-		g.mu.Unlock()
-		g.deliver(picked, "in_progress")
-		writeJSON(w, 200, map[string]any{"task": map[string]any{"id": strconv.FormatInt(picked.ID, 10),
-			"context": map[string]any{"repository": picked.Repo, "job": picked.Name}}, "tasksVersion": version})
-	case "UpdateTask":
-		state, _ := req["state"].(map[string]any)
-		id := toInt(state["id"])
-		j, ok := g.jobs[id]
-		if !ok || rn.TaskJob != id {
-			g.mu.Unlock()
-			connectError(w, 404, "not_found", "task not found")
-			return
-		}
-		result, _ := state["result"].(string)
-		done := result != "" && result != "RESULT_UNSPECIFIED"
-		if done {
-			j.Status, j.Completed, j.Updated = "completed", time.Now(), time.Now()
-			j.Conclusion = strings.ToLower(strings.TrimPrefix(result, "RESULT_"))
-			rn.TaskJob = 0
-			if rn.Ephemeral {
-				// Gitea removes an ephemeral runner once its task is done
-				// (models/actions: UpdateTask → DeleteEphemeralRunner);
-				// its next RPC is refused as an unregistered runner.
-				delete(g.runners, rn.ID)
-			}
-		}
-		g.mu.Unlock()
-		if done {
-			g.deliver(j, "completed")
-		}
-		writeJSON(w, 200, map[string]any{"state": map[string]any{"id": strconv.FormatInt(id, 10), "result": result}})
-	case "UpdateLog":
-		g.mu.Unlock()
-		writeJSON(w, 200, map[string]any{"ackIndex": "0"})
-	default:
-		g.mu.Unlock()
-		connectError(w, 404, "unimplemented", "unknown method "+method)
-	}
-}
-
-func (g *Gitea) register(w http.ResponseWriter, req map[string]any) {
-	token, _ := req["token"].(string)
-	name, _ := req["name"].(string)
-	g.mu.Lock()
-	scope := ""
-	for s, t := range g.regTokens {
-		if t == token && token != "" {
-			scope = s
-		}
-	}
-	// Gitea answers these with plain errors: Connect's "unknown", 500.
-	switch {
-	case token == "" || name == "":
-		g.mu.Unlock()
-		connectError(w, 500, "unknown", "missing runner token, name")
-		return
-	case scope == "":
-		g.mu.Unlock()
-		connectError(w, 500, "unknown", "runner registration token not found")
-		return
-	}
-	g.nextID++
-	// Offline until its first authenticated RPC (Gitea: last_online unset).
-	rn := &GiteaRunner{ID: g.nextID, UUID: randUUID(), Token: randHex(20), Name: name, Scope: scope, Registered: time.Now()}
-	rn.Ephemeral, _ = req["ephemeral"].(bool)
-	// Stored as sent (Gitea: AgentLabels = req.Labels).
-	if ls, ok := req["labels"].([]any); ok {
-		rn.Labels = strs(ls)
-	}
-	g.runners[rn.ID] = rn
-	body := map[string]any{"runner": runnerJSON(rn)}
-	g.mu.Unlock()
-	writeJSON(w, 200, body)
-}
-
-func strs(vs []any) []string {
-	out := []string{}
-	for _, v := range vs {
-		if s, ok := v.(string); ok {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func runnerJSON(rn *GiteaRunner) map[string]any {
-	return map[string]any{"id": strconv.FormatInt(rn.ID, 10), "uuid": rn.UUID, "token": rn.Token, "name": rn.Name,
-		"labels": rn.Labels, "ephemeral": rn.Ephemeral}
-}
-
-func toInt(v any) int64 {
-	switch t := v.(type) {
-	case float64:
-		return int64(t)
-	case string:
-		n, _ := strconv.ParseInt(t, 10, 64)
-		return n
-	}
-	return 0
-}
-
-func connectError(w http.ResponseWriter, code int, kind, msg string) {
-	writeJSON(w, code, map[string]string{"code": kind, "message": msg})
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func randUUID() string {
-	h := randHex(16)
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
