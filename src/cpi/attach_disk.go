@@ -14,7 +14,7 @@ type vmDiskArgs struct {
 // attach_disk answers the disk hint at API v2 (the Director fails on an
 // empty one), nothing at v1.
 var _ = method("attach_disk", "disk", func(s *Service, ctx context.Context, req *rpc.Request, a *vmDiskArgs) (any, error) {
-	s.Logger.Info("cpi", "attaching disk %s to vm %s", a.Disk, a.VM)
+	s.log().Info("attaching disk", "disk", a.Disk, "vm", a.VM)
 	hint, err := s.Driver.AttachDisk(ctx, a.VM, a.Disk)
 	if err != nil {
 		return nil, err

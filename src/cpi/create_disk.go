@@ -21,11 +21,11 @@ var _ = method("create_disk", "disk", func(s *Service, ctx context.Context, req 
 	if a.VM != nil {
 		spec.VMCID = *a.VM
 	}
-	s.Logger.Info("cpi", "creating %d MiB disk", spec.SizeMiB)
+	s.log().Info("creating disk", "size_mib", spec.SizeMiB)
 	cid, err := s.Driver.CreateDisk(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	s.Logger.Info("cpi", "created disk %s", cid)
+	s.log().Info("created disk", "disk", cid)
 	return cid, nil
 })

@@ -23,11 +23,11 @@ var _ = method("create_stemcell", "stemcell", func(s *Service, ctx context.Conte
 			tags[k] = v
 		}
 	}
-	s.Logger.Info("cpi", "creating stemcell from %s", a.ImagePath)
+	s.log().Info("creating stemcell", "image_path", a.ImagePath)
 	cid, err := s.Driver.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: a.ImagePath, CloudProps: a.CloudProps, Tags: tags})
 	if err != nil {
 		return nil, err
 	}
-	s.Logger.Info("cpi", "created stemcell %s", cid)
+	s.log().Info("created stemcell", "stemcell", cid)
 	return cid, nil
 })

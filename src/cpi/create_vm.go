@@ -53,12 +53,12 @@ var _ = method("create_vm", "vm", func(s *Service, ctx context.Context, req *rpc
 		}
 		spec.AgentSettings = b
 	}
-	s.Logger.Info("cpi", "creating vm %s for agent %s from stemcell %s", spec.Name, spec.AgentID, spec.StemcellCID)
+	s.log().Info("creating vm", "vm", spec.Name, "agent", spec.AgentID, "stemcell", spec.StemcellCID)
 	vm, err := s.Driver.CreateVM(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	s.Logger.Info("cpi", "created vm %s", vm.CID)
+	s.log().Info("created vm", "vm", vm.CID)
 	if req.APIVersion >= 2 {
 		return []any{vm.CID, vm.Networks}, nil
 	}

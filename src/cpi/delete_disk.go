@@ -7,6 +7,6 @@ import (
 )
 
 var _ = method("delete_disk", "disk", func(s *Service, ctx context.Context, _ *rpc.Request, a *diskArgs) (any, error) {
-	s.Logger.Info("cpi", "deleting disk %s", a.Disk)
+	s.log().Info("deleting disk", "disk", a.Disk)
 	return nil, s.Driver.DeleteDisk(ctx, a.Disk)
 })

@@ -16,6 +16,6 @@ var _ = method("delete_snapshot", "snapshot", func(s *Service, ctx context.Conte
 	if !ok {
 		return nil, s.lacks(req.Method)
 	}
-	s.Logger.Info("cpi", "deleting snapshot %s", a.Snapshot)
+	s.log().Info("deleting snapshot", "snapshot", a.Snapshot)
 	return nil, sn.DeleteSnapshot(ctx, a.Snapshot)
 })

@@ -7,6 +7,6 @@ import (
 )
 
 var _ = method("delete_vm", "vm", func(s *Service, ctx context.Context, _ *rpc.Request, a *vmArgs) (any, error) {
-	s.Logger.Info("cpi", "deleting vm %s", a.VM)
+	s.log().Info("deleting vm", "vm", a.VM)
 	return nil, s.Driver.DeleteVM(ctx, a.VM)
 })

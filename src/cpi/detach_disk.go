@@ -7,6 +7,6 @@ import (
 )
 
 var _ = method("detach_disk", "disk", func(s *Service, ctx context.Context, _ *rpc.Request, a *vmDiskArgs) (any, error) {
-	s.Logger.Info("cpi", "detaching disk %s from vm %s", a.Disk, a.VM)
+	s.log().Info("detaching disk", "disk", a.Disk, "vm", a.VM)
 	return nil, s.Driver.DetachDisk(ctx, a.VM, a.Disk)
 })

@@ -154,8 +154,8 @@ func (s *Service) pre(ctx context.Context, req *rpc.Request, runner *hooks.Runne
 		after := time.Duration(v.RetryAfter) * time.Second
 		if remaining := budget - waited; remaining > 0 {
 			wait := min(after, remaining)
-			s.Logger.Info("hooks", "%s deferred by hook %s for %ds (%s); waiting %s of the %s defer budget",
-				req.Method, v.Hook, v.RetryAfter, v.Message, wait, budget)
+			logging.Fields{Logger: s.Logger, Tag: "hooks"}.Info("deferred by a hook; waiting", "method", req.Method, "hook", v.Hook,
+				"retry_after_s", v.RetryAfter, "message", v.Message, "wait", wait, "defer_budget", budget)
 			if err := retry.SleepContext(ctx, wait); err != nil {
 				return nil, CloudError("%s: interrupted while waiting for hook %s: %v", req.Method, v.Hook, err)
 			}

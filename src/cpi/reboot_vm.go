@@ -7,6 +7,6 @@ import (
 )
 
 var _ = method("reboot_vm", "vm", func(s *Service, ctx context.Context, _ *rpc.Request, a *vmArgs) (any, error) {
-	s.Logger.Info("cpi", "rebooting vm %s", a.VM)
+	s.log().Info("rebooting vm", "vm", a.VM)
 	return nil, s.Driver.RebootVM(ctx, a.VM)
 })

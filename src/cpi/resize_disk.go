@@ -19,7 +19,7 @@ var _ = method("resize_disk", "disk", func(s *Service, ctx context.Context, req 
 	if err != nil {
 		return nil, err
 	}
-	s.Logger.Info("cpi", "resizing disk %s to %d MiB", a.Disk, a.NewSize)
+	s.log().Info("resizing disk", "disk", a.Disk, "size_mib", a.NewSize)
 	return nil, r.ResizeDisk(ctx, a.Disk, a.NewSize)
 })
 

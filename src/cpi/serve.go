@@ -58,7 +58,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, opts Options) error
 		// The answer's message is redacted as the log is: a credential the
 		// call was given, or one inside a URL, never comes back in it.
 		werr.Message = lc.Redactor().Redact(werr.Message)
-		lc.Error("cpi", "%s", werr.Error())
+		logging.Fields{Logger: lc, Tag: "cpi"}.Error("call failed", "error", werr.Error())
 		resp.Error = werr
 	}
 	resp.Log = lc.Trace()
@@ -117,8 +117,9 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 		args = append(args, v)
 	}
 	lc.Redactor().Add(logging.CollectSecrets(args)...)
-	lc.Debug("cpi", "request %s api_version=%d stemcell_api_version=%d arguments=%s",
-		req.Method, req.APIVersion, req.StemcellAPIVersion(), mustJSON(logging.Redacted(args)))
+	log := logging.Fields{Logger: lc, Tag: "cpi"}
+	log.Debug("request", "method", req.Method, "api_version", req.APIVersion, "stemcell_api_version", req.StemcellAPIVersion(),
+		"arguments", mustJSON(logging.Redacted(args)))
 
 	if !Known(req.Method) {
 		return nil, NotImplemented("Must call implemented method: %s", req.Method)
@@ -133,7 +134,7 @@ func handle(ctx context.Context, req *rpc.Request, opts Options, lc *logging.Cal
 	defer sess.Close()
 	res, werr = sess.Service.Invoke(ctx, req, sess.Hooks)
 	if werr == nil {
-		lc.Info("cpi", "%s finished in %s", req.Method, time.Since(start).Round(time.Microsecond))
+		log.Info("finished", "method", req.Method, "took", time.Since(start).Round(time.Microsecond))
 	}
 	return res, werr
 }
@@ -179,7 +180,7 @@ func NewSession(cfg *config.Config, cpiConfig map[string]any, lc *logging.Call) 
 			Base:     time.Duration(cfg.Retry.InitialBackoffMilli) * time.Millisecond,
 			MaxSleep: time.Duration(cfg.Retry.MaxBackoffSeconds) * time.Second,
 			Budget:   time.Duration(cfg.Retry.WaitBudgetSeconds) * time.Second,
-			Logf:     func(f string, a ...any) { lc.Info("retry", f, a...) },
+			Log:      logging.Fields{Logger: lc, Tag: "retry"}.Info,
 		}
 		drv, err = reg.New(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
 		if err != nil {

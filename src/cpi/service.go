@@ -41,6 +41,9 @@ func (s *Service) Call(ctx context.Context, req *rpc.Request) (any, *rpc.Error) 
 	return res, nil
 }
 
+// log is the call's logger for what the service itself says.
+func (s *Service) log() logging.Fields { return logging.Fields{Logger: s.Logger, Tag: "cpi"} }
+
 // lacks answers a method the driver cannot do.
 func (s *Service) lacks(method string) error {
 	return NotImplemented("%s is not implemented by driver %s", method, s.Config.Driver)

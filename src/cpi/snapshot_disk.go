@@ -12,6 +12,6 @@ var _ = method("snapshot_disk", "disk", func(s *Service, ctx context.Context, re
 	if !ok {
 		return nil, s.lacks(req.Method)
 	}
-	s.Logger.Info("cpi", "snapshotting disk %s", a.Disk)
+	s.log().Info("snapshotting disk", "disk", a.Disk)
 	return sn.SnapshotDisk(ctx, a.Disk, stringify(a.Metadata))
 })

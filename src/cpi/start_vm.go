@@ -14,6 +14,6 @@ var _ = method("start_vm", "vm", func(s *Service, ctx context.Context, req *rpc.
 	if !ok {
 		return nil, s.lacks(req.Method)
 	}
-	s.Logger.Info("cpi", "starting vm %s", a.VM)
+	s.log().Info("starting vm", "vm", a.VM)
 	return nil, p.StartVM(ctx, a.VM)
 })

@@ -14,6 +14,6 @@ var _ = method("stop_vm", "vm", func(s *Service, ctx context.Context, req *rpc.R
 	if !ok {
 		return nil, s.lacks(req.Method)
 	}
-	s.Logger.Info("cpi", "stopping vm %s", a.VM)
+	s.log().Info("stopping vm", "vm", a.VM)
 	return nil, p.StopVM(ctx, a.VM)
 })

@@ -18,6 +18,6 @@ var _ = method("update_disk", "disk", func(s *Service, ctx context.Context, req 
 	if err != nil {
 		return nil, err
 	}
-	s.Logger.Info("cpi", "updating disk %s to %d MiB", a.Disk, a.NewSize)
+	s.log().Info("updating disk", "disk", a.Disk, "size_mib", a.NewSize)
 	return r.UpdateDisk(ctx, a.Disk, a.NewSize, a.CloudProps)
 })

@@ -47,3 +47,49 @@ func TestFileAndFunctionSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestOneLogCallStyle: outside src/logging, every log call is a message
+// then key-value pairs (logging.Fields), never bosh-utils' (tag, format,
+// args...): a format verb in the second argument, or a format passed on
+// with its arguments, is the old style.
+func TestOneLogCallStyle(t *testing.T) {
+	levels := map[string]bool{"Debug": true, "Info": true, "Warn": true, "Error": true, "DebugWithDetails": true, "ErrorWithDetails": true}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() && path == "../logging" {
+			if err == nil {
+				err = filepath.SkipDir
+			}
+			return err
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) < 2 {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || !levels[sel.Sel.Name] {
+				return true
+			}
+			lit, isLit := call.Args[1].(*ast.BasicLit)
+			_, tagged := call.Args[0].(*ast.BasicLit)
+			_, isIdent := call.Args[1].(*ast.Ident)
+			forwarded := len(call.Args) == 3 && tagged && isIdent && call.Ellipsis.IsValid() // Info("tag", f, a...)
+			if isLit && lit.Kind == token.STRING && strings.Contains(lit.Value, "%") || forwarded {
+				t.Errorf("%s: printf-style log call; use a message and key-value pairs (logging.Fields)", fset.Position(call.Pos()))
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

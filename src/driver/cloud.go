@@ -51,8 +51,9 @@ type Poll struct {
 }
 
 // WaitFor polls check until it reports done, growing the interval up to
-// the config's cap, for at most its timeout. log gets one line per wait.
-func (p Polling) WaitFor(ctx context.Context, how Poll, what string, log func(format string, a ...any), check func(ctx context.Context) (bool, error)) error {
+// the config's cap, for at most its timeout. log (a logging.Fields
+// method) gets one line when a wait ends.
+func (p Polling) WaitFor(ctx context.Context, how Poll, what string, log func(msg string, kv ...any), check func(ctx context.Context) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, p.WaitTimeout())
 	defer cancel()
 	start := time.Now()
@@ -74,7 +75,7 @@ func (p Polling) WaitFor(ctx context.Context, how Poll, what string, log func(fo
 		}
 		if done {
 			if log != nil && (polls > 0 || !how.CheckFirst) {
-				log("%s after %s (%d polls)", what, time.Since(start).Round(time.Millisecond), polls+1)
+				log("waited", "for", what, "took", time.Since(start).Round(time.Millisecond), "polls", polls+1)
 			}
 			return nil
 		}

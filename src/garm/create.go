@@ -38,7 +38,7 @@ func (p *provider) create(ctx context.Context, bi params.BootstrapInstance) (str
 	if existing, err := p.find(ctx, bi.Name); err != nil {
 		return "", err
 	} else if len(existing) > 0 {
-		p.log.Info("garm", "instance %s exists as %s: returning it", bi.Name, existing[0].CID)
+		p.log.Info("instance exists: returning it", "instance", bi.Name, "vm", existing[0].CID)
 		return marshal(instance(existing[0]))
 	}
 
@@ -76,7 +76,7 @@ func (p *provider) create(ctx context.Context, bi params.BootstrapInstance) (str
 	if _, werr := p.call(ctx, "create_vm", bi.Name, stemcell, props, nets, []string{}, env); werr != nil {
 		// Leave nothing behind: whatever carries this name goes.
 		if derr := p.delete(context.WithoutCancel(ctx), bi.Name); derr != nil {
-			p.log.Error("garm", "cleaning up after a failed create of %s: %v", bi.Name, derr)
+			p.log.Error("cleaning up after a failed create failed", "instance", bi.Name, "err", derr)
 		}
 		return "", werr
 	}

@@ -77,7 +77,7 @@ type provider struct {
 	cfg   *config.Config
 	garm  *Config
 	sess  *cpi.Session
-	log   logging.Logger
+	log   logging.Fields
 	reqID string
 	n     int
 }
@@ -124,7 +124,7 @@ func run(ctx context.Context, env Env, stdin io.Reader, stderr io.Writer) (strin
 		return "", werr
 	}
 	defer sess.Close()
-	p := &provider{env: env, cfg: cfg, garm: gc, sess: sess, log: lc, reqID: reqID}
+	p := &provider{env: env, cfg: cfg, garm: gc, sess: sess, log: logging.Fields{Logger: lc, Tag: "garm"}, reqID: reqID}
 
 	switch env.Command {
 	case "CreateInstance":

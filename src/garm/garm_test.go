@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cloudbase/garm-provider-common/params"
+
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 

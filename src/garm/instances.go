@@ -117,7 +117,7 @@ func (p *provider) removeAll(ctx context.Context) error {
 	if werr != nil {
 		return werr
 	}
-	p.log.Info("garm", "removing %d instances of controller %s", len(vms), p.env.ControllerID)
+	p.log.Info("removing all instances of a controller", "count", len(vms), "controller", p.env.ControllerID)
 	return p.deleteAll(ctx, vms)
 }
 

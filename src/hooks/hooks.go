@@ -3,7 +3,6 @@ package hooks
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -49,7 +48,7 @@ type Verdict struct {
 // Runner runs the hooks of one CPI call.
 type Runner struct {
 	cfg  *Config
-	log  logging.Logger
+	log  logging.Fields
 	uid  string
 	now  func() time.Time
 	tmp  string // request file dir, made on first use
@@ -58,7 +57,7 @@ type Runner struct {
 
 // New returns a runner for one call.
 func New(cfg *Config, log logging.Logger) *Runner {
-	return &Runner{cfg: cfg, log: log, uid: uuid.NewString(), now: time.Now}
+	return &Runner{cfg: cfg, log: logging.Fields{Logger: log, Tag: "hooks"}, uid: uuid.NewString(), now: time.Now}
 }
 
 // Close removes the call's temporary files.
@@ -148,21 +147,21 @@ type auditLine struct {
 // record writes the audit line (one O_APPEND write, so lines from
 // concurrent bin/cpi processes never interleave) and the summary line.
 func (r *Runner) record(c *Call, phase string, h hookResult) {
-	detail := ""
+	kv := []any{"phase", phase, "method", c.Method, "kind", h.kind, "hook", h.name, "outcome", h.outcome}
 	switch {
 	case h.exitCode != nil:
-		detail = fmt.Sprintf("exit %d, ", *h.exitCode)
+		kv = append(kv, "exit", *h.exitCode)
 	case h.httpCode != 0:
-		detail = fmt.Sprintf("http %d, ", h.httpCode)
+		kv = append(kv, "http", h.httpCode)
 	}
 	if h.retryAfter > 0 {
-		detail += fmt.Sprintf("retry after %ds, ", h.retryAfter)
+		kv = append(kv, "retry_after_s", h.retryAfter)
 	}
-	msg := ""
+	kv = append(kv, "duration", h.duration.Round(time.Millisecond))
 	if h.message != "" {
-		msg = ": " + h.message
+		kv = append(kv, "message", h.message)
 	}
-	r.log.Info("hooks", "%s %s %s %s: %s (%s%s)%s", phase, c.Method, h.kind, h.name, h.outcome, detail, h.duration.Round(time.Millisecond), msg)
+	r.log.Info("hook ran", kv...)
 	line, _ := json.Marshal(auditLine{TS: r.now().UTC().Format(time.RFC3339Nano), RequestID: c.RequestID, UID: r.uid,
 		Method: c.Method, Phase: phase, Kind: h.kind, Name: h.name, Outcome: h.outcome, ExitCode: h.exitCode,
 		HTTPCode: h.httpCode, RetryAfter: h.retryAfter, DurationMs: h.duration.Milliseconds(), Message: h.message})
@@ -173,7 +172,7 @@ func (r *Runner) record(c *Call, phase string, h hookResult) {
 			f.Close()
 		}
 		if err != nil {
-			r.log.Warn("hooks", "audit log %s: %v", r.cfg.AuditLog, err)
+			r.log.Warn("writing the audit log failed", "path", r.cfg.AuditLog, "err", err)
 		}
 	}
 }

@@ -29,7 +29,7 @@ func (r *Runner) scripts(method, phase string) []string {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			r.log.Warn("hooks", "reading %s: %v", dir, err)
+			r.log.Warn("reading the hook directory failed", "dir", dir, "err", err)
 		}
 		return nil
 	}

@@ -217,7 +217,7 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		b, err := os.ReadFile(filepath.Join(h.dir, "post.out"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("error Bosh::Clouds::CloudError\n"))
-		Expect(r.Log).To(ContainSubstring("pre create_vm script create_vm-pre.d/10-quota: deny (exit 3"))
+		Expect(r.Log).To(ContainSubstring("hook ran phase=pre method=create_vm kind=script hook=create_vm-pre.d/10-quota outcome=deny exit=3"))
 	})
 
 	It("scripts run sorted with the CPI_ environment only; names and executability filter them", func() {
@@ -326,7 +326,7 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		Expect(string(saw)).To(ContainSubstring(`"method":"create_vm"`))
 		Expect(string(saw)).NotTo(ContainSubstring(canary))
 		Expect(r.Log).NotTo(ContainSubstring(canary))
-		Expect(r.Log).To(ContainSubstring("pre create_vm http quota: success (http 200"))
+		Expect(r.Log).To(ContainSubstring("hook ran phase=pre method=create_vm kind=http hook=quota outcome=success http=200"))
 	})
 
 	It("redacts keys naming a secret in any spelling: stderr, response log, hook env, CPI_REQUEST_FILE, extension bodies, audit", func() {
@@ -446,7 +446,7 @@ var _ = describeLocal("lifecycle hooks through bin/cpi", func() {
 		h := newHookEnv(map[string]any{"defer_wait_budget_seconds": 5, "extensions": []any{ext(e, "Fail", nil), ext(slow, "Fail", map[string]any{"name": "second"})}})
 		r := h.run("create_disk", 64, map[string]any{}, nil)
 		Expect(r.Error).To(BeNil())
-		Expect(r.Log).To(ContainSubstring("deferred by hook extension quota for 1s"))
+		Expect(r.Log).To(ContainSubstring(`deferred by a hook; waiting method=create_disk hook="extension quota" retry_after_s=1`))
 		var outcomes []string
 		for _, l := range h.auditLines() {
 			outcomes = append(outcomes, fmt.Sprintf("%s/%s/%s", l["phase"], l["name"], l["outcome"]))

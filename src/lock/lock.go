@@ -77,7 +77,7 @@ func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
 		ok, err := fl.TryLock()
 		if err == nil && !ok {
 			if !logged {
-				l.Logger.Debug("lock", "waiting for lock %s", name)
+				logging.Fields{Logger: l.Logger, Tag: "lock"}.Debug("waiting for lock", "lock", name)
 				logged = true
 			}
 			ok, err = fl.TryLockContext(cctx, pollInterval(l.Timeout))
@@ -98,7 +98,7 @@ func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
 			continue
 		}
 		if waited := time.Since(start); waited > l.SlowAfter {
-			l.Logger.Info("lock", "acquired lock %s after waiting %s", name, waited.Round(time.Millisecond))
+			logging.Fields{Logger: l.Logger, Tag: "lock"}.Info("acquired lock after waiting", "lock", name, "waited", waited.Round(time.Millisecond))
 		}
 		return func() { _ = fl.Unlock() }, nil
 	}

@@ -73,7 +73,7 @@ func TestTimeoutAndWaitLogged(t *testing.T) {
 	if _, err := waiter.Lock(context.Background(), "disk-1"); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("err = %v; want ErrTimeout", err)
 	}
-	if !strings.Contains(buf.String(), "waiting for lock disk-1") {
+	if !strings.Contains(buf.String(), "waiting for lock lock=disk-1") {
 		t.Fatalf("wait not logged: %q", buf.String())
 	}
 	release()

@@ -1,8 +1,9 @@
 // Package logging is Runway's one logging stack: bosh-utils' logger (the
 // BOSH Director's and every BOSH CPI's format) behind a redactor. A CPI
 // call's logger writes to stderr and, at the same time, into the buffer
-// returned as the response `log`; a daemon's writes to stderr, with
-// key=value fields (Fields). Registered secrets reach neither.
+// returned as the response `log`; a daemon's writes to stderr. Every
+// package logs in one style, a message then key=value pairs (Fields).
+// Registered secrets reach neither.
 package logging
 
 import (
@@ -104,7 +105,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 }
 
 // Fields logs a message followed by key=value pairs under one tag: the
-// daemon's style, on the same logger as everything else.
+// one call style, for a CPI call and the daemon alike.
 type Fields struct {
 	Logger
 	Tag string

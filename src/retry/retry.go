@@ -43,8 +43,9 @@ type Policy struct {
 	// a rate limit is waited out, never turned into a failure early.
 	MaxFaults int
 	Classify  Classifier
-	// Logf receives one line per wait. May be nil.
-	Logf func(format string, args ...any)
+	// Log receives one line per wait (a message, then key-value pairs, as
+	// logging.Fields takes them). May be nil.
+	Log func(msg string, kv ...any)
 	// Sleep waits; replaced in tests. Must return ctx.Err() when cancelled.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Rand returns a value in [0,1); replaced in tests.
@@ -58,15 +59,15 @@ func Default() Policy {
 }
 
 // For is p (Default when p has no budget) classifying with c and logging
-// its waits to logf unless p already logs somewhere: what a driver builds
+// its waits to log unless p already logs somewhere: what a driver builds
 // from the CPI's retry config.
-func (p Policy) For(c Classifier, logf func(format string, args ...any)) Policy {
+func (p Policy) For(c Classifier, log func(msg string, kv ...any)) Policy {
 	if p.Budget <= 0 {
 		p = Default()
 	}
 	p.Classify = c
-	if p.Logf == nil {
-		p.Logf = logf
+	if p.Log == nil {
+		p.Log = log
 	}
 	return p
 }
@@ -128,9 +129,9 @@ func (p Policy) Do(ctx context.Context, op string, fn func(context.Context) erro
 		if d > remaining {
 			d = remaining
 		}
-		if p.Logf != nil {
-			p.Logf("%s: %s (attempt %d): %v; waiting %s (%s of %s budget used)",
-				op, v.Class, attempt, err, d.Round(time.Millisecond), waited.Round(time.Millisecond), p.Budget)
+		if p.Log != nil {
+			p.Log("waiting to retry", "op", op, "class", v.Class, "attempt", attempt, "err", err,
+				"wait", d.Round(time.Millisecond), "waited", waited.Round(time.Millisecond), "budget", p.Budget)
 		}
 		if serr := sleep(ctx, d); serr != nil {
 			return fmt.Errorf("%s: %w while waiting to retry (last error: %v)", op, serr, err)

@@ -40,7 +40,7 @@ func (r *recorder) sleep(_ context.Context, d time.Duration) error {
 func policy(r *recorder, c Classifier, logs *[]string) Policy {
 	return Policy{Base: 100 * time.Millisecond, MaxSleep: time.Second, Budget: 10 * time.Second, Classify: c,
 		Sleep: r.sleep, Rand: func() float64 { return 0.999999 },
-		Logf: func(f string, a ...any) { *logs = append(*logs, f) }}
+		Log: func(msg string, kv ...any) { *logs = append(*logs, msg) }}
 }
 
 func TestBackoffGrowsToTheCap(t *testing.T) {
@@ -158,18 +158,18 @@ func TestPolicyFor(t *testing.T) {
 	var logged bool
 	c := func(error) Verdict { return Verdict{Class: Transient} }
 	p := Policy{}.For(c, func(string, ...any) { logged = true })
-	if p.Budget != Default().Budget || p.Classify == nil || p.Logf == nil {
+	if p.Budget != Default().Budget || p.Classify == nil || p.Log == nil {
 		t.Fatalf("For on a zero policy = %+v; want Default with the classifier and logger", p)
 	}
-	p.Logf("x")
+	p.Log("x")
 	if !logged {
 		t.Error("the driver's logger was not used")
 	}
-	own := Policy{Budget: time.Second, Logf: func(string, ...any) {}}.For(c, func(string, ...any) { t.Error("replaced the policy's own logger") })
+	own := Policy{Budget: time.Second, Log: func(string, ...any) {}}.For(c, func(string, ...any) { t.Error("replaced the policy's own logger") })
 	if own.Budget != time.Second {
 		t.Errorf("For replaced a configured budget: %s", own.Budget)
 	}
-	own.Logf("x")
+	own.Log("x")
 }
 
 // A request timeout from a real http.Client (which wraps

@@ -32,7 +32,7 @@ import (
 type Driver struct {
 	cfg   Config
 	locks *lock.Locker
-	log   logging.Logger
+	log   logging.Fields
 	retry retry.Policy
 
 	once    sync.Once
@@ -61,9 +61,9 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 	if log == nil {
 		log = logging.Discard()
 	}
-	policy = policy.For(classify, func(f string, a ...any) { log.Info("aws", f, a...) })
+	policy = policy.For(classify, logging.Fields{Logger: log, Tag: "aws"}.Info)
 	policy.MaxFaults = c.MaxAttempts
-	return &Driver{cfg: c, locks: locks, log: log, retry: policy}, nil
+	return &Driver{cfg: c, locks: locks, log: logging.Fields{Logger: log, Tag: "aws"}, retry: policy}, nil
 }
 
 // Tag keys the driver owns.
@@ -112,7 +112,7 @@ func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx contex
 			found, ok, err := find(ctx, c)
 			if err != nil || ok {
 				if ok {
-					d.log.Info("aws", "%s: an earlier attempt made it; adopting it", op)
+					d.log.Info("an earlier attempt made it; adopting it", "op", op)
 				}
 				return found, err
 			}
@@ -127,7 +127,7 @@ func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx contex
 // after 250 ms, 1.5× longer each time up to poll_max_ms.
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
 	how := driver.Poll{Name: "aws", First: firstPoll, Factor: 15, CheckFirst: true}
-	return d.cfg.WaitFor(ctx, how, what, func(f string, a ...any) { d.log.Debug("aws", f, a...) }, check)
+	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
 }
 
 // cidKinds: the EC2 id prefix of each kind of CID.
@@ -236,14 +236,14 @@ func (d *Driver) sweepToken(ctx context.Context, k tagged, token, keep string) {
 		return k.list(ctx, c, token)
 	})
 	if err != nil {
-		d.log.Warn("aws", "%s of token %s for cleanup: %v", k.listOp, token, err)
+		d.log.Warn("listing for cleanup failed", "op", k.listOp, "token", token, "err", err)
 		return
 	}
 	for _, id := range ids {
 		if id != keep {
-			d.log.Info("aws", "deleting %s left by this create", id)
+			d.log.Info("deleting what this create left", "id", id)
 			if err := k.del(ctx, id); err != nil {
-				d.log.Warn("aws", "deleting %s: %v", id, err)
+				d.log.Warn("deleting failed", "id", id, "err", err)
 			}
 		}
 	}

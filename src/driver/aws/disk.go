@@ -74,7 +74,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		d.sweepToken(context.WithoutCancel(ctx), d.volumes(), token, "")
 		return "", err
 	}
-	d.log.Info("aws", "created %s (%d GiB %s in %s)", id, *in.Size, in.VolumeType, az)
+	d.log.Info("volume created", "volume", id, "gib", *in.Size, "type", in.VolumeType, "zone", az)
 	return id, nil
 }
 
@@ -176,7 +176,7 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 		case err == nil, strings.HasPrefix(code, "InvalidVolume."):
 			return true, nil
 		case code == "VolumeInUse":
-			d.log.Info("aws", "volume %s still in use; waiting", id)
+			d.log.Info("volume still in use; waiting", "volume", id)
 			return false, nil
 		default:
 			return false, d.cloudErr("DeleteVolume "+id, err)
@@ -276,7 +276,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
 		return nil, err
 	}
-	d.log.Info("aws", "attached %s to %s as %s", diskCID, vmCID, device)
+	d.log.Info("attached", "volume", diskCID, "instance", vmCID, "device", device)
 	return d.deviceHint(ctx, inst, diskCID, device), nil
 }
 
@@ -297,7 +297,7 @@ func (d *Driver) deviceHint(ctx context.Context, inst types.Instance, volume, de
 	})
 	if err != nil {
 		// The hint is a hint: the agent also searches; say what happened.
-		d.log.Warn("aws", "DescribeInstanceTypes %s (for the NVMe device hint): %v", inst.InstanceType, err)
+		d.log.Warn("DescribeInstanceTypes failed (for the NVMe device hint)", "type", inst.InstanceType, "err", err)
 		return device
 	}
 	if len(out.InstanceTypes) > 0 && out.InstanceTypes[0].EbsInfo != nil && out.InstanceTypes[0].EbsInfo.NvmeSupport == types.EbsNvmeSupportRequired {
@@ -356,7 +356,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	if err := d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) { return attachmentTo(v, vmCID) == nil, nil }); err != nil {
 		return err
 	}
-	d.log.Info("aws", "detached %s from %s", diskCID, vmCID)
+	d.log.Info("detached", "volume", diskCID, "instance", vmCID)
 	return nil
 }
 
@@ -443,7 +443,7 @@ func (d *Driver) modifyVolume(ctx context.Context, cid string, sizeMiB int, p *v
 			return "", err
 		}
 	}
-	d.log.Info("aws", "modified %s", cid)
+	d.log.Info("volume modified", "volume", cid)
 	return cid, nil
 }
 

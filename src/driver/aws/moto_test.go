@@ -552,7 +552,7 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 		t.Fatalf("error %v; want a throttling error that exhausted the budget", err)
 	}
 	// Throttles are not bounded by max_attempts, only by the budget.
-	waits := strings.Count(logs.String(), "DescribeInstances: throttled (attempt")
+	waits := strings.Count(logs.String(), `waiting to retry op="aws DescribeInstances" class=throttled`)
 	if waits < 3 {
 		t.Errorf("%d logged waits; max_attempts must not cut a throttle short:\n%s", waits, logs.String())
 	}

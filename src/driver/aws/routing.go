@@ -50,7 +50,7 @@ func (d *Driver) configureInstance(ctx context.Context, inst types.Instance, p v
 		if err != nil {
 			return d.cloudErr("RegisterInstancesWithLoadBalancer "+name, err)
 		}
-		d.log.Info("aws", "%s registered with load balancer %s", id, name)
+		d.log.Info("registered with a load balancer", "instance", id, "elb", name)
 	}
 	for _, name := range p.LBTargetGroups {
 		var arn string
@@ -72,7 +72,7 @@ func (d *Driver) configureInstance(ctx context.Context, inst types.Instance, p v
 		if err != nil {
 			return d.cloudErr("RegisterTargets "+name, err)
 		}
-		d.log.Info("aws", "%s registered in target group %s", id, name)
+		d.log.Info("registered in a target group", "instance", id, "target_group", name)
 	}
 	return nil
 }
@@ -119,7 +119,7 @@ func (d *Driver) advertise(ctx context.Context, id string, r route) error {
 	if err != nil {
 		return d.cloudErr(op+" "+r.Destination+" in "+r.TableID, err)
 	}
-	d.log.Info("aws", "route %s in %s goes to %s", r.Destination, r.TableID, id)
+	d.log.Info("route set", "destination", r.Destination, "route_table", r.TableID, "instance", id)
 	return nil
 }
 

@@ -81,9 +81,9 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	}
 	ami, err := d.registerImage(ctx, snap, p, tags)
 	if err != nil {
-		d.log.Info("aws", "deleting snapshot %s of the failed stemcell", snap)
+		d.log.Info("deleting the failed stemcell's snapshot", "snapshot", snap)
 		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
-			d.log.Warn("aws", "deleting %s: %v", snap, derr)
+			d.log.Warn("deleting failed", "snapshot", snap, "err", derr)
 		}
 		return "", err
 	}
@@ -93,7 +93,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	copied, err := d.copyEncrypted(ctx, ami, kms, tags)
 	// The unencrypted original is not kept, whatever the copy did.
 	if derr := d.DeleteStemcell(context.WithoutCancel(ctx), ami); derr != nil {
-		d.log.Warn("aws", "deleting the unencrypted %s: %v", ami, derr)
+		d.log.Warn("deleting the unencrypted image failed", "ami", ami, "err", derr)
 	}
 	return copied, err
 }
@@ -119,7 +119,7 @@ func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[st
 	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
 		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{copied}, Tags: ec2Tags(tags)})
 	}); err != nil {
-		d.log.Warn("aws", "tagging %s: %v", copied, err)
+		d.log.Warn("tagging failed", "ami", copied, "err", err)
 	}
 	err = d.waitFor(ctx, "image "+copied+" available", func(ctx context.Context) (bool, error) {
 		img, err := d.image(ctx, copied)
@@ -133,11 +133,11 @@ func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[st
 	})
 	if err != nil {
 		if derr := d.DeleteStemcell(context.WithoutCancel(ctx), copied); derr != nil {
-			d.log.Warn("aws", "deleting the failed copy %s: %v", copied, derr)
+			d.log.Warn("deleting the failed copy failed", "ami", copied, "err", derr)
 		}
 		return "", err
 	}
-	d.log.Info("aws", "encrypted copy %s of %s", copied, ami)
+	d.log.Info("encrypted copy made", "ami", copied, "of", ami)
 	return copied, nil
 }
 
@@ -236,7 +236,7 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	}
 	fail := func(err error) (string, error) {
 		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
-			d.log.Warn("aws", "deleting partial snapshot %s: %v", snap, derr)
+			d.log.Warn("deleting a partial snapshot failed", "snapshot", snap, "err", derr)
 		}
 		return "", err
 	}
@@ -253,7 +253,7 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	if err := d.waitSnapshot(ctx, snap); err != nil {
 		return fail(err)
 	}
-	d.log.Info("aws", "uploaded stemcell into %s (%d GiB, %d blocks written)", snap, gib, blocks)
+	d.log.Info("stemcell uploaded", "snapshot", snap, "gib", gib, "blocks_written", blocks)
 	return snap, nil
 }
 
@@ -379,9 +379,9 @@ func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps
 	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
 		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{ami}, Tags: ec2Tags(itags)})
 	}); err != nil {
-		d.log.Warn("aws", "tagging %s: %v", ami, err)
+		d.log.Warn("tagging failed", "ami", ami, "err", err)
 	}
-	d.log.Info("aws", "registered %s (%s) from %s", ami, *in.Name, snap)
+	d.log.Info("image registered", "ami", ami, "name", *in.Name, "snapshot", snap)
 	return ami, nil
 }
 
@@ -392,7 +392,7 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 		return err
 	}
 	if strings.HasSuffix(cid, " light") {
-		d.log.Info("aws", "light stemcell %s: the AMI is not ours to delete", cid)
+		d.log.Info("light stemcell: the AMI is not ours to delete", "stemcell", cid)
 		return nil
 	}
 	img, err := d.image(ctx, cid)

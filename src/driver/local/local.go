@@ -25,7 +25,7 @@ type Driver struct {
 	prefix netip.Prefix
 	root   string
 	locks  *lock.Locker
-	log    logging.Logger
+	log    logging.Fields
 }
 
 var _ driver.Complete = (*Driver)(nil)
@@ -52,7 +52,7 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	if log == nil {
 		log = logging.Discard()
 	}
-	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: log}
+	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "local"}}
 	for _, sub := range []string{"stemcells", "vms", "disks", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(stateDir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("local: state dir: %w", err)

@@ -93,7 +93,7 @@ func (d *Driver) allocate(ctx context.Context, cid string, in driver.Networks) (
 func (d *Driver) release(ctx context.Context, cid string) {
 	unlock, err := d.locks.Lock(ctx, "state-ipam")
 	if err != nil {
-		d.log.Warn("local", "releasing addresses of %s: %v", cid, err)
+		d.log.Warn("releasing addresses failed", "vm", cid, "err", err)
 		return
 	}
 	defer unlock()
@@ -107,7 +107,7 @@ func (d *Driver) release(ctx context.Context, cid string) {
 		}
 	}
 	if err := writeJSON(d.ipamPath(), table); err != nil {
-		d.log.Warn("local", "releasing addresses of %s: %v", cid, err)
+		d.log.Warn("releasing addresses failed", "vm", cid, "err", err)
 	}
 }
 

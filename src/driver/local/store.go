@@ -96,7 +96,7 @@ func (d *Driver) removeIfPresent(ctx context.Context, k kind, cid string) error 
 	if ok, err := d.has(k, cid); err != nil {
 		return err
 	} else if !ok {
-		d.log.Info("local", "%s %s already gone", k.name, cid)
+		d.log.Info("already gone", k.name, cid)
 		return nil
 	}
 	return d.remove(k, cid)
@@ -196,9 +196,9 @@ func (d *Driver) sweep(k kind) {
 			continue // in flight
 		}
 		if err := os.RemoveAll(filepath.Join(d.root, k.dir, n)); err != nil {
-			d.log.Warn("local", "removing %s left by a killed call: %v", n, err)
+			d.log.Warn("removing what a killed call left failed", "path", n, "err", err)
 		} else {
-			d.log.Info("local", "removed %s/%s, left by a killed call", k.dir, n)
+			d.log.Info("removed what a killed call left", "path", k.dir+"/"+n)
 		}
 		d.locks.Release(name, release, true)
 	}

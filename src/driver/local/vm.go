@@ -97,7 +97,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 	if err := d.remove(vms, cid); err != nil {
 		return fmt.Errorf("removing vm %s: %w", cid, err)
 	}
-	d.log.Info("local", "vm %s deleted", cid)
+	d.log.Info("vm deleted", "vm", cid)
 	return nil
 }
 
@@ -155,7 +155,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		if err := d.startContainer(ctx, *rec, d.netPlan(d.ctr(cid), rec.Networks), ram); err != nil {
 			return err
 		}
-		d.log.Info("local", "vm %s restarted", cid)
+		d.log.Info("vm restarted", "vm", cid)
 		return nil
 	}
 	if start && len(rec.Command) > 0 {
@@ -167,7 +167,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		if err := startProcess(dir, rec.Command, env); err != nil {
 			return err
 		}
-		d.log.Info("local", "vm %s restarted", cid)
+		d.log.Info("vm restarted", "vm", cid)
 	}
 	return nil
 }

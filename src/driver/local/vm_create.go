@@ -145,7 +145,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	if err := d.start(ctx, pl, rec, settings); err != nil {
 		// Leave nothing behind: the VM never ran.
 		if derr := d.deleteLocked(ctx, cid); derr != nil {
-			d.log.Warn("local", "removing vm %s after its failed start: %v", cid, derr)
+			d.log.Warn("removing the vm after its failed start failed", "vm", cid, "err", derr)
 		}
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
 	}
@@ -159,12 +159,12 @@ func (d *Driver) start(ctx context.Context, pl *vmPlan, rec vmRecord, settings [
 		if err := d.runContainer(ctx, rec, pl.props, settings, pl.userData); err != nil {
 			return err
 		}
-		d.log.Info("local", "vm %s started in a container", rec.CID)
+		d.log.Info("vm started in a container", "vm", rec.CID)
 	case len(pl.argv) > 0:
 		if err := startProcess(d.path(vms, rec.CID), pl.argv, d.processEnv(rec, pl.props)); err != nil {
 			return err
 		}
-		d.log.Info("local", "vm %s started: %s", rec.CID, strings.Join(redactArgv(pl.argv), " "))
+		d.log.Info("vm started", "vm", rec.CID, "command", strings.Join(redactArgv(pl.argv), " "))
 	}
 	return nil
 }

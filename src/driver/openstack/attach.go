@@ -82,7 +82,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	}); err != nil {
 		return nil, err
 	}
-	d.log.Info("openstack", "attached %s to %s as %s", disk, vm, device)
+	d.log.Info("attached", "volume", disk, "server", vm, "device", device)
 	if device == "" {
 		return map[string]any{"id": disk}, nil
 	}
@@ -153,7 +153,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	}); err != nil {
 		return err
 	}
-	d.log.Info("openstack", "detached %s from %s", disk, vm)
+	d.log.Info("detached", "volume", disk, "server", vm)
 	return nil
 }
 

@@ -88,7 +88,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 		}
 	} else {
 		d.redact(tok.ID)
-		d.log.Debug("openstack", "using the cached Keystone token (expires %s)", tok.ExpiresAt.Format(time.RFC3339))
+		d.log.Debug("using the cached Keystone token", "expires", tok.ExpiresAt.Format(time.RFC3339))
 	}
 	pc.SetToken(tok.ID)
 	s := &session{pc: pc, endpoints: tok.Endpoints}
@@ -139,7 +139,7 @@ func (d *Driver) writeTokenCache(t *cachedToken) {
 	}
 	b, _ := json.Marshal(t)
 	if err := writeAtomic(d.stateDir, d.cachePath(), b); err != nil {
-		d.log.Warn("openstack", "cannot write the token cache: %v", err)
+		d.log.Warn("cannot write the token cache", "err", err)
 	}
 }
 
@@ -191,7 +191,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 		return nil, fmt.Errorf("openstack: Keystone at %s: the catalog has no compute endpoint for region %q, interface %s",
 			d.cfg.AuthURL, d.cfg.Region, d.cfg.Interface)
 	}
-	d.log.Info("openstack", "logged in to Keystone at %s (token expires %s)", d.cfg.AuthURL, t.ExpiresAt.Format(time.RFC3339))
+	d.log.Info("logged in to Keystone", "auth_url", d.cfg.AuthURL, "expires", t.ExpiresAt.Format(time.RFC3339))
 	d.writeTokenCache(t)
 	return t, nil
 }

@@ -70,7 +70,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		d.sweepVolumes(context.WithoutCancel(ctx), token, "")
 		return "", err
 	}
-	d.log.Info("openstack", "created volume %s (%d GiB, zone %q)", v.ID, opts.Size, az)
+	d.log.Info("volume created", "volume", v.ID, "gib", opts.Size, "zone", az)
 	return v.ID, nil
 }
 
@@ -86,16 +86,16 @@ func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
 		return err
 	})
 	if err != nil {
-		d.log.Warn("openstack", "listing volumes of token %s for cleanup: %v", token, err)
+		d.log.Warn("listing volumes for cleanup failed", "token", token, "err", err)
 		return
 	}
 	for _, v := range list {
 		if v.ID == keep || v.Metadata[mdToken] != token {
 			continue
 		}
-		d.log.Info("openstack", "deleting volume %s left by this create", v.ID)
+		d.log.Info("deleting what this create left", "volume", v.ID)
 		if err := d.deleteVolume(ctx, v.ID); err != nil && !errors.Is(err, driver.ErrDiskNotFound) {
-			d.log.Warn("openstack", "deleting volume %s: %v", v.ID, err)
+			d.log.Warn("deleting failed", "volume", v.ID, "err", err)
 		}
 	}
 }

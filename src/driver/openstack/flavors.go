@@ -119,7 +119,7 @@ func (d *Driver) writeFlavorCache(c *flavorCache) {
 	}
 	b, _ := json.Marshal(c)
 	if err := writeAtomic(d.stateDir, d.cacheFile("flavors"), b); err != nil {
-		d.log.Warn("openstack", "cannot write the flavor cache: %v", err)
+		d.log.Warn("cannot write the flavor cache", "err", err)
 	}
 }
 

@@ -58,7 +58,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 		return nil // a retried create: done already
 	}
 	if fip.PortID != "" {
-		d.log.Info("openstack", "floating IP %s: moving it from port %s to server %s", ip, fip.PortID, srv.ID)
+		d.log.Info("moving a floating IP", "ip", ip, "from_port", fip.PortID, "server", srv.ID)
 	}
 	_, err = d.do(ctx, "network", "associate floating IP "+ip, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := floatingips.Update(ctx, sc, fip.ID, floatingips.UpdateOpts{PortID: &port}).Extract()
@@ -67,7 +67,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 	if err != nil {
 		return d.cloudErr(fmt.Sprintf("associate floating IP %s with port %s", ip, port), err)
 	}
-	d.log.Info("openstack", "floating IP %s associated with server %s (port %s)", ip, srv.ID, port)
+	d.log.Info("floating IP associated", "ip", ip, "server", srv.ID, "port", port)
 	return nil
 }
 

@@ -155,7 +155,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			// The earlier POST's outcome is unknown: adopt what it made.
 			if p, err := portNamed(ctx, sc, n.props.NetID, c.name); err != nil || p != nil {
 				if p != nil {
-					d.log.Info("openstack", "create port %s: an earlier attempt made it; adopting it", p.ID)
+					d.log.Info("an earlier attempt made it; adopting it", "op", "create port", "port", p.ID)
 				}
 				port = p
 				return err
@@ -179,7 +179,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			// A create_vm killed between its port and its server left
 			// this port holding the address: remove it and try again.
 			reclaimed = true
-			d.log.Info("openstack", "deleting port %s: it holds %s for %s, a server that was never created", holder.ID, n.net.IP, holder.Name)
+			d.log.Info("deleting a port held for a server that was never created", "port", holder.ID, "ip", n.net.IP, "server_name", holder.Name)
 			if derr := ports.Delete(ctx, sc, holder.ID).ExtractErr(); derr != nil && !isNotFound(derr) {
 				return derr
 			}
@@ -328,7 +328,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 			return err
 		})
 		if err != nil {
-			d.log.Warn("openstack", "listing the ports of server %s: %v", s.ID, err)
+			d.log.Warn("listing the server's ports failed", "server", s.ID, "err", err)
 			return
 		}
 	}
@@ -348,7 +348,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 			}
 			return err
 		}); err != nil {
-			d.log.Warn("openstack", "deleting port %s of server %s: %v", p.ID, s.ID, err)
+			d.log.Warn("deleting a port failed", "port", p.ID, "server", s.ID, "err", err)
 		}
 	}
 }

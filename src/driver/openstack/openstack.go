@@ -30,7 +30,7 @@ type Driver struct {
 	cfg      Config
 	stateDir string
 	locks    *lock.Locker
-	log      logging.Logger
+	log      logging.Fields
 	retry    retry.Policy
 	redact   func(...string)
 
@@ -55,8 +55,8 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	if log == nil {
 		log = logging.Discard()
 	}
-	policy = policy.For(classify, func(f string, a ...any) { log.Info("openstack", f, a...) })
-	return &Driver{cfg: c, stateDir: stateDir, locks: locks, log: log, retry: policy, redact: redact}, nil
+	policy = policy.For(classify, logging.Fields{Logger: log, Tag: "openstack"}.Info)
+	return &Driver{cfg: c, stateDir: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "openstack"}, retry: policy, redact: redact}, nil
 }
 
 // StemcellFormats: images Glance stores (qcow2, raw) and light stemcells
@@ -96,7 +96,7 @@ func (d *Driver) doOnce(ctx context.Context, kind, op string, fn func(ctx contex
 		n++
 		err := fn(ctx, c)
 		if err != nil && n > 1 && alreadyDone(err) {
-			d.log.Info("openstack", "%s: an earlier attempt took effect (%d)", op, status(err))
+			d.log.Info("an earlier attempt took effect", "op", op, "status", status(err))
 			return nil
 		}
 		return err
@@ -118,7 +118,7 @@ func (d *Driver) doCreate(ctx context.Context, kind, op string, post func(ctx co
 				return err
 			}
 			if found {
-				d.log.Info("openstack", "%s: an earlier attempt made it; adopting it", op)
+				d.log.Info("an earlier attempt made it; adopting it", "op", op)
 				return nil
 			}
 		}
@@ -135,7 +135,7 @@ func is409(err error) bool { return status(err) == 409 }
 // the 4th poll instead of the 5th; measured in docs/benchmarks.md).
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
 	how := driver.Poll{Name: "openstack", First: firstPoll, Factor: 14}
-	return d.cfg.WaitFor(ctx, how, what, func(f string, a ...any) { d.log.Debug("openstack", f, a...) }, check)
+	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
 }
 
 // waitGone waits until probe (a lookup of what) answers gone.

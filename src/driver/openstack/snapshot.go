@@ -108,13 +108,13 @@ func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
 		return err
 	})
 	if err != nil {
-		d.log.Warn("openstack", "listing snapshots for cleanup: %v", err)
+		d.log.Warn("listing snapshots for cleanup failed", "err", err)
 		return
 	}
 	for _, s := range list {
 		if s.ID != keep && s.Metadata[mdToken] == token {
 			if err := d.deleteSnapshot(ctx, s.ID); err != nil {
-				d.log.Warn("openstack", "deleting snapshot %s: %v", s.ID, err)
+				d.log.Warn("deleting failed", "snapshot", s.ID, "err", err)
 			}
 		}
 	}

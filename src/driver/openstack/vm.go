@@ -71,7 +71,7 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 		return err
 	})
 	if err == nil {
-		d.log.Info("openstack", "deleted server %s", id)
+		d.log.Info("server deleted", "server", id)
 	}
 	return err
 }
@@ -285,16 +285,16 @@ func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
 		return err
 	})
 	if err != nil {
-		d.log.Warn("openstack", "listing servers named %s for cleanup: %v", name, err)
+		d.log.Warn("listing servers for cleanup failed", "name", name, "err", err)
 		return
 	}
 	for _, s := range list {
 		if s.ID == keep || s.Metadata[mdToken] != token {
 			continue
 		}
-		d.log.Info("openstack", "deleting server %s left by this create", s.ID)
+		d.log.Info("deleting what this create left", "server", s.ID)
 		if err := d.deleteServer(ctx, s.ID); err != nil && !errors.Is(err, driver.ErrVMNotFound) {
-			d.log.Warn("openstack", "deleting server %s: %v", s.ID, err)
+			d.log.Warn("deleting failed", "server", s.ID, "err", err)
 		}
 	}
 }

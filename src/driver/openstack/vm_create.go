@@ -267,7 +267,7 @@ func (d *Driver) createServer(ctx context.Context, c *creation, pl *vmPlan) (dri
 			break
 		}
 		// The official CPI's availability_zones: another zone may have room.
-		d.log.Warn("openstack", "create_vm %s in zone %q failed, trying zone %q: %v", c.name, zone, pl.zones[i+1], err)
+		d.log.Warn("create failed in a zone; trying the next", "vm", c.name, "zone", zone, "next_zone", pl.zones[i+1], "err", err)
 		c.d.sweepServers(context.WithoutCancel(ctx), c.name, c.token, "")
 		c.server, c.sent = "", 0
 	}
@@ -300,7 +300,7 @@ func (d *Driver) bootInZone(ctx context.Context, c *creation, pl *vmPlan, nics [
 	if err != nil {
 		return nil, d.creationError(err)
 	}
-	d.log.Info("openstack", "creating server %s (%s) for agent %s in zone %q", srv.ID, c.name, pl.agent, zone)
+	d.log.Info("creating server", "server", srv.ID, "name", c.name, "agent", pl.agent, "zone", zone)
 	srv, err = d.waitServer(ctx, srv.ID, "ACTIVE")
 	if err != nil {
 		return nil, d.creationError(err)
@@ -408,7 +408,7 @@ func (c *creation) undo(ctx context.Context) {
 	}
 	for _, m := range c.members {
 		if err := c.d.leavePool(ctx, m[0], m[1], m[2]); err != nil {
-			c.d.log.Warn("openstack", "removing member %s from pool %s after a failed create: %v", m[1], m[0], err)
+			c.d.log.Warn("removing a pool member after a failed create failed", "member", m[1], "pool", m[0], "err", err)
 		}
 	}
 	if c.server != "" || c.sent > 0 {
@@ -422,7 +422,7 @@ func (c *creation) undo(ctx context.Context) {
 			}
 			return err
 		}); err != nil {
-			c.d.log.Warn("openstack", "deleting port %s after a failed create: %v", p, err)
+			c.d.log.Warn("deleting a port after a failed create failed", "port", p, "err", err)
 		}
 	}
 }
