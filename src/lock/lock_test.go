@@ -18,15 +18,15 @@ import (
 // Separate Lockers open separate file descriptions, which flock treats as
 // separate owners: the same exclusion two processes get.
 func TestExclusionAcrossLockers(t *testing.T) {
-	if n := maxHolders(t, t.TempDir(), 20, func(*Locker) {}); n != 1 {
+	if n := maxHolders(t, t.TempDir(), 20, 0, func(*Locker) {}); n != 1 {
 		t.Fatalf("%d holders at once", n)
 	}
 }
 
-// maxHolders runs 8 Lockers on dir, each taking "vm-1" rounds times and
-// calling held (under the lock, after counting itself in), and answers the
-// most holders seen at once.
-func maxHolders(t *testing.T, dir string, rounds int, held func(*Locker)) int {
+// maxHolders runs 8 Lockers on dir, each taking "vm-1" rounds times,
+// holding it for hold, then counting itself out and calling done before
+// releasing; it answers the most holders seen at once.
+func maxHolders(t *testing.T, dir string, rounds int, hold time.Duration, done func(*Locker)) int {
 	var mu sync.Mutex
 	inside, maxInside := 0, 0
 	var wg sync.WaitGroup
@@ -49,10 +49,11 @@ func maxHolders(t *testing.T, dir string, rounds int, held func(*Locker)) int {
 				inside++
 				maxInside = max(maxInside, inside)
 				mu.Unlock()
-				held(l)
+				time.Sleep(hold)
 				mu.Lock()
 				inside--
 				mu.Unlock()
+				done(l)
 				release()
 			}
 		}()
@@ -97,10 +98,9 @@ func TestInvalidNames(t *testing.T) {
 // (waiters move to the new file) and no file is left at the end.
 func TestPruneKeepsExclusion(t *testing.T) {
 	dir := t.TempDir()
-	n := maxHolders(t, dir, 50, func(l *Locker) {
-		time.Sleep(100 * time.Microsecond) // hold it a while: others queue on this file
-		l.Prune("vm-1")
-	})
+	// Held a while, so others queue on this file; pruned once the holder
+	// is done, just before it releases (as Release does).
+	n := maxHolders(t, dir, 50, 100*time.Microsecond, func(l *Locker) { l.Prune("vm-1") })
 	if n != 1 {
 		t.Fatalf("%d holders at once", n)
 	}
