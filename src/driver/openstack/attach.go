@@ -146,10 +146,19 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	}
 	if err := d.waitFor(ctx, "volume "+disk+" detached from "+vm, func(ctx context.Context) (bool, error) {
 		v, err := d.volume(ctx, disk)
-		if err != nil {
+		if err != nil || attachmentTo(v, vm) != nil || v.Status == "detaching" {
 			return false, err
 		}
-		return attachmentTo(v, vm) == nil && v.Status != "detaching", nil
+		// Nova drops its block-device mapping only after Cinder shows the
+		// volume free: wait for both, so get_disks agrees at once.
+		_, err = d.do(ctx, "compute", "get attachment of "+disk+" to "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+			_, err := volumeattach.Get(ctx, sc, vm, disk).Extract()
+			return err
+		})
+		if isNotFound(err) {
+			return true, nil
+		}
+		return false, err
 	}); err != nil {
 		return err
 	}
