@@ -48,6 +48,9 @@ type Locker struct {
 	SlowAfter time.Duration
 }
 
+// log is the locker's logger, tag "lock".
+func (l *Locker) log() logging.Fields { return logging.Fields{Logger: l.Logger, Tag: "lock"} }
+
 // New creates the lock directory if needed.
 func New(dir string, timeout time.Duration, logger logging.Logger) (*Locker, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -77,7 +80,7 @@ func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
 		ok, err := fl.TryLock()
 		if err == nil && !ok {
 			if !logged {
-				logging.Fields{Logger: l.Logger, Tag: "lock"}.Debug("waiting for lock", "lock", name)
+				l.log().Debug("waiting for lock", "lock", name)
 				logged = true
 			}
 			ok, err = fl.TryLockContext(cctx, pollInterval(l.Timeout))
@@ -98,7 +101,7 @@ func (l *Locker) Lock(ctx context.Context, name string) (func(), error) {
 			continue
 		}
 		if waited := time.Since(start); waited > l.SlowAfter {
-			logging.Fields{Logger: l.Logger, Tag: "lock"}.Info("acquired lock after waiting", "lock", name, "waited", waited.Round(time.Millisecond))
+			l.log().Info("acquired lock after waiting", "lock", name, "waited", waited.Round(time.Millisecond))
 		}
 		return func() { _ = fl.Unlock() }, nil
 	}
