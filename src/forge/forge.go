@@ -35,6 +35,19 @@ type Job struct {
 	RunnerName string    `json:"runner_name,omitempty"`
 	URL        string    `json:"url,omitempty"` // API URL of the job itself
 	CreatedAt  time.Time `json:"created_at"`
+	// StartedAt and CompletedAt: zero until the forge sets them (Gitea
+	// writes the Unix epoch for unset dates; read as zero).
+	StartedAt   time.Time `json:"started_at,omitzero"`
+	CompletedAt time.Time `json:"completed_at,omitzero"`
+}
+
+// Time reads a forge's date: before 1971 (Gitea's epoch for "unset") is
+// no date.
+func Time(t time.Time) time.Time {
+	if t.Year() < 1971 {
+		return time.Time{}
+	}
+	return t
 }
 
 // Runner is one runner registered at the forge.
@@ -111,6 +124,10 @@ type Client interface {
 	Runners(ctx context.Context, s Scope) ([]Runner, error)
 	// DeleteRunner removes a registration; a missing runner is not an error.
 	DeleteRunner(ctx context.Context, s Scope, id int64) error
+	// DisableRunner stops a runner taking new jobs (a job it runs goes
+	// on) where the forge can; it answers false where it cannot (GitHub,
+	// which refuses instead to remove a runner running a job).
+	DisableRunner(ctx context.Context, s Scope, id int64) (bool, error)
 	// VerifyDelivery checks a webhook delivery's signature with the
 	// forge's own scheme (constant time); an empty secret never verifies.
 	VerifyDelivery(secret, body []byte, h http.Header) bool
@@ -178,21 +195,24 @@ func LabelNames(labels []string) []string {
 // JobJSON is a job as both forges' REST APIs and `workflow_job` payloads
 // spell it (runner_name and conclusion may be absent or null).
 type JobJSON struct {
-	ID         int64     `json:"id"`
-	RunID      int64     `json:"run_id"`
-	Name       string    `json:"name"`
-	Labels     []string  `json:"labels"`
-	Status     string    `json:"status"`
-	Conclusion string    `json:"conclusion"`
-	RunnerName string    `json:"runner_name"`
-	URL        string    `json:"url"`
-	CreatedAt  time.Time `json:"created_at"`
+	ID          int64     `json:"id"`
+	RunID       int64     `json:"run_id"`
+	Name        string    `json:"name"`
+	Labels      []string  `json:"labels"`
+	Status      string    `json:"status"`
+	Conclusion  string    `json:"conclusion"`
+	RunnerName  string    `json:"runner_name"`
+	URL         string    `json:"url"`
+	CreatedAt   time.Time `json:"created_at"`
+	StartedAt   time.Time `json:"started_at"`
+	CompletedAt time.Time `json:"completed_at"`
 }
 
 // Job converts it, with the repository the caller knows it by.
 func (j JobJSON) Job(repo string) Job {
 	return Job{ID: j.ID, RunID: j.RunID, Repo: repo, Name: j.Name, Labels: j.Labels, Status: j.Status,
-		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
+		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: Time(j.CreatedAt),
+		StartedAt: Time(j.StartedAt), CompletedAt: Time(j.CompletedAt)}
 }
 
 // Checker is a Client that can ask the forge for every endpoint a group

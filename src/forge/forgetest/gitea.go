@@ -92,6 +92,9 @@ type Gitea struct {
 	down          bool
 	requests      map[string]int
 	deliveries    sync.WaitGroup
+	// removedRunning: runners whose registration was removed while they
+	// ran a task.
+	removedRunning []string
 }
 
 // NewGitea starts a server on 127.0.0.1.
@@ -192,6 +195,14 @@ func (g *Gitea) Runners() []GiteaRunner {
 	return out
 }
 
+// RemovedWhileRunning names the runners whose registration was removed
+// while they ran a task (their job is lost with it).
+func (g *Gitea) RemovedWhileRunning() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.removedRunning...)
+}
+
 // RegistrationToken is POST <scope>/actions/runners/registration-token:
 // the scope's token (an API prefix: /orgs/acme, /repos/acme/app, /user,
 // /admin), made on first use and the same afterwards, as Gitea reuses
@@ -268,21 +279,10 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, map[string]string{"token": g.RegistrationToken(scope)})
 	case rest == "/actions/runners" && r.Method == "GET":
 		g.listRunners(w, r, scope)
+	case strings.HasPrefix(rest, "/actions/runners/") && r.Method == "PATCH":
+		g.editRunner(w, r, scope, strings.TrimPrefix(rest, "/actions/runners/"))
 	case strings.HasPrefix(rest, "/actions/runners/") && r.Method == "DELETE":
-		id, _ := strconv.ParseInt(strings.TrimPrefix(rest, "/actions/runners/"), 10, 64)
-		g.mu.Lock()
-		rn, ok := g.runners[id]
-		if ok && (rn.Scope == scope || scope == "/admin") {
-			delete(g.runners, id)
-		} else {
-			ok = false
-		}
-		g.mu.Unlock()
-		if !ok {
-			writeJSON(w, 404, map[string]string{"message": "Runner not found"})
-			return
-		}
-		w.WriteHeader(204)
+		g.deleteRunner(w, scope, strings.TrimPrefix(rest, "/actions/runners/"))
 	default:
 		writeJSON(w, 404, map[string]string{"message": "not found"})
 	}
@@ -411,37 +411,6 @@ func (g *Gitea) listRuns(w http.ResponseWriter, scope string) {
 		out = append(out, r)
 	}
 	writeJSON(w, 200, map[string]any{"workflow_runs": out, "total_count": len(out)})
-}
-
-func (g *Gitea) listRunners(w http.ResponseWriter, r *http.Request, scope string) {
-	g.mu.Lock()
-	out := []map[string]any{}
-	var ids []int64
-	for id, rn := range g.runners {
-		if rn.Scope == scope || scope == "/admin" {
-			ids = append(ids, id)
-		}
-	}
-	sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
-	for _, id := range ids {
-		rn := g.runners[id]
-		if r.URL.Query().Get("disabled") == "true" && !rn.Disabled {
-			continue
-		}
-		status := "offline"
-		if time.Since(rn.LastSeen) < time.Minute {
-			status = "online"
-		}
-		labels := []map[string]any{}
-		for i, l := range rn.Labels {
-			labels = append(labels, map[string]any{"id": i, "name": l, "type": "custom"})
-		}
-		out = append(out, map[string]any{"id": rn.ID, "name": rn.Name, "status": status,
-			"busy": status == "online" && time.Since(rn.LastActive) < 10*time.Second, "disabled": rn.Disabled,
-			"ephemeral": rn.Ephemeral, "labels": labels})
-	}
-	g.mu.Unlock()
-	writeJSON(w, 200, map[string]any{"runners": out, "total_count": len(out)})
 }
 
 // jobJSON renders a job as the REST API does: conclusion, runner_id and

@@ -1,6 +1,7 @@
 package forgetest
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
 )
@@ -24,6 +26,10 @@ type GitHubJob struct {
 	Conclusion string
 	RunnerID   int64
 	RunnerName string
+	// Created, Started, Completed: GitHub's created_at, started_at (the
+	// queue time for a queued job, as GitHub's examples show it) and
+	// completed_at (null until then), at the API's second precision.
+	Created, Started, Completed time.Time
 }
 
 type ghRunner struct {
@@ -33,6 +39,9 @@ type ghRunner struct {
 	Scope  string
 	Secret string
 	Job    int64
+	// Connected: the runner has called in. A JIT runner exists from
+	// generate-jitconfig on, "offline" until it connects (GitHub's list).
+	Connected bool
 }
 
 // GitHub is the REST + webhook contract server for GitHub Actions: runs
@@ -82,7 +91,7 @@ func (g *GitHub) AddJobInRun(repo string, run int64, labels []string) int64 {
 	if run == 0 {
 		run = g.nextID + 100000
 	}
-	j := &GitHubJob{ID: g.nextID, RunID: run, Repo: repo, Labels: labels, Status: "queued"}
+	j := &GitHubJob{ID: g.nextID, RunID: run, Repo: repo, Labels: labels, Status: "queued", Created: time.Now()}
 	g.jobs[j.ID] = j
 	g.mu.Unlock()
 	g.deliver(j, "queued")
@@ -94,8 +103,11 @@ func (g *GitHub) SetJobStatus(id int64, status string) {
 	g.mu.Lock()
 	j := g.jobs[id]
 	j.Status = status
-	if status == "completed" {
-		j.Conclusion = "success"
+	switch status {
+	case "in_progress":
+		j.Started = time.Now()
+	case "completed":
+		j.Conclusion, j.Completed = "success", time.Now()
 	}
 	g.mu.Unlock()
 	g.deliver(j, status)
@@ -200,25 +212,39 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 			for _, l := range rn.Labels {
 				labels = append(labels, map[string]any{"name": l, "type": "custom"})
 			}
-			out = append(out, map[string]any{"id": rn.ID, "name": rn.Name, "os": "linux", "status": "online",
+			status := "offline"
+			if rn.Connected {
+				status = "online"
+			}
+			out = append(out, map[string]any{"id": rn.ID, "name": rn.Name, "os": "linux", "status": status,
 				"busy": rn.Job != 0, "labels": labels})
 		}
 		g.mu.Unlock()
 		writeJSON(w, 200, map[string]any{"total_count": len(out), "runners": g.page(w, r, out)})
 	case len(rest) == 3 && rest[0] == "actions" && rest[1] == "runners" && r.Method == "DELETE":
-		id, _ := strconv.ParseInt(rest[2], 10, 64)
-		g.mu.Lock()
-		_, ok := g.runners[id]
-		delete(g.runners, id)
-		g.mu.Unlock()
-		if !ok {
-			writeJSON(w, 404, map[string]string{"message": "Not Found"})
-			return
-		}
-		w.WriteHeader(204)
+		g.deleteRunner(w, rest[2])
 	default:
 		writeJSON(w, 404, map[string]string{"message": "Not Found"})
 	}
+}
+
+// deleteRunner removes a runner; GitHub refuses for one running a job.
+func (g *GitHub) deleteRunner(w http.ResponseWriter, idText string) {
+	id, _ := strconv.ParseInt(idText, 10, 64)
+	g.mu.Lock()
+	rn, ok := g.runners[id]
+	if ok && rn.Job != 0 {
+		g.mu.Unlock()
+		writeJSON(w, 422, map[string]string{"message": fmt.Sprintf("Bad request - Runner %q is still running a job", rn.Name)})
+		return
+	}
+	delete(g.runners, id)
+	g.mu.Unlock()
+	if !ok {
+		writeJSON(w, 404, map[string]string{"message": "Not Found"})
+		return
+	}
+	w.WriteHeader(204)
 }
 
 func (g *GitHub) sortedJobs() []*GitHubJob {
@@ -348,6 +374,7 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/_runner/acquire":
+		rn.Connected = true
 		var picked *GitHubJob
 		for _, j := range g.sortedJobs() {
 			inScope := rn.Scope == "repos/"+j.Repo || strings.HasPrefix(j.Repo, strings.TrimPrefix(rn.Scope, "orgs/")+"/")
@@ -361,7 +388,7 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, 200, map[string]any{})
 			return
 		}
-		picked.Status, picked.RunnerID, picked.RunnerName = "in_progress", rn.ID, rn.Name
+		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
 		rn.Job = picked.ID
 		g.mu.Unlock()
 		g.deliver(picked, "in_progress")
@@ -373,7 +400,7 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, 409, map[string]string{"message": "no job"})
 			return
 		}
-		j.Status, j.Conclusion = "completed", "success"
+		j.Status, j.Conclusion, j.Completed = "completed", "success", time.Now()
 		delete(g.runners, rn.ID)
 		g.mu.Unlock()
 		g.deliver(j, "completed")
@@ -394,6 +421,13 @@ func (g *GitHub) jobJSON(j *GitHubJob) map[string]any {
 	if j.RunnerID != 0 {
 		m["runner_id"], m["runner_name"] = j.RunnerID, j.RunnerName
 	}
+	date := func(t time.Time) any {
+		if t.IsZero() {
+			return nil
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	m["created_at"], m["started_at"], m["completed_at"] = date(j.Created), date(cmp.Or(j.Started, j.Created)), date(j.Completed)
 	return m
 }
 

@@ -93,7 +93,8 @@ func scopeOf(s forge.Scope) (scope, error) {
 
 func job(j *sdk.ActionWorkflowJob) forge.Job {
 	return forge.Job{ID: j.ID, RunID: j.RunID, Repo: RepoFromURL(j.URL), Name: j.Name, Labels: j.Labels, Status: j.Status,
-		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: j.CreatedAt}
+		Conclusion: j.Conclusion, RunnerName: j.RunnerName, URL: j.URL, CreatedAt: forge.Time(j.CreatedAt),
+		StartedAt: forge.Time(j.StartedAt), CompletedAt: forge.Time(j.CompletedAt)}
 }
 
 // RepoFromURL takes owner/name from a job's API URL
@@ -283,6 +284,29 @@ func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) erro
 		return nil
 	}
 	return err
+}
+
+// DisableRunner implements forge.Client: PATCH the runner's disabled
+// flag (Gitea 1.26); a disabled runner fetches no task.
+func (c *Client) DisableRunner(ctx context.Context, s forge.Scope, id int64) (bool, error) {
+	sc, err := scopeOf(s)
+	if err != nil {
+		return false, err
+	}
+	cl := c.sdk(ctx)
+	opt := sdk.EditActionRunnerOption{Disabled: new(true)}
+	var resp *sdk.Response
+	switch sc.kind {
+	case "global":
+		_, resp, err = cl.UpdateAdminActionRunner(id, opt)
+	case "org":
+		_, resp, err = cl.UpdateOrgActionRunner(sc.owner, id, opt)
+	case "user":
+		_, resp, err = cl.UpdateUserActionRunner(id, opt)
+	default:
+		_, resp, err = cl.UpdateRepoActionRunner(sc.owner, sc.repo, id, opt)
+	}
+	return err == nil, apiErr(resp, err)
 }
 
 // VerifyDelivery implements forge.Client: X-Gitea-Signature, the hex

@@ -149,6 +149,38 @@ func TestRunnersAtEachScope(t *testing.T) {
 	}
 }
 
+// A disabled runner fetches no task (Gitea 1.26's PATCH of a runner);
+// disabling a missing runner is a not-found error.
+func TestDisabledRunnerTakesNoJob(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	c, _ := client(srv.URL, "tok")
+	ctx := context.Background()
+	s := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
+	reg, err := c.Register(ctx, s, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := gitearunner.Register(srv.URL, reg.Token, "r", []string{"linux"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := c.Runners(ctx, s)
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("runners %+v %v", rs, err)
+	}
+	if ok, err := c.DisableRunner(ctx, s, rs[0].ID); !ok || err != nil {
+		t.Fatalf("disable: %v %v", ok, err)
+	}
+	srv.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	if id, err := r.FetchTask(); id != "" || err != nil {
+		t.Errorf("a disabled runner fetched task %q (%v)", id, err)
+	}
+	if _, err := c.DisableRunner(ctx, s, 999999); !errors.Is(err, forge.ErrNotFound) {
+		t.Errorf("disabling a missing runner: %v", err)
+	}
+}
+
 // Deliveries verify with Gitea's signature header only.
 func TestVerifyDelivery(t *testing.T) {
 	c, _ := client("http://127.0.0.1:1", "tok")

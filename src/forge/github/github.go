@@ -65,7 +65,7 @@ func checkScope(s forge.Scope) error {
 func job(repo string, j *gh.WorkflowJob) forge.Job {
 	return forge.Job{ID: j.GetID(), RunID: j.GetRunID(), Repo: repo, Name: j.GetName(), Labels: j.Labels,
 		Status: j.GetStatus(), Conclusion: j.GetConclusion(), RunnerName: j.GetRunnerName(), URL: j.GetURL(),
-		CreatedAt: j.GetCreatedAt().Time}
+		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time, CompletedAt: j.GetCompletedAt().Time}
 }
 
 // Jobs implements forge.Client: the queued and in-progress jobs of the
@@ -257,6 +257,10 @@ func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) erro
 	}
 	return err
 }
+
+// DisableRunner implements forge.Client: GitHub has no call for it (its
+// removal of a runner running a job is refused, 422).
+func (c *Client) DisableRunner(context.Context, forge.Scope, int64) (bool, error) { return false, nil }
 
 // VerifyDelivery implements forge.Client: X-Hub-Signature-256 (go-github's
 // check). An empty secret never verifies.

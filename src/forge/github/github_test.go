@@ -161,3 +161,41 @@ func TestVerifyDelivery(t *testing.T) {
 		}
 	}
 }
+
+// GitHub refuses to remove a runner running a job (422) and lists a JIT
+// runner offline until it connects; Runway has no disable call there.
+func TestBusyRunnerIsNotRemoved(t *testing.T) {
+	srv := forgetest.NewGitHub("tok")
+	defer srv.Close()
+	c, _ := client(t, srv.URL, "tok")
+	s := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
+	reg, err := c.Register(ctx, s, "g-1", []string{"linux"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, _ := c.Runners(ctx, s); len(rs) != 1 || rs[0].Status != "offline" {
+		t.Fatalf("a JIT runner that never connected: %+v", rs)
+	}
+	if ok, err := c.DisableRunner(ctx, s, reg.RunnerID); ok || err != nil {
+		t.Errorf("DisableRunner on GitHub: %v %v", ok, err)
+	}
+	srv.AddJob("acme/app", []string{"linux"})
+	var cfg map[string]any
+	b, _ := base64.StdEncoding.DecodeString(reg.JITConfig)
+	json.Unmarshal(b, &cfg)
+	who, _ := json.Marshal(map[string]any{"runner_id": cfg["runner_id"], "secret": cfg["secret"]})
+	resp, err := http.Post(srv.URL+"/_runner/acquire", "application/json", strings.NewReader(string(who)))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("acquire: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	rs, _ := c.Runners(ctx, s)
+	if len(rs) != 1 || rs[0].Status != "online" || !rs[0].Busy {
+		t.Fatalf("runner with a job: %+v", rs)
+	}
+	err = c.DeleteRunner(ctx, s, reg.RunnerID)
+	var ae *forge.APIError
+	if !errors.As(err, &ae) || ae.Status != 422 || !strings.Contains(err.Error(), "is still running a job") {
+		t.Fatalf("removing a busy runner: %v", err)
+	}
+}

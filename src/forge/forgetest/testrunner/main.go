@@ -8,6 +8,8 @@
 // the JIT config.
 //
 // TESTRUNNER_HOLD_FILE: while that file exists, the job stays in progress.
+// TESTRUNNER_STALL_FILE: if that file exists at start, the runner never
+// registers (a boot that hangs) and waits until it is killed.
 // TESTRUNNER_IDLE: how long to wait for a job before exiting (default 2m).
 package main
 
@@ -33,6 +35,12 @@ func main() {
 }
 
 func run() error {
+	if f := os.Getenv("TESTRUNNER_STALL_FILE"); f != "" {
+		if _, err := os.Stat(f); err == nil {
+			fmt.Println("stalled: never registering")
+			select {}
+		}
+	}
 	idle := 2 * time.Minute
 	if v := os.Getenv("TESTRUNNER_IDLE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -72,11 +80,19 @@ func post(url string, hdr map[string]string, in, out any) (int, error) {
 	return resp.StatusCode, nil
 }
 
-func hold() {
+// hold waits while the hold file exists, calling tick each second as a
+// real runner reports its running job (Gitea: busy means active within
+// the last 10 s).
+func hold(tick func()) {
 	f := os.Getenv("TESTRUNNER_HOLD_FILE")
+	last := time.Now()
 	for f != "" {
 		if _, err := os.Stat(f); err != nil {
 			return
+		}
+		if time.Since(last) >= time.Second {
+			tick()
+			last = time.Now()
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -103,7 +119,7 @@ func gitea(idle time.Duration) error {
 		if err := r.Update(id, ""); err != nil {
 			return err
 		}
-		hold()
+		hold(func() { r.Update(id, "") })
 		err = r.Update(id, "RESULT_SUCCESS")
 		fmt.Println("completed task", id)
 		return err
@@ -139,7 +155,7 @@ func github(jit string, idle time.Duration) error {
 			continue
 		}
 		fmt.Println("took job", got.JobID)
-		hold()
+		hold(func() {})
 		_, err := post(cfg.URL+"/_runner/complete", nil, who, nil)
 		return err
 	}
