@@ -31,7 +31,7 @@ func Check(ctx context.Context, cfg *config.Config, opt Options) error {
 	var errs []error
 	for _, fc := range cfg.Forges {
 		if f, ok := opt.Forges[fc.Name]; ok && f.Client != nil {
-			o.forges[fc.Name] = newForgeView(fc, f)
+			o.forges[fc.Name] = newForgeView(fc, f, o.observeJob)
 		}
 	}
 	for _, gc := range cfg.Groups {

@@ -41,6 +41,9 @@ func (o *Orchestrator) Webhook(forgeType, delivery string, body []byte, h http.H
 		return n, ev, err
 	}
 	o.forges[n].apply(ev)
+	j := ev.Job
+	j.Status = ev.Action
+	o.observeJob(j)
 	o.Kick(n, ev.Job.Repo)
 	o.relay(relayed{Forge: n, Action: ev.Action, Job: &ev.Job})
 	return n, ev, nil

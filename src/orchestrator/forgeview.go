@@ -55,6 +55,7 @@ type forgeView struct {
 	// finished: runners a completed delivery named (their job is done,
 	// an ephemeral runner with it), until a pass reaps them.
 	finished map[string]time.Time
+	observe  func(forge.Job) // a job's dates, for the timings
 }
 
 // finishedRunners are the runners whose job a delivery said is done.
@@ -116,12 +117,13 @@ type listing struct {
 	owned   map[string][]forge.Job
 }
 
-func newForgeView(fc config.ForgeConfig, f Forge) *forgeView {
+func newForgeView(fc config.ForgeConfig, f Forge, observe func(forge.Job)) *forgeView {
 	secret := f.Secret
 	if secret == nil {
 		secret = func() string { return "" }
 	}
-	return &forgeView{cfg: fc, client: f.Client, secret: secret, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{}}
+	return &forgeView{cfg: fc, client: f.Client, secret: secret, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{},
+		observe: observe}
 }
 
 func scopeKey(s forge.Scope) string { return s.Kind + "/" + s.Owner + "/" + s.Repo }
@@ -149,6 +151,9 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 	m := make(map[int64]forge.Job, len(list))
 	for _, j := range list {
 		m[j.ID] = j
+		if j.Status == forge.StatusInProgress {
+			fv.observe(j)
+		}
 	}
 	sj.jobs, sj.at, sj.stale, sj.owned, sj.done = m, now, false, nil, map[int64]bool{}
 	return sj, nil

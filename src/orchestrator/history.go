@@ -1,6 +1,8 @@
 package orchestrator
 
 import (
+	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -15,6 +17,13 @@ type History struct {
 	mu      sync.Mutex
 	samples map[string][]Sample
 	errs    []RecentError
+	// durations: per group and kind, the durations of the last hour.
+	durations map[string]map[string][]timed
+}
+
+type timed struct {
+	at time.Time
+	d  time.Duration
 }
 
 // Sample is one pass's counts.
@@ -35,7 +44,65 @@ const (
 	HistorySpan = time.Hour
 	maxSamples  = 3600
 	maxErrors   = 20
+	// maxDurations bounds each kind's samples (a 1,000-job burst fits).
+	maxDurations = 10000
 )
+
+// The durations kept, as the status page names them.
+const (
+	JobQueue      = "job queue"
+	RunnerStartup = "runner start-up"
+	JobRun        = "job run"
+)
+
+// Timing is one kind of duration over the last hour.
+type Timing struct {
+	Kind          string
+	Count         int
+	P50, P90, P99 time.Duration
+}
+
+// RecordDuration keeps one duration of a kind for a group.
+func (h *History) RecordDuration(group, kind string, at time.Time, d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.durations == nil {
+		h.durations = map[string]map[string][]timed{}
+	}
+	if h.durations[group] == nil {
+		h.durations[group] = map[string][]timed{}
+	}
+	s := append(h.durations[group][kind], timed{at, d})
+	cut := 0
+	for cut < len(s) && (at.Sub(s[cut].at) > HistorySpan || len(s)-cut > maxDurations) {
+		cut++
+	}
+	h.durations[group][kind] = s[cut:]
+}
+
+// Timings are a group's job queue, runner start-up and job run times of
+// the last hour: how many, and their median, 90th and 99th percentiles
+// (nearest rank).
+func (h *History) Timings(group string) []Timing {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []Timing
+	for _, kind := range []string{JobQueue, RunnerStartup, JobRun} {
+		s := h.durations[group][kind]
+		ds := make([]time.Duration, len(s))
+		for i, x := range s {
+			ds[i] = x.d
+		}
+		slices.Sort(ds)
+		t := Timing{Kind: kind, Count: len(ds)}
+		if len(ds) > 0 {
+			rank := func(q float64) time.Duration { return ds[int(math.Ceil(q*float64(len(ds))))-1] }
+			t.P50, t.P90, t.P99 = rank(0.5), rank(0.9), rank(0.99)
+		}
+		out = append(out, t)
+	}
+	return out
+}
 
 // Record adds a group's counts at a pass.
 func (h *History) Record(group string, at time.Time, queued, runners int) {

@@ -22,6 +22,11 @@ type Metrics struct {
 	webhooks           *prometheus.CounterVec
 	foreignVMs         *prometheus.GaugeVec
 	acting             *prometheus.GaugeVec
+	// The durations users watch, as actions-runner-controller's listener
+	// exports them: job queue time, runner start-up time, job run time.
+	jobQueue      *prometheus.HistogramVec
+	runnerStartup *prometheus.HistogramVec
+	jobRun        *prometheus.HistogramVec
 }
 
 // NewMetrics registers every series.
@@ -51,12 +56,22 @@ func NewMetrics() *Metrics {
 			Help: "VMs of the group made by another state store (left alone)."}, []string{"group"}),
 		acting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_group_acting",
 			Help: "1 while this process acts for the group (replicas on PostgreSQL: one does)."}, []string{"group"}),
+		jobQueue: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_job_queue_seconds",
+			Help: "From a job queued at the forge to a runner of the group taking it.", Buckets: durationBuckets}, []string{"group"}),
+		runnerStartup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_runner_startup_seconds",
+			Help: "From a runner's spawn (its row, before create_vm) to its registration seen at the forge or its first job.", Buckets: durationBuckets}, []string{"group"}),
+		jobRun: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_job_run_seconds",
+			Help: "From a runner taking its job to the runner found finished.", Buckets: durationBuckets}, []string{"group"}),
 	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
-		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs, m.acting,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// durationBuckets span a quarter second to two hours: runner start-up
+// and queue time sit at the low end, job run time anywhere.
+var durationBuckets = prometheus.ExponentialBuckets(0.25, 2, 15)
 
 // ObserveForge is a forge.Transport's observer for forge name: requests
 // by method and status, and the rate limit left.

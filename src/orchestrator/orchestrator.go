@@ -51,6 +51,10 @@ type Orchestrator struct {
 	deliveryMu    sync.Mutex
 	deliveries    map[string]bool // webhook deliveries seen (bounded)
 	deliveryOrder []string
+
+	timedMu sync.Mutex
+	timed   map[int64]uint8 // jobs whose queue (1) and run (2) times are recorded
+	started map[string]bool // runners whose start-up time is recorded
 }
 
 // Forge is one configured forge as the daemon uses it.
@@ -121,7 +125,7 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 			o.Close()
 			return nil, fmt.Errorf("forge %s: no client", fc.Name)
 		}
-		o.forges[fc.Name] = newForgeView(fc, f)
+		o.forges[fc.Name] = newForgeView(fc, f, o.observeJob)
 	}
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]

@@ -51,18 +51,21 @@ func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 				d.busy[r.Name] = j
 				continue
 			}
-			switch {
-			case drained:
-				d.reap[r.Name] = "group drained"
-				continue
-			case now.Sub(r.StateAt) > cfg.Timeouts.Idle.Duration:
-				d.reap[r.Name] = "idle timeout"
-				continue
-			case r.ForgeRunnerID == 0 && age > cfg.Timeouts.Spawn.Duration:
-				// Never seen registered: it will not serve its job, which
+			switch booting := r.OnlineAt.IsZero(); {
+			case booting && age > cfg.Timeouts.Spawn.Duration:
+				// Never seen online: it will not serve its job, which
 				// gets a new runner once this one is gone (seed 001's TTL
 				// retry, but from durable state).
 				d.reap[r.Name] = "spawn timeout: never registered"
+				continue
+			case booting:
+				// Within its boot timeout nothing reaps it, not even a
+				// drain: it may be taking a job right now.
+			case drained:
+				d.reap[r.Name] = "group drained"
+				continue
+			case now.Sub(r.OnlineAt) > cfg.Timeouts.Idle.Duration:
+				d.reap[r.Name] = "idle timeout"
 				continue
 			case age > cfg.Timeouts.MaxLifetime.Duration:
 				d.reap[r.Name] = "max lifetime"

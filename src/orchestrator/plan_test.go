@@ -81,12 +81,12 @@ func TestPlanLifecycle(t *testing.T) {
 	owned, jobs := queued(1)
 	jobs[7] = forge.Job{ID: 7, Status: forge.StatusInProgress, RunnerName: "g-took"}
 	runners := []store.Runner{
-		{Name: "g-lost", State: store.Spawning, TriggerJob: 1, CreatedAt: t0},                                  // no spawn in flight
-		{Name: "g-took", State: store.Idle, TriggerJob: 1, CreatedAt: t0, StateAt: t0},                         // took job 7
-		{Name: "g-old", State: store.Idle, CreatedAt: t0.Add(-time.Hour), StateAt: t0.Add(-time.Hour)},         // idle too long
-		{Name: "g-done", State: store.Busy, JobID: 8, CreatedAt: t0, StateAt: t0},                              // job 8 left the listing
-		{Name: "g-ancient", State: store.Busy, JobID: 7, CreatedAt: t0.Add(-7 * time.Hour), StateAt: t0},       // past max lifetime
-		{Name: "g-vanish", State: store.Idle, TriggerJob: 5, CreatedAt: t0, StateAt: t0.Add(-2 * time.Minute)}, // trigger job gone
+		{Name: "g-lost", State: store.Spawning, TriggerJob: 1, CreatedAt: t0},                                                        // no spawn in flight
+		{Name: "g-took", State: store.Idle, TriggerJob: 1, CreatedAt: t0, StateAt: t0},                                               // took job 7
+		{Name: "g-old", State: store.Idle, CreatedAt: t0.Add(-time.Hour), StateAt: t0.Add(-time.Hour), OnlineAt: t0.Add(-time.Hour)}, // idle too long
+		{Name: "g-done", State: store.Busy, JobID: 8, CreatedAt: t0, StateAt: t0},                                                    // job 8 left the listing
+		{Name: "g-ancient", State: store.Busy, JobID: 7, CreatedAt: t0.Add(-7 * time.Hour), StateAt: t0},                             // past max lifetime
+		{Name: "g-vanish", State: store.Idle, TriggerJob: 5, CreatedAt: t0, StateAt: t0.Add(-2 * time.Minute)},                       // trigger job gone
 	}
 	d := plan(testGroup(10, 0), t0, lst(jobs), owned, runners, nil, nil, false)
 	if len(d.recover) != 1 || d.recover[0].Name != "g-lost" {
@@ -117,10 +117,42 @@ func TestPlanDrainAndWarmPool(t *testing.T) {
 		t.Fatalf("warm pool of 2: spawn %v", d.spawn)
 	}
 	owned, jobs := queued(1, 2, 3)
-	idle := []store.Runner{{Name: "g-w", State: store.Idle, CreatedAt: t0, StateAt: t0}}
+	idle := []store.Runner{{Name: "g-w", State: store.Idle, CreatedAt: t0, StateAt: t0, OnlineAt: t0}}
 	d = plan(testGroup(4, 2), t0, lst(jobs), owned, idle, nil, nil, true)
 	if len(d.spawn) != 0 || d.reap["g-w"] != "group drained" {
 		t.Fatalf("drained: spawn %v reap %v", d.spawn, d.reap)
+	}
+	// Still booting: a drain waits until it is online (or its spawn
+	// timeout): it may be taking a job this moment.
+	idle[0].OnlineAt = time.Time{}
+	if d = plan(testGroup(4, 2), t0, lst(jobs), owned, idle, nil, nil, true); len(d.reap) != 0 {
+		t.Fatalf("drained, booting: reap %v", d.reap)
+	}
+}
+
+// Scale-down safety in the plan: no idle-time or lifetime reap of a
+// runner within its boot timeout; past it, a runner never seen online is
+// reaped; idle time counts from coming online, not from create_vm.
+func TestPlanSparesBootingRunners(t *testing.T) {
+	cfg := testGroup(5, 0)
+	cfg.Timeouts.Idle = config.Duration{Duration: time.Second}
+	cfg.Timeouts.Spawn = config.Duration{Duration: time.Minute}
+	_, jobs := queued()
+	booting := []store.Runner{{Name: "g-b", State: store.Idle, CreatedAt: t0.Add(-59 * time.Second), StateAt: t0.Add(-50 * time.Second)}}
+	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
+		t.Errorf("idle 50 s > idle timeout 1 s, but within its boot timeout: reap %v", d.reap)
+	}
+	booting[0].CreatedAt = t0.Add(-61 * time.Second)
+	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); d.reap["g-b"] != "spawn timeout: never registered" {
+		t.Errorf("past its boot timeout, never online: reap %v", d.reap)
+	}
+	booting[0].OnlineAt = t0.Add(-500 * time.Millisecond)
+	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
+		t.Errorf("online half a second ago (idle timeout 1 s): reap %v", d.reap)
+	}
+	booting[0].OnlineAt = t0.Add(-2 * time.Second)
+	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); d.reap["g-b"] != "idle timeout" {
+		t.Errorf("online and idle 2 s: reap %v", d.reap)
 	}
 }
 
@@ -169,9 +201,15 @@ func TestPlanUnregisteredRunnerRetried(t *testing.T) {
 	if d.reap["g-x"] == "" {
 		t.Fatalf("a runner never seen registered past the spawn timeout is kept: %v", d.reap)
 	}
+	// A GitHub JIT runner has its registration id before it boots: only
+	// being seen online counts.
 	stale[0].ForgeRunnerID = 7
+	if d := plan(cfg, t0, lst(jobs), owned, stale, nil, nil, false); d.reap["g-x"] == "" {
+		t.Fatalf("a registration id alone kept a runner never seen online: %v", d.reap)
+	}
+	stale[0].OnlineAt = t0.Add(-10 * time.Minute)
 	if d := plan(cfg, t0, lst(jobs), owned, stale, nil, nil, false); len(d.reap) != 0 || len(d.spawn) != 0 {
-		t.Fatalf("a registered idle runner is supply: reap %v spawn %v", d.reap, d.spawn)
+		t.Fatalf("an online idle runner is supply: reap %v spawn %v", d.reap, d.spawn)
 	}
 }
 

@@ -210,6 +210,7 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		g.setForgeDown(true)
 		return "", false, fmt.Errorf("confirming job %d of runner %s: %w", id, r.Name, err)
 	}
+	g.o.observeJob(j)
 	mine := j.RunnerName == r.Name
 	switch {
 	case r.State == store.Busy && j.Status == forge.StatusCompleted:
@@ -219,7 +220,8 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 	case r.State == store.Idle && mine && j.Status == forge.StatusCompleted:
 		return "job finished", false, nil
 	case r.State == store.Idle && mine:
-		r.State, r.StateAt, r.JobID, r.JobRepo = store.Busy, g.o.now(), j.ID, repo
+		j.Repo = repo
+		g.tookJob(&r, j, g.o.now())
 		return "", false, g.o.store.Save(r)
 	case r.State == store.Idle:
 		// Another runner took the job it was made for: it stays as supply

@@ -123,8 +123,11 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 		}
 		fr, ok := atForge[r.Name]
 		switch {
-		case ok && r.ForgeRunnerID == 0:
+		case ok && (r.ForgeRunnerID == 0 || (r.OnlineAt.IsZero() && (fr.Status == "online" || fr.Busy))):
 			r.ForgeRunnerID = fr.ID
+			if fr.Status == "online" || fr.Busy {
+				g.cameOnline(&r, o.now())
+			}
 			errs = append(errs, o.store.Save(r))
 		case !ok && r.ForgeRunnerID != 0:
 			// It registered, and the forge removed it: an ephemeral

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -176,6 +177,23 @@ func TestWebhookAndSignature(t *testing.T) {
 	e.eventually(30*time.Second, "its VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	if n := len(e.runners(true)); n != 1 {
 		t.Errorf("want 1 runner, got %d", n)
+	}
+	// The numbers users watch: one job queued, one runner started, one
+	// job run, in the histograms and on the status page.
+	m := e.metrics()
+	for _, name := range []string{"runway_job_queue_seconds", "runway_runner_startup_seconds", "runway_job_run_seconds"} {
+		if want := name + `_count{group="hooked"} 1`; !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q:\n%s", want, grep(m, name+"_count"))
+		}
+	}
+	resp, err = http.Get("http://" + e.addr + "/")
+	must(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, kind := range []string{"job queue", "runner start-up", "job run"} {
+		if want := `data-kind="` + kind + `"><td>` + kind + `</td><td class="count">1</td>`; !strings.Contains(string(page), want) {
+			t.Errorf("the status page lacks %q", want)
+		}
 	}
 }
 

@@ -85,6 +85,8 @@ type env struct {
 	gitea    *forgetest.Gitea
 	github   *forgetest.GitHub
 	hold     string // while this file exists, test runners keep their job
+	stall    string // test runners started while this file exists never register
+	timeouts string // the groups' timeouts (YAML flow map); a default if ""
 	daemon   *exec.Cmd
 	stderr   *syncBuffer
 	addr     string
@@ -119,6 +121,7 @@ func (s *syncBuffer) String() string {
 func newEnv(t testing.TB) *env {
 	e := &env{t: t, dir: t.TempDir()}
 	e.hold = filepath.Join(e.dir, "hold")
+	e.stall = filepath.Join(e.dir, "runner-never-registers")
 	e.cpiCfg = filepath.Join(e.dir, "cpi.json")
 	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
 		"local": map[string]any{"stop_grace_seconds": 1}})
@@ -150,9 +153,10 @@ func (e *env) group(name, scopeYAML string, labels []string, maxActive int, extr
     cloud_properties: {}
     runner:
       command: %q
-      env: {TESTRUNNER_HOLD_FILE: %q, TESTRUNNER_IDLE: "60s"}
-    timeouts: {spawn: 2m, idle: 2m, max_lifetime: 10m}
-%s`, name, scopeYAML, ls, maxActive, cmp.Or(e.stemcell, bins.stemcell), cmp.Or(e.runnerPath, bins.testrunner), e.hold, extra)
+      env: {TESTRUNNER_HOLD_FILE: %q, TESTRUNNER_STALL_FILE: %q, TESTRUNNER_IDLE: "60s"}
+    timeouts: %s
+%s`, name, scopeYAML, ls, maxActive, cmp.Or(e.stemcell, bins.stemcell), cmp.Or(e.runnerPath, bins.testrunner), e.hold, e.stall,
+		cmp.Or(e.timeouts, "{spawn: 2m, idle: 2m, max_lifetime: 10m}"), extra)
 }
 
 // writeConfig writes runway.yml for the given groups (forge: the Gitea

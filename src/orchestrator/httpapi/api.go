@@ -36,12 +36,13 @@ type RunnerView struct {
 	LastError  string    `json:"last_error,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
 	StateAt    time.Time `json:"state_at"`
+	OnlineAt   time.Time `json:"online_at,omitzero"` // first seen online at the forge or busy
 }
 
 func view(r store.Runner) RunnerView {
 	return RunnerView{Name: r.Name, Group: r.Group, State: r.State, VMCID: r.VMCID, AgentID: r.AgentID,
 		TriggerJob: r.TriggerJob, JobID: r.JobID, JobRepo: r.JobRepo, ForgeID: r.ForgeRunnerID, Reason: r.Reason,
-		LastError: r.LastError, CreatedAt: r.CreatedAt, StateAt: r.StateAt}
+		LastError: r.LastError, CreatedAt: r.CreatedAt, StateAt: r.StateAt, OnlineAt: r.OnlineAt}
 }
 
 const maxWebhookBody = 5 << 20

@@ -20,7 +20,28 @@ type statusPage struct {
 
 type statusGroup struct {
 	orchestrator.GroupStatus
-	Plot template.HTML
+	Plot    template.HTML
+	Timings []statusTiming
+}
+
+// statusTiming is one duration kind's row (durations rounded for reading).
+type statusTiming struct {
+	Kind          string
+	Count         int
+	P50, P90, P99 string
+}
+
+func timings(ts []orchestrator.Timing) []statusTiming {
+	out := make([]statusTiming, 0, len(ts))
+	for _, t := range ts {
+		row := statusTiming{Kind: t.Kind, Count: t.Count, P50: "-", P90: "-", P99: "-"}
+		if t.Count > 0 {
+			r := func(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
+			row.P50, row.P90, row.P99 = r(t.P50), r(t.P90), r(t.P99)
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 type statusRunner struct {
@@ -73,7 +94,11 @@ th{background:#f0f0f0}.err{color:#a94442}.legend span{display:inline-block;margi
 <h2>Queued jobs and runners, last hour</h2>
 <p class="legend"><span class="q">&#9632; queued jobs</span><span class="r">&#9632; runners</span></p>
 {{range .Groups}}<h3>{{.Name}}</h3>{{.Plot}}
+<table class="timings" data-group="{{.Name}}"><tr><th>last hour</th><th>count</th><th>p50</th><th>p90</th><th>p99</th></tr>
+{{range .Timings}}<tr class="timing" data-kind="{{.Kind}}"><td>{{.Kind}}</td><td class="count">{{.Count}}</td><td>{{.P50}}</td><td>{{.P90}}</td><td>{{.P99}}</td></tr>
+{{end}}</table>
 {{end}}
+<p>Job queue: queued → started, job run: started → completed (the forge's dates, to the second); runner start-up: spawn → first seen online or running a job.</p>
 <h2>Runners</h2>
 <table id="runners"><tr><th>runner</th><th>group</th><th>state</th><th>age</th><th>job</th><th>VM</th></tr>
 {{range .Runners}}<tr class="runner" data-state="{{.State}}"><td>{{.Name}}</td><td>{{.Group}}</td><td>{{.State}}</td><td>{{.Age}}</td><td>{{.Job}}</td><td>{{.VMCID}}</td></tr>
@@ -95,7 +120,7 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 	h := a.o.History()
 	for _, g := range a.o.Groups() {
 		g.LastError = clip.To(a.redact.Redact(g.LastError), 500)
-		page.Groups = append(page.Groups, statusGroup{GroupStatus: g, Plot: plot(h.Samples(g.Name), now)})
+		page.Groups = append(page.Groups, statusGroup{GroupStatus: g, Plot: plot(h.Samples(g.Name), now), Timings: timings(h.Timings(g.Name))})
 	}
 	page.Errors = h.Errors()
 	rows, err := a.o.Store().Active("")

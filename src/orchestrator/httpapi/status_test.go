@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -27,6 +28,7 @@ func TestStatusPage(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		h.Record("g", now.Add(time.Duration(i-5)*time.Minute), i, 1)
 	}
+	h.RecordDuration("g", orchestrator.JobQueue, now, 1500*time.Millisecond)
 	const secret = "s3cret-forge-token-value"
 	d.redact.Add(secret)
 	d.o.Failure("g", "forge", errors.New(`GET /orgs/acme/actions/jobs: <script>alert(1)</script> token `+secret))
@@ -42,7 +44,9 @@ func TestStatusPage(t *testing.T) {
 		t.Fatalf("GET / = %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	for _, want := range []string{`data-group="g"`, `data-state="busy"`, "g-abc", "acme/app #42", "1m30s", `<polyline class="queued"`,
-		"&lt;script&gt;alert(1)&lt;/script&gt;", `http-equiv="refresh"`} {
+		"&lt;script&gt;alert(1)&lt;/script&gt;", `http-equiv="refresh"`,
+		`<tr class="timing" data-kind="job queue"><td>job queue</td><td class="count">1</td><td>1.5s</td>`,
+		`<tr class="timing" data-kind="runner start-up"><td>runner start-up</td><td class="count">0</td><td>-</td>`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page lacks %q", want)
 		}

@@ -40,6 +40,11 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 		if _, err := tx.ExecContext(ctx, schema); err != nil {
 			return err
 		}
+		for _, c := range addedColumns {
+			if _, err := tx.ExecContext(ctx, `ALTER TABLE runners ADD COLUMN IF NOT EXISTS `+c.name+` `+c.def); err != nil {
+				return err
+			}
+		}
 		return tx.Commit()
 	})
 	if err != nil {

@@ -46,6 +46,10 @@ type Runner struct {
 	CreatedAt     time.Time
 	StateAt       time.Time // when State last changed
 	VMCheckedAt   time.Time // last has_vm
+	// OnlineAt: when the runner was first seen online at the forge or
+	// running a job; zero while it boots (never reaped before its spawn
+	// timeout then).
+	OnlineAt time.Time
 }
 
 // Active reports whether the runner counts toward capacity: its VM may
@@ -83,13 +87,33 @@ CREATE TABLE IF NOT EXISTS runners (
   last_error TEXT NOT NULL DEFAULT '',
   created_at BIGINT NOT NULL,
   state_at BIGINT NOT NULL,
-  vm_checked_at BIGINT NOT NULL DEFAULT 0
+  vm_checked_at BIGINT NOT NULL DEFAULT 0,
+  online_at BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runners_grp_state ON runners (grp, state);
 CREATE TABLE IF NOT EXISTS stemcells (key TEXT PRIMARY KEY, cid TEXT NOT NULL, created_at BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS groups (name TEXT PRIMARY KEY, drained INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 `
+
+// addedColumns came after the first schema: stores made before get them
+// by ALTER TABLE (SQLite has no ADD COLUMN IF NOT EXISTS).
+var addedColumns = []struct{ name, def string }{{"online_at", "BIGINT NOT NULL DEFAULT 0"}}
+
+func sqliteMigrate(db *sql.DB) error {
+	for _, c := range addedColumns {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM pragma_table_info('runners') WHERE name = ?`, c.name).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := db.Exec(`ALTER TABLE runners ADD COLUMN ` + c.name + ` ` + c.def); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // Open opens (creating if needed) the SQLite database at path.
 func Open(path string) (*Store, error) {
@@ -102,7 +126,13 @@ func Open(path string) (*Store, error) {
 	// connection means no SQLITE_BUSY between our own goroutines.
 	db.SetMaxOpenConns(1)
 	s := &Store{db: db, path: path}
-	if err := s.init(func() error { _, err := db.Exec(schema); return err }); err != nil {
+	create := func() error {
+		if _, err := db.Exec(schema); err != nil {
+			return err
+		}
+		return sqliteMigrate(db)
+	}
+	if err := s.init(create); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("state store %s: %w", path, err)
 	}
@@ -211,14 +241,14 @@ func fromMS(v int64) time.Time {
 // Save inserts or replaces a runner row (durably, before returning).
 func (s *Store) Save(r Runner) error {
 	_, err := s.exec(`INSERT INTO runners (name, grp, agent_id, vm_cid, state, trigger_job, job_id, job_repo,
-		forge_runner_id, reason, last_error, created_at, state_at, vm_checked_at)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+		forge_runner_id, reason, last_error, created_at, state_at, vm_checked_at, online_at)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(name) DO UPDATE SET grp=excluded.grp, agent_id=excluded.agent_id, vm_cid=excluded.vm_cid,
 		state=excluded.state, trigger_job=excluded.trigger_job, job_id=excluded.job_id, job_repo=excluded.job_repo,
 		forge_runner_id=excluded.forge_runner_id, reason=excluded.reason, last_error=excluded.last_error,
-		state_at=excluded.state_at, vm_checked_at=excluded.vm_checked_at`,
+		state_at=excluded.state_at, vm_checked_at=excluded.vm_checked_at, online_at=excluded.online_at`,
 		r.Name, r.Group, r.AgentID, r.VMCID, r.State, r.TriggerJob, r.JobID, r.JobRepo, r.ForgeRunnerID,
-		r.Reason, r.LastError, ms(r.CreatedAt), ms(r.StateAt), ms(r.VMCheckedAt))
+		r.Reason, r.LastError, ms(r.CreatedAt), ms(r.StateAt), ms(r.VMCheckedAt), ms(r.OnlineAt))
 	if err != nil {
 		return fmt.Errorf("saving runner %s: %w", r.Name, err)
 	}
@@ -226,19 +256,19 @@ func (s *Store) Save(r Runner) error {
 }
 
 const cols = `name, grp, agent_id, vm_cid, state, trigger_job, job_id, job_repo, forge_runner_id, reason,
-	last_error, created_at, state_at, vm_checked_at`
+	last_error, created_at, state_at, vm_checked_at, online_at`
 
 func scan(rows *sql.Rows) ([]Runner, error) {
 	defer rows.Close()
 	var out []Runner
 	for rows.Next() {
 		var r Runner
-		var c, sa, vc int64
+		var c, sa, vc, on int64
 		if err := rows.Scan(&r.Name, &r.Group, &r.AgentID, &r.VMCID, &r.State, &r.TriggerJob, &r.JobID, &r.JobRepo,
-			&r.ForgeRunnerID, &r.Reason, &r.LastError, &c, &sa, &vc); err != nil {
+			&r.ForgeRunnerID, &r.Reason, &r.LastError, &c, &sa, &vc, &on); err != nil {
 			return nil, err
 		}
-		r.CreatedAt, r.StateAt, r.VMCheckedAt = fromMS(c), fromMS(sa), fromMS(vc)
+		r.CreatedAt, r.StateAt, r.VMCheckedAt, r.OnlineAt = fromMS(c), fromMS(sa), fromMS(vc), fromMS(on)
 		out = append(out, r)
 	}
 	return out, rows.Err()

@@ -49,7 +49,7 @@ func TestRunnersSurviveReopen(t *testing.T) {
 		if err := s.Save(r); err != nil {
 			t.Fatal(err)
 		}
-		r.State, r.VMCID, r.VMCheckedAt = Idle, "vm-1", now.Add(time.Second)
+		r.State, r.VMCID, r.VMCheckedAt, r.OnlineAt = Idle, "vm-1", now.Add(time.Second), now.Add(2*time.Second)
 		if err := s.Save(r); err != nil {
 			t.Fatal(err)
 		}
@@ -98,6 +98,75 @@ func TestRunnersSurviveReopen(t *testing.T) {
 		if err := s.Check(); err != nil {
 			t.Errorf("Check on a sound store: %v", err)
 		}
+	})
+}
+
+// A store made before a column was added opens with it added, its rows
+// kept: runway.db files and PostgreSQL databases outlive upgrades.
+func TestOldStoreGainsAddedColumns(t *testing.T) {
+	old := schema
+	for _, c := range addedColumns {
+		old = strings.Replace(old, ",\n  "+c.name+" "+c.def, "", 1)
+	}
+	if old == schema {
+		t.Fatal("the test's old schema is the current one")
+	}
+	const row = `INSERT INTO runners (name, grp, agent_id, state, created_at, state_at) VALUES ('g-1', 'g', 'g-1', 'idle', 1, 1)`
+	check := func(t *testing.T, s *Store) {
+		defer s.Close()
+		r, err := s.Get("g-1")
+		if err != nil || r.State != Idle || !r.OnlineAt.IsZero() {
+			t.Fatalf("the old row: %+v (%v)", r, err)
+		}
+		r.OnlineAt = time.UnixMilli(5000)
+		if err := s.Save(r); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Get("g-1"); !got.OnlineAt.Equal(r.OnlineAt) {
+			t.Errorf("online_at after save: %v", got.OnlineAt)
+		}
+	}
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "runway.db")
+		db, err := sql.Open("sqlite", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(old + row); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		s, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, s)
+		// Opened again: the column is there, nothing to add.
+		s, err = Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	})
+	t.Run("postgres", func(t *testing.T) {
+		dsn := pgtest.Database(t)
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := stdlib.OpenDB(*cfg)
+		if _, err := db.Exec(old); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(row); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		s, err := OpenPostgres(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, s)
 	})
 }
 
