@@ -104,6 +104,10 @@ type scopeJobs struct {
 	mu    sync.Mutex // one listing at a time per scope
 	at    time.Time
 	stale bool
+	// delivered: a delivery changed the listing since it was read. On
+	// Gitea that asks for a fresh listing, at most once per relistAfter:
+	// a burst of deliveries is folded in as deltas meanwhile.
+	delivered bool
 	jobs  map[int64]forge.Job
 	done  map[int64]bool // completed by webhook: a late delivery must not revive it
 	gen   int            // ownership generation the partition was built for
@@ -126,6 +130,10 @@ func newForgeView(fc config.ForgeConfig, f Forge, observe func(forge.Job)) *forg
 		observe: observe}
 }
 
+// relistAfter is how old a Gitea listing must be before a delivery makes
+// it listed again (1,000 jobs queued at once: 20 pages a listing).
+const relistAfter = time.Second
+
 func scopeKey(s forge.Scope) string { return s.Kind + "/" + s.Owner + "/" + s.Repo }
 
 // jobs returns the scope's listing: cached if younger than the forge's
@@ -141,7 +149,8 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 	fv.mu.Unlock()
 	sj.mu.Lock()
 	defer sj.mu.Unlock()
-	if !sj.stale && now.Sub(sj.at) < maxAge {
+	age := now.Sub(sj.at)
+	if !sj.stale && age < maxAge && !(sj.delivered && age >= relistAfter) {
 		return sj, nil
 	}
 	list, err := fv.client.Jobs(ctx, s)
@@ -155,13 +164,14 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 			fv.observe(j)
 		}
 	}
-	sj.jobs, sj.at, sj.stale, sj.owned, sj.done = m, now, false, nil, map[int64]bool{}
+	sj.jobs, sj.at, sj.stale, sj.delivered, sj.owned, sj.done = m, now, false, false, nil, map[int64]bool{}
 	return sj, nil
 }
 
 // apply folds a webhook delivery into every cached listing that can see
-// the job. Gitea listings are cheap and authoritative, so they are also
-// marked stale; GitHub's are polled slowly and live on deltas between.
+// the job. Gitea listings are cheap and authoritative, so one a delivery
+// changed is also listed again once it is relistAfter old; GitHub's are
+// polled slowly and live on deltas between.
 func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
 	fv.mu.Lock()
 	defer fv.mu.Unlock()
@@ -197,7 +207,7 @@ func (fv *forgeView) apply(ev forge.WorkflowJobEvent) {
 			sj.owned = nil
 		}
 		if fv.cheapListing() {
-			sj.stale = true
+			sj.delivered = true
 		}
 		sj.mu.Unlock()
 	}

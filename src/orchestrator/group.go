@@ -26,6 +26,9 @@ type group struct {
 
 	mu       sync.Mutex
 	inflight map[string]bool // runners whose spawn runs in this process
+	// spawnedAt: when a runner's spawn left the queue for create_vm (in
+	// memory: after a restart start-up counts from the row's creation).
+	spawnedAt map[string]time.Time
 	foreign  map[string]bool // VMs of another store already reported
 	drained  bool
 	status   GroupStatus
@@ -436,9 +439,22 @@ func (g *group) cameOnline(r *store.Runner, now time.Time) {
 	if r.OnlineAt.IsZero() {
 		r.OnlineAt = now
 		if g.o.firstStart(r.Name) {
-			g.observe(RunnerStartup, now.Sub(r.CreatedAt))
+			g.observe(RunnerStartup, now.Sub(g.spawnStart(*r)))
 		}
 	}
+}
+
+// spawnStart is when the runner's create_vm was begun (its row's creation
+// when this process did not spawn it), forgotten once asked for.
+func (g *group) spawnStart(r store.Runner) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	at, ok := g.spawnedAt[r.Name]
+	delete(g.spawnedAt, r.Name)
+	if !ok {
+		return r.CreatedAt
+	}
+	return at
 }
 
 // refreshStatus recounts the group's runners for status and metrics

@@ -41,7 +41,8 @@ type Orchestrator struct {
 	leader  leader // who acts for each group
 	replica string // this process, in notifications to the others
 
-	stemcellMu sync.Mutex // one upload per image
+	stemcellMu  sync.Mutex           // one upload per image
+	imageHashes map[string]imageHash // by image path, under stemcellMu
 
 	ownMu  sync.Mutex
 	ownGen int // bumped when a drain flag changes: ownership may move
@@ -140,7 +141,7 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 		}
 		o.groups = append(o.groups, &group{o: o, cfg: gc, index: i, forge: o.forges[gc.Forge], cpi: cpi,
 			scope: gc.ForgeScope(), labels: forge.NewLabelSet(gc.Labels), kick: make(chan struct{}, 1),
-			inflight: map[string]bool{}, drained: drained})
+			inflight: map[string]bool{}, spawnedAt: map[string]time.Time{}, drained: drained})
 	}
 	return o, nil
 }

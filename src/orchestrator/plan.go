@@ -51,8 +51,10 @@ func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 				d.busy[r.Name] = j
 				continue
 			}
+			// Booting counts from the VM's creation (StateAt: an idle
+			// runner's state began with it), not from the spawn's queueing.
 			switch booting := r.OnlineAt.IsZero(); {
-			case booting && age > cfg.Timeouts.Spawn.Duration:
+			case booting && now.Sub(r.StateAt) > cfg.Timeouts.Spawn.Duration:
 				// Never seen online: it will not serve its job, which
 				// gets a new runner once this one is gone (seed 001's TTL
 				// retry, but from durable state).

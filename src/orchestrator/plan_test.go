@@ -131,8 +131,9 @@ func TestPlanDrainAndWarmPool(t *testing.T) {
 }
 
 // Scale-down safety in the plan: no idle-time or lifetime reap of a
-// runner within its boot timeout; past it, a runner never seen online is
-// reaped; idle time counts from coming online, not from create_vm.
+// runner within its boot timeout (counted from its VM's creation, not
+// from a spawn queued behind others); past it, a runner never seen
+// online is reaped; idle time counts from coming online.
 func TestPlanSparesBootingRunners(t *testing.T) {
 	cfg := testGroup(5, 0)
 	cfg.Timeouts.Idle = config.Duration{Duration: time.Second}
@@ -142,7 +143,12 @@ func TestPlanSparesBootingRunners(t *testing.T) {
 	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
 		t.Errorf("idle 50 s > idle timeout 1 s, but within its boot timeout: reap %v", d.reap)
 	}
-	booting[0].CreatedAt = t0.Add(-61 * time.Second)
+	// Queued for create_vm long ago, its VM made 50 s ago: still booting.
+	booting[0].CreatedAt = t0.Add(-10 * time.Minute)
+	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
+		t.Errorf("VM made 50 s ago (boot timeout 1 min), spawn queued 10 min ago: reap %v", d.reap)
+	}
+	booting[0].StateAt = t0.Add(-61 * time.Second)
 	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); d.reap["g-b"] != "spawn timeout: never registered" {
 		t.Errorf("past its boot timeout, never online: reap %v", d.reap)
 	}

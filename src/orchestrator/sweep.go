@@ -195,6 +195,9 @@ func (g *group) reportForeign(cid string) bool {
 // row is marked deleting first, so a crash in between resumes here.
 func (g *group) destroy(ctx context.Context, r store.Runner, reason string) error {
 	o := g.o
+	g.mu.Lock()
+	delete(g.spawnedAt, r.Name)
+	g.mu.Unlock()
 	if r.State != store.Deleting {
 		r.State, r.StateAt, r.Reason = store.Deleting, o.now(), reason
 		if err := o.store.Save(r); err != nil {

@@ -64,7 +64,7 @@ func (o *Orchestrator) observeJob(j forge.Job) {
 				if now := o.now(); now.Before(end) {
 					end = now
 				}
-				g.observe(RunnerStartup, end.Sub(r.CreatedAt))
+				g.observe(RunnerStartup, end.Sub(g.spawnStart(r)))
 			}
 		}
 		if run {

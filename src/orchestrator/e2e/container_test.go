@@ -26,50 +26,8 @@ import (
 // reach the forge only through the bridge — the Gitea contract server
 // listens a second time inside the network namespace bin/cpi runs in.
 func TestRunnersInContainers(t *testing.T) {
-	rootfs := testenv.Need(t, "scripts/rootfs-dev path; root, runc", "RUNWAY_TEST_ROOTFS")[0]
-	if os.Geteuid() != 0 {
-		t.Fatal("container mode needs root")
-	}
-	ns := fmt.Sprintf("rwe2e%d", os.Getpid())
-	sh(t, "ip", "netns", "add", ns)
-	// Registered first, so it runs last: after the env's cleanup, which
-	// deletes VMs through bin/cpi in the namespace.
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	e := newEnv(t)
-
-	// bin/cpi, run by the daemon and by the test, always inside ns.
-	e.cpiPath = filepath.Join(e.dir, "cpi-in-ns")
-	must(t, os.WriteFile(e.cpiPath, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, bins.cpi)), 0o755))
-	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
-		"local": map[string]any{"stop_grace_seconds": 1, "isolation": "container",
-			"container": map[string]any{"bridge": "rwe0", "cidr": "10.251.0.0/24"}}})
-	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
-	e.stemcell = filepath.Join(e.dir, "runner-rootfs.tgz")
-	e.runnerPath = "/usr/local/bin/testrunner"
-	must(t, withFile(rootfs, e.stemcell, bins.testrunner, e.runnerPath[1:]))
-
-	// Runners reach the forge at the bridge's host address.
 	var registrations atomic.Int64
-	ln := listenInNetNS(t, ns)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/Register") {
-			registrations.Add(1)
-		}
-		e.gitea.Config.Handler.ServeHTTP(w, r)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	port := ln.Addr().(*net.TCPAddr).Port
-
-	e.forgeYML = fmt.Sprintf(`
-  - name: gitea
-    type: gitea
-    url: %s
-    runner_url: http://10.251.0.1:%d
-    token_file: %s
-    webhook_secret_file: %s
-    poll_interval: 300ms`, e.gitea.URL, port, filepath.Join(e.dir, "api-token"), filepath.Join(e.dir, "hook-secret"))
+	e := containerEnv(t, "10.251.0.0/24", "300ms", &registrations)
 	e.writeConfig("300ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
 	jobs := []int64{
 		e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued),
@@ -90,7 +48,61 @@ func TestRunnersInContainers(t *testing.T) {
 	}
 }
 
-func sh(t *testing.T, argv ...string) {
+// containerEnv is an env whose bin/cpi runs in container mode inside a
+// network namespace of its own (bridge rwe0 on cidr, the host at its
+// first address), with the test runner inside the rootfs stemcell, and
+// the Gitea contract server listening a second time in the namespace for
+// the runners (registrations counted).
+func containerEnv(t testing.TB, cidr, poll string, registrations *atomic.Int64) *env {
+	rootfs := testenv.Need(t, "scripts/rootfs-dev path; root, runc", "RUNWAY_TEST_ROOTFS")[0]
+	if os.Geteuid() != 0 {
+		t.Fatal("container mode needs root")
+	}
+	ns := fmt.Sprintf("rwe2e%d", os.Getpid())
+	sh(t, "ip", "netns", "add", ns)
+	// Registered first, so it runs last: after the env's cleanup, which
+	// deletes VMs through bin/cpi in the namespace.
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	e := newEnv(t)
+
+	// bin/cpi, run by the daemon and by the test, always inside ns.
+	e.cpiPath = filepath.Join(e.dir, "cpi-in-ns")
+	must(t, os.WriteFile(e.cpiPath, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, bins.cpi)), 0o755))
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
+		"local": map[string]any{"stop_grace_seconds": 1, "isolation": "container",
+			"container": map[string]any{"bridge": "rwe0", "cidr": cidr}}})
+	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
+	e.stemcell = filepath.Join(e.dir, "runner-rootfs.tgz")
+	e.runnerPath = "/usr/local/bin/testrunner"
+	must(t, withFile(rootfs, e.stemcell, bins.testrunner, e.runnerPath[1:]))
+
+	// Runners reach the forge at the bridge's host address.
+	ln := listenInNetNS(t, ns)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/Register") {
+			registrations.Add(1)
+		}
+		e.gitea.Config.Handler.ServeHTTP(w, r)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	port := ln.Addr().(*net.TCPAddr).Port
+	host, _, _ := net.ParseCIDR(cidr)
+	host[len(host)-1]++
+
+	e.forgeYML = fmt.Sprintf(`
+  - name: gitea
+    type: gitea
+    url: %s
+    runner_url: http://%s:%d
+    token_file: %s
+    webhook_secret_file: %s
+    poll_interval: %s`, e.gitea.URL, host, port, filepath.Join(e.dir, "api-token"), filepath.Join(e.dir, "hook-secret"), poll)
+	return e
+}
+
+func sh(t testing.TB, argv ...string) {
 	t.Helper()
 	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v: %s", strings.Join(argv, " "), err, out)
@@ -99,7 +111,7 @@ func sh(t *testing.T, argv ...string) {
 
 // listenInNetNS opens a TCP listener on all addresses of namespace ns (a
 // socket keeps the namespace it was made in).
-func listenInNetNS(t *testing.T, ns string) net.Listener {
+func listenInNetNS(t testing.TB, ns string) net.Listener {
 	var ln net.Listener
 	var err error
 	must(t, netns.Do(ns, func() { ln, err = net.Listen("tcp4", "0.0.0.0:0") }))
