@@ -22,6 +22,7 @@ import (
 // reconcile loop backs off beyond it), an observer for metrics, and
 // transport errors without their query strings. The last answer, whatever
 // its status, goes back to the library, which makes its own error of it.
+// Under it, GETs are conditional (ETagCache).
 type Transport struct {
 	Base     http.RoundTripper
 	AuthFunc func() string
@@ -37,7 +38,7 @@ func NewTransport(auth func() string) *Transport {
 	p := retry.Default()
 	p.Budget = 10 * time.Second
 	p.Classify = Classify
-	return &Transport{Base: http.DefaultTransport, AuthFunc: auth, Retry: p}
+	return &Transport{Base: &ETagCache{Base: http.DefaultTransport}, AuthFunc: auth, Retry: p}
 }
 
 // Client is an http.Client over t, bounding each request.
@@ -72,7 +73,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return redactURLError(err)
 		}
 		if t.Observe != nil {
-			t.Observe(req.Method, resp.StatusCode, resp.Header)
+			status := resp.StatusCode
+			if resp.Header.Get(FromCacheHeader) != "" {
+				status = http.StatusNotModified // what the forge answered
+			}
+			t.Observe(req.Method, status, resp.Header)
 		}
 		last = resp
 		if resp.StatusCode/100 == 2 {

@@ -56,6 +56,9 @@ type forgeView struct {
 	// an ephemeral runner with it), until a pass reaps them.
 	finished map[string]time.Time
 	observe  func(forge.Job) // a job's dates, for the timings
+	budget   *forge.RateBudget
+	lowUntil time.Time // the reset the last "budget low" was logged for
+	log      func(msg string, kv ...any)
 }
 
 // finishedRunners are the runners whose job a delivery said is done.
@@ -108,10 +111,10 @@ type scopeJobs struct {
 	// Gitea that asks for a fresh listing, at most once per relistAfter:
 	// a burst of deliveries is folded in as deltas meanwhile.
 	delivered bool
-	jobs  map[int64]forge.Job
-	done  map[int64]bool // completed by webhook: a late delivery must not revive it
-	gen   int            // ownership generation the partition was built for
-	owned *listing
+	jobs      map[int64]forge.Job
+	done      map[int64]bool // completed by webhook: a late delivery must not revive it
+	gen       int            // ownership generation the partition was built for
+	owned     *listing
 }
 
 // listing is one scope's jobs as the groups use them, computed once.
@@ -127,7 +130,31 @@ func newForgeView(fc config.ForgeConfig, f Forge, observe func(forge.Job)) *forg
 		secret = func() string { return "" }
 	}
 	return &forgeView{cfg: fc, client: f.Client, secret: secret, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{},
-		observe: observe}
+		observe: observe, budget: f.Budget, log: func(string, ...any) {}}
+}
+
+// pollReserve is the share of a forge's rate limit kept for making and
+// removing runners: below it, listings wait for the reset.
+const pollReserve = 0.2
+
+// budgetLow reports whether the forge's rate limit is under pollReserve
+// (logged once per reset).
+func (fv *forgeView) budgetLow(now time.Time) bool {
+	if fv.budget == nil {
+		return false
+	}
+	low, reset := fv.budget.Low(pollReserve, now)
+	if low {
+		fv.mu.Lock()
+		first := !fv.lowUntil.Equal(reset)
+		fv.lowUntil = reset
+		fv.mu.Unlock()
+		if first {
+			fv.log("forge rate limit low: listings wait for its reset; runners are still made and removed",
+				"forge", fv.cfg.Name, "reset", reset)
+		}
+	}
+	return low
 }
 
 // relistAfter is how old a Gitea listing must be before a delivery makes
@@ -151,6 +178,10 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 	defer sj.mu.Unlock()
 	age := now.Sub(sj.at)
 	if !sj.stale && age < maxAge && !(sj.delivered && age >= relistAfter) {
+		return sj, nil
+	}
+	if sj.jobs != nil && fv.budgetLow(now) {
+		// Deliveries keep the listing current meanwhile.
 		return sj, nil
 	}
 	list, err := fv.client.Jobs(ctx, s)

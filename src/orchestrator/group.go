@@ -29,10 +29,10 @@ type group struct {
 	// spawnedAt: when a runner's spawn left the queue for create_vm (in
 	// memory: after a restart start-up counts from the row's creation).
 	spawnedAt map[string]time.Time
-	foreign  map[string]bool // VMs of another store already reported
-	drained  bool
-	status   GroupStatus
-	backoff  time.Duration
+	foreign   map[string]bool // VMs of another store already reported
+	drained   bool
+	status    GroupStatus
+	backoff   time.Duration
 	// forgeDown: the last pass failed reading the forge (its job
 	// listing, a job, its runner list); a delivery from it (Kick) ends
 	// that backoff.

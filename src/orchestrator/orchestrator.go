@@ -64,6 +64,9 @@ type Forge struct {
 	// Secret is the webhook secret's current value ("" or nil: every
 	// delivery is refused).
 	Secret func() string
+	// Budget is the forge's rate limit as its answers state it (nil:
+	// none known); listings wait while it is low.
+	Budget *forge.RateBudget
 }
 
 // Options are the parts tests and benchmarks replace.
@@ -126,7 +129,9 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 			o.Close()
 			return nil, fmt.Errorf("forge %s: no client", fc.Name)
 		}
-		o.forges[fc.Name] = newForgeView(fc, f, o.observeJob)
+		fv := newForgeView(fc, f, o.observeJob)
+		fv.log = o.log.Warn
+		o.forges[fc.Name] = fv
 	}
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]

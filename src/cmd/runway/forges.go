@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/http"
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/gitea"
@@ -28,10 +29,16 @@ func forges(cfg *config.Config, m *orchestrator.Metrics, redact *logging.Redacto
 			return nil, err
 		}
 		tr := forge.NewTransport(nil)
+		budget := &forge.RateBudget{}
+		tr.Observe = func(method string, status int, h http.Header) { budget.Observe(h) }
 		if m != nil {
-			tr.Observe = m.ObserveForge(fc.Name)
+			metric := m.ObserveForge(fc.Name)
+			tr.Observe = func(method string, status int, h http.Header) {
+				metric(method, status, h)
+				budget.Observe(h)
+			}
 		}
-		f := orchestrator.Forge{Secret: hook.Get}
+		f := orchestrator.Forge{Secret: hook.Get, Budget: budget}
 		switch fc.Type {
 		case "gitea":
 			tr.AuthFunc = func() string { return "token " + token.Get() }

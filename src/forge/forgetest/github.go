@@ -63,6 +63,7 @@ type GitHub struct {
 	nextID   int64
 	requests map[string]int
 	wg       sync.WaitGroup
+	rate     rateLimit
 }
 
 // NewGitHub starts a server on 127.0.0.1.
@@ -149,6 +150,11 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 401, map[string]string{"message": "Bad credentials"})
 		return
 	}
+	g.metered(w, r, g.api)
+}
+
+// api serves the REST API for Actions (authenticated, rate limited).
+func (g *GitHub) api(w http.ResponseWriter, r *http.Request) {
 	p := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	var scope string
 	var rest []string

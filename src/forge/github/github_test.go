@@ -199,3 +199,49 @@ func TestBusyRunnerIsNotRemoved(t *testing.T) {
 		t.Fatalf("removing a busy runner: %v", err)
 	}
 }
+
+// Listings polled again unchanged are conditional requests answered 304,
+// which cost none of the rate limit; the answers still list the jobs.
+// Past the limit, GitHub's 403 reaches the caller as a typed error, and
+// the budget is known from the headers.
+func TestConditionalListingsAndTheRateLimit(t *testing.T) {
+	srv := forgetest.NewGitHub("tok")
+	defer srv.Close()
+	srv.SetRateLimit(50, time.Hour)
+	c, tr := client(t, srv.URL, "tok")
+	var budget forge.RateBudget
+	codes := map[int]int{}
+	tr.Observe = func(_ string, status int, h http.Header) { codes[status]++; budget.Observe(h) }
+	s := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
+	srv.AddJob("acme/app", []string{"linux"})
+	first, err := c.Jobs(ctx, s)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first listing: %v %v", first, err)
+	}
+	used, _, _ := srv.RateUsage()
+	for range 5 {
+		again, err := c.Jobs(ctx, s)
+		if err != nil || len(again) != 1 || again[0].ID != first[0].ID {
+			t.Fatalf("listing again: %v %v", again, err)
+		}
+	}
+	if u, refused, notMod := srv.RateUsage(); u != used || refused != 0 || notMod == 0 {
+		t.Errorf("five unchanged listings used %d more requests (%d answered 304)", u-used, notMod)
+	}
+	if codes[304] == 0 {
+		t.Errorf("the observer saw no 304: %v", codes)
+	}
+	if low, _ := budget.Low(0.2, time.Now()); low {
+		t.Error("the budget is low after a few requests of 50")
+	}
+	srv.SetRateLimit(1, time.Hour)
+	c.Runners(ctx, s) // the one request of the window
+	_, err = c.Runners(ctx, s)
+	var ae *forge.APIError
+	if !errors.As(err, &ae) || ae.Status != 403 || !strings.Contains(err.Error(), "rate limit") {
+		t.Fatalf("past the limit: %v", err)
+	}
+	if low, reset := budget.Low(0.2, time.Now()); !low || reset.Before(time.Now()) {
+		t.Errorf("past the limit the budget is not low (reset %v)", reset)
+	}
+}

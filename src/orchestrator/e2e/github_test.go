@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,3 +96,77 @@ func TestSecretsStayOut(t *testing.T) {
 
 // regToken is the scope's registration token, as the forge hands it out.
 func regToken(e *env) string { return e.gitea.RegistrationToken("/orgs/acme") }
+
+// GitHub's rate limit as a budget: listings polled every 200 ms are
+// conditional (unchanged ones answered 304, free); when another client of
+// the token has left less than a fifth of the budget, listings wait for
+// the reset while webhooks carry the demand and runners are still made
+// and removed. No request is refused and no job lost.
+func TestGitHubStaysInsideItsRateLimit(t *testing.T) {
+	e := newEnv(t)
+	gh := forgetest.NewGitHub(apiToken)
+	t.Cleanup(gh.Close)
+	const limit = 150
+	gh.SetRateLimit(limit, time.Hour)
+	e.forgeYML = fmt.Sprintf(`
+  - name: gh
+    type: github
+    url: %s
+    runner_url: %s
+    token_env: RUNWAY_TEST_GH_TOKEN
+    webhook_secret_file: %s
+    poll_interval: 200ms`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"))
+	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
+	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, 4, ""))
+	e.start()
+	e.eventually(10*time.Second, "the first (polling) pass", func() bool { return !e.groupStatus("gha").LastCheckTime.IsZero() })
+	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
+	done := func(jobs []int64) func() bool {
+		return func() bool {
+			for _, id := range jobs {
+				if gh.Job(id).Status != "completed" {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	var jobs []int64
+	for range 10 {
+		jobs = append(jobs, gh.AddJob("acme/app", []string{"self-hosted", "linux"}))
+	}
+	e.eventually(60*time.Second, "ten jobs complete", done(jobs))
+	// Polls of an unchanged queue cost nothing.
+	_, _, before := gh.RateUsage()
+	e.eventually(10*time.Second, "unchanged listings answered 304", func() bool { _, _, n := gh.RateUsage(); return n >= before+5 })
+
+	// Another client of the token leaves 25 of 150.
+	for {
+		req, _ := http.NewRequest("GET", gh.URL+"/repos/acme/app/actions/runners", nil)
+		req.Header.Set("Authorization", "Bearer "+apiToken)
+		resp, err := http.DefaultClient.Do(req)
+		must(t, err)
+		resp.Body.Close()
+		if n, _ := strconv.Atoi(resp.Header.Get("X-RateLimit-Remaining")); n <= 25 {
+			break
+		}
+	}
+	e.eventually(10*time.Second, "the daemon sees the budget low", func() bool {
+		return strings.Contains(e.stderr.String(), "forge rate limit low")
+	})
+	polls := gh.Requests()["GET /repos/acme/app/actions/runs"]
+	more := []int64{gh.AddJob("acme/app", []string{"self-hosted", "linux"}), gh.AddJob("acme/app", []string{"linux"})}
+	e.eventually(60*time.Second, "the jobs queued while the budget is low complete", done(more))
+	e.eventually(30*time.Second, "the runners are retired", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	used, refused, notModified := gh.RateUsage()
+	t.Logf("%d requests of %d used, %d answered 304, %d refused", used, limit, notModified, refused)
+	if refused != 0 {
+		t.Errorf("%d requests refused for the rate limit", refused)
+	}
+	if n := gh.Requests()["GET /repos/acme/app/actions/runs"] - polls; n != 0 {
+		t.Errorf("%d listings while the budget was low", n)
+	}
+	if m := e.metrics(); !strings.Contains(m, `runway_forge_requests_total{code="304",forge="gh",method="GET"}`) {
+		t.Errorf("304s are not counted:\n%s", grep(m, "runway_forge_requests_total"))
+	}
+}
