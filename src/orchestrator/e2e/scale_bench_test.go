@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/forgetest"
 )
 
 // BenchmarkScale is issue 29's measurement: RUNWAY_BENCH_JOBS (default
@@ -76,16 +77,25 @@ func scale(b *testing.B, n int, mode string) {
 		peak := procPeakRSS(e.daemon.Process.Pid)
 		var waits, takes, runs []time.Duration
 		var lastOnline time.Time
+		var slowest forgetest.GiteaJob
 		for _, id := range jobs {
 			j := e.gitea.Job(id)
 			waits = append(waits, j.RunnerRegistered.Sub(j.Created))
 			takes = append(takes, j.Started.Sub(j.RunnerRegistered))
 			runs = append(runs, j.Completed.Sub(j.Started))
+			if j.Started.Sub(j.RunnerRegistered) > slowest.Started.Sub(slowest.RunnerRegistered) {
+				slowest = j
+			}
 			if j.RunnerRegistered.After(lastOnline) {
 				lastOnline = j.RunnerRegistered
 			}
 		}
 		slices.Sort(waits)
+		// The runner slowest from registering to its job, and what the
+		// daemon said of it: the tail to look into.
+		b.Logf("slowest to take its job: %s, registered %s, took job %d %s later\n%s", slowest.RunnerName,
+			slowest.RunnerRegistered.Format("15:04:05.000"), slowest.ID, slowest.Started.Sub(slowest.RunnerRegistered).Round(time.Millisecond),
+			grep(e.stderr.String(), slowest.RunnerName))
 		slices.Sort(takes)
 		slices.Sort(runs)
 		e.eventually(5*time.Minute, "every VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
