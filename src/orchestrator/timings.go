@@ -3,8 +3,6 @@ package orchestrator
 import (
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/runway-cpi/runway/src/forge"
 )
 
@@ -14,7 +12,13 @@ func (g *group) observe(kind string, d time.Duration) {
 	if d < 0 {
 		return // a clock step: no duration to report
 	}
-	h := map[string]*prometheus.HistogramVec{JobQueue: g.o.metrics.jobQueue, RunnerStartup: g.o.metrics.runnerStartup, JobRun: g.o.metrics.jobRun}[kind]
+	h := g.o.metrics.jobRun
+	switch kind {
+	case JobQueue:
+		h = g.o.metrics.jobQueue
+	case RunnerStartup:
+		h = g.o.metrics.runnerStartup
+	}
 	h.WithLabelValues(g.cfg.Name).Observe(d.Seconds())
 	g.o.hist.RecordDuration(g.cfg.Name, kind, g.o.now(), d)
 }

@@ -13,9 +13,10 @@ import (
 	"github.com/runway-cpi/runway/src/forge/forgetest"
 )
 
-// GitHub: demand arrives by webhook (the poll is an hour apart), each
-// runner gets its own JIT config, and the completed delivery retires it.
-func TestGitHubWebhookJIT(t *testing.T) {
+// gitHubEnv is an env whose one forge is a GitHub contract server polled
+// every poll, and whose group "gha" (acme/app, self-hosted + linux) may
+// run maxActive runners; not started.
+func gitHubEnv(t *testing.T, poll string, maxActive int) (*env, *forgetest.GitHub) {
 	e := newEnv(t)
 	gh := forgetest.NewGitHub(apiToken)
 	t.Cleanup(gh.Close)
@@ -26,9 +27,16 @@ func TestGitHubWebhookJIT(t *testing.T) {
     runner_url: %s
     token_env: RUNWAY_TEST_GH_TOKEN
     webhook_secret_file: %s
-    poll_interval: 1h`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"))
+    poll_interval: %s`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"), poll)
 	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
-	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, 3, ""))
+	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, maxActive, ""))
+	return e, gh
+}
+
+// GitHub: demand arrives by webhook (the poll is an hour apart), each
+// runner gets its own JIT config, and the completed delivery retires it.
+func TestGitHubWebhookJIT(t *testing.T) {
+	e, gh := gitHubEnv(t, "1h", 3)
 	e.start()
 	e.eventually(10*time.Second, "the first (polling) pass", func() bool { return !e.groupStatus("gha").LastCheckTime.IsZero() })
 	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
@@ -103,21 +111,9 @@ func regToken(e *env) string { return e.gitea.RegistrationToken("/orgs/acme") }
 // the reset while webhooks carry the demand and runners are still made
 // and removed. No request is refused and no job lost.
 func TestGitHubStaysInsideItsRateLimit(t *testing.T) {
-	e := newEnv(t)
-	gh := forgetest.NewGitHub(apiToken)
-	t.Cleanup(gh.Close)
+	e, gh := gitHubEnv(t, "200ms", 4)
 	const limit = 150
 	gh.SetRateLimit(limit, time.Hour)
-	e.forgeYML = fmt.Sprintf(`
-  - name: gh
-    type: github
-    url: %s
-    runner_url: %s
-    token_env: RUNWAY_TEST_GH_TOKEN
-    webhook_secret_file: %s
-    poll_interval: 200ms`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"))
-	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
-	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, 4, ""))
 	e.start()
 	e.eventually(10*time.Second, "the first (polling) pass", func() bool { return !e.groupStatus("gha").LastCheckTime.IsZero() })
 	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
