@@ -1,5 +1,5 @@
 // Package forge is what the runner orchestrator needs of a CI forge (Gitea,
-// GitHub): the jobs waiting for a runner, a runner registration, the
+// Forgejo, GitHub): the jobs waiting for a runner, a runner registration, the
 // registered runners, and webhook deliveries. Subpackages implement it
 // over each forge's REST API.
 package forge
@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -65,7 +66,12 @@ type Runner struct {
 type Registration struct {
 	Token     string
 	JITConfig string
-	RunnerID  int64 // GitHub JIT: the runner already exists at the forge
+	// RunnerID: the runner already exists at the forge (GitHub JIT,
+	// Forgejo's REST registration).
+	RunnerID int64
+	// UUID is a Forgejo runner's identity; with Token (its secret) the
+	// runner connects without registering itself.
+	UUID string
 }
 
 // Scope is where runners register and which jobs they can see.
@@ -84,6 +90,23 @@ func (s Scope) String() string {
 	default:
 		return s.Kind + " " + s.Owner
 	}
+}
+
+// APIPrefix is the scope's path in Gitea's and Forgejo's API (they share
+// the layout): /admin, /orgs/{org}, /user (the token's own user: a user
+// scope is served only to that user), /repos/{owner}/{repo}.
+func (s Scope) APIPrefix() (string, error) {
+	switch s.Kind {
+	case "global":
+		return "/admin", nil
+	case "org":
+		return "/orgs/" + url.PathEscape(s.Owner), nil
+	case "user":
+		return "/user", nil
+	case "repo":
+		return "/repos/" + url.PathEscape(s.Owner) + "/" + url.PathEscape(s.Repo), nil
+	}
+	return "", fmt.Errorf("unknown scope %q", s.Kind)
 }
 
 // Covers reports whether a job of repo (owner/name) is visible in scope.

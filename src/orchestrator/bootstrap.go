@@ -16,6 +16,7 @@ import (
 //
 // Both Runway's names and the forge's own are set: RUNWAY_RUNNER_* for a
 // bootstrap of your own; GITEA_* as the gitea-runner image reads them;
+// FORGEJO_* for a Forgejo runner registered by the REST API;
 // ACTIONS_RUNNER_INPUT_JITCONFIG as the GitHub runner reads --jitconfig.
 func bootstrap(g config.GroupConfig, f config.ForgeConfig, name string, reg forge.Registration) string {
 	labels := strings.Join(g.Labels, ",")
@@ -30,6 +31,16 @@ func bootstrap(g config.GroupConfig, f config.ForgeConfig, name string, reg forg
 	case reg.JITConfig != "":
 		env["RUNWAY_RUNNER_JITCONFIG"] = reg.JITConfig
 		env["ACTIONS_RUNNER_INPUT_JITCONFIG"] = reg.JITConfig
+	case f.Type == "forgejo":
+		// Registered already: forgejo-runner's .runner file is made from
+		// these (docs/orchestrator.md).
+		env["RUNWAY_RUNNER_TOKEN"] = reg.Token
+		env["RUNWAY_RUNNER_UUID"] = reg.UUID
+		env["FORGEJO_INSTANCE_URL"] = f.RunnerURL
+		env["FORGEJO_RUNNER_UUID"] = reg.UUID
+		env["FORGEJO_RUNNER_TOKEN"] = reg.Token
+		env["FORGEJO_RUNNER_NAME"] = name
+		env["FORGEJO_RUNNER_LABELS"] = labels
 	case f.Type == "gitea":
 		env["RUNWAY_RUNNER_TOKEN"] = reg.Token
 		env["GITEA_INSTANCE_URL"] = f.RunnerURL

@@ -85,10 +85,10 @@ func (fv *forgeView) forgetRunner(name string) {
 }
 
 // cheapListing: the forge's job listing is one cheap, authoritative
-// request per page (Gitea), listed again whenever it may be out of date;
-// GitHub's (runs, then their jobs, under a rate limit) is polled slowly
-// and lives on webhook deltas between.
-func (fv *forgeView) cheapListing() bool { return fv.cfg.Type == "gitea" }
+// request per page (Gitea; Forgejo's is one request), listed again
+// whenever it may be out of date; GitHub's (runs, then their jobs, under
+// a rate limit) is polled slowly and lives on webhook deltas between.
+func (fv *forgeView) cheapListing() bool { return fv.cfg.Type == "gitea" || fv.cfg.Type == "forgejo" }
 
 // markStale makes the next pass list scope afresh (deliveries may have
 // been missed: a restart, a new leader).

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/forgejo"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/forge/github"
 	"github.com/runway-cpi/runway/src/logging"
@@ -43,6 +44,9 @@ func forges(cfg *config.Config, m *orchestrator.Metrics, redact *logging.Redacto
 		case "gitea":
 			tr.AuthFunc = func() string { return "token " + token.Get() }
 			f.Client = gitea.New(fc.URL, tr)
+		case "forgejo":
+			tr.AuthFunc = func() string { return "token " + token.Get() }
+			f.Client = forgejo.New(fc.URL, tr)
 		case "github":
 			tr.AuthFunc = func() string { return "Bearer " + token.Get() }
 			tr.Headers = map[string]string{"X-GitHub-Api-Version": "2022-11-28"}

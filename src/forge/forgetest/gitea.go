@@ -1,8 +1,8 @@
 // Package forgetest holds API contract servers for the forges the
 // orchestrator talks to, built from Gitea 1.26's API (its swagger, and its
-// source: docs/testing.md lists each behaviour against it) and
-// GitHub's REST API for Actions (docs.github.com/rest/actions); neither
-// forge is installable here. They are real HTTP servers on 127.0.0.1: the
+// source: docs/testing.md lists each behaviour against it), Forgejo's
+// source (forgejo.go) and GitHub's REST API for Actions
+// (docs.github.com/rest/actions); none of them is installable here. They are real HTTP servers on 127.0.0.1: the
 // orchestrator's REST clients, its webhook endpoint and the test runner
 // program talk to them exactly as they would to the real forge.
 //
@@ -65,6 +65,7 @@ type GiteaRunner struct {
 	// in the REST API is active within 10 s).
 	LastActive time.Time
 	TaskJob    int64
+	TookTask   bool // it has had a task (an ephemeral runner gets one)
 	Disabled   bool
 }
 
@@ -95,6 +96,10 @@ type Gitea struct {
 	// removedRunning: runners whose registration was removed while they
 	// ran a task.
 	removedRunning []string
+	// forgejo: the server answers as Forgejo does (forgejo.go).
+	forgejo bool
+	repoIDs map[string]int64
+	issued  []string
 }
 
 // NewGitea starts a server on 127.0.0.1.
@@ -236,6 +241,10 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if !strings.HasPrefix(r.URL.Path, "/api/v1/") {
 		writeJSON(w, 404, map[string]string{"message": "not found"})
+		return
+	}
+	if g.forgejo {
+		g.serveForgejo(w, r)
 		return
 	}
 	if r.Header.Get("Authorization") != "token "+g.APIToken {

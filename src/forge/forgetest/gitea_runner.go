@@ -105,7 +105,7 @@ func (g *Gitea) fetchTask(rn *GiteaRunner, req map[string]any) rpcAnswer {
 	}
 	latest := g.tasksVersions[key]
 	version := strconv.FormatInt(latest, 10)
-	if known == latest || rn.Ephemeral && rn.TaskJob != 0 || rn.Disabled {
+	if known == latest || rn.Ephemeral && (rn.TaskJob != 0 || rn.TookTask) || rn.Disabled {
 		return rpcAnswer{body: map[string]any{"tasksVersion": version}}
 	}
 	var cands []*GiteaJob
@@ -126,7 +126,7 @@ func (g *Gitea) fetchTask(rn *GiteaRunner, req map[string]any) rpcAnswer {
 	picked := cands[0]
 	picked.Status, picked.RunnerID, picked.RunnerName, picked.Started, picked.Updated = "in_progress", rn.ID, rn.Name, time.Now(), time.Now()
 	picked.RunnerRegistered = rn.Registered
-	rn.TaskJob = picked.ID
+	rn.TaskJob, rn.TookTask = picked.ID, true
 	return rpcAnswer{deliver: picked, action: "in_progress",
 		body: map[string]any{"task": map[string]any{"id": strconv.FormatInt(picked.ID, 10),
 			"context": map[string]any{"repository": picked.Repo, "job": picked.Name}}, "tasksVersion": version}}
@@ -148,10 +148,11 @@ func (g *Gitea) updateTask(rn *GiteaRunner, req map[string]any) rpcAnswer {
 	j.Status, j.Completed, j.Updated = "completed", time.Now(), time.Now()
 	j.Conclusion = strings.ToLower(strings.TrimPrefix(result, "RESULT_"))
 	rn.TaskJob = 0
-	if rn.Ephemeral {
+	if rn.Ephemeral && !g.forgejo {
 		// Gitea removes an ephemeral runner once its task is done
 		// (models/actions: UpdateTask → DeleteEphemeralRunner); its next
-		// RPC is refused as an unregistered runner.
+		// RPC is refused as an unregistered runner. Forgejo keeps it
+		// registered, and gives it no second task.
 		delete(g.runners, rn.ID)
 	}
 	a.deliver, a.action = j, "completed"

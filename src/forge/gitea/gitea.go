@@ -76,19 +76,8 @@ type scope struct {
 }
 
 func scopeOf(s forge.Scope) (scope, error) {
-	switch s.Kind {
-	case "global":
-		return scope{kind: "global", path: "/admin"}, nil
-	case "org":
-		return scope{kind: "org", owner: s.Owner, path: "/orgs/" + url.PathEscape(s.Owner)}, nil
-	case "user":
-		// Gitea serves a user's actions only to that user: the forge
-		// token must be theirs.
-		return scope{kind: "user", path: "/user"}, nil
-	case "repo":
-		return scope{kind: "repo", owner: s.Owner, repo: s.Repo, path: "/repos/" + url.PathEscape(s.Owner) + "/" + url.PathEscape(s.Repo)}, nil
-	}
-	return scope{}, fmt.Errorf("unknown scope %q", s.Kind)
+	path, err := s.APIPrefix()
+	return scope{kind: s.Kind, owner: s.Owner, repo: s.Repo, path: path}, err
 }
 
 func job(j *sdk.ActionWorkflowJob) forge.Job {

@@ -74,7 +74,7 @@ type CPIConfig struct {
 // ForgeConfig is one Gitea or GitHub.
 type ForgeConfig struct {
 	Name string `yaml:"name"`
-	Type string `yaml:"type"` // gitea | github
+	Type string `yaml:"type"` // gitea | forgejo | github
 	URL  string `yaml:"url"`  // Gitea instance URL; GitHub API URL
 	// RunnerURL is the URL a runner connects to (default: url; GitHub:
 	// https://github.com).
@@ -359,8 +359,11 @@ func (c *Config) validateForges(errs *fieldErrors) map[string]ForgeConfig {
 			errs.bad(p+".name", "%q is used twice", f.Name)
 		}
 		forges[f.Name] = f
-		if f.Type != "gitea" && f.Type != "github" {
-			errs.bad(p+".type", "%q must be gitea or github", f.Type)
+		if f.Type != "gitea" && f.Type != "github" && f.Type != "forgejo" {
+			errs.bad(p+".type", "%q must be gitea, forgejo or github", f.Type)
+		}
+		if f.Type == "forgejo" && (f.WebhookSecretFile != "" || f.WebhookSecretEnv != "") {
+			errs.bad(p+".webhook_secret_file", "Forgejo sends no workflow_job webhook: Runway polls it (leave the webhook secret out)")
 		}
 		if !strings.HasPrefix(f.URL, "http://") && !strings.HasPrefix(f.URL, "https://") {
 			errs.bad(p+".url", "%q must be an http(s) URL", f.URL)

@@ -46,6 +46,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"stemcell: {cid: sc-1}", "stemcell: {cid: sc-1, image: /x.tgz}", "groups[0].stemcell"},
 		{"token_file: /etc/token", "token_file: /etc/token, token_env: T", "forges[0].token_file"},
 		{"type: gitea", "type: gitlab", "forges[0].type"},
+		{"type: gitea, url", "type: forgejo, webhook_secret_env: S, url", "forges[0].webhook_secret_file: Forgejo sends no workflow_job webhook"},
 		{"name: linux", "name: Linux_1", "groups[0].name"},
 		{"runner: {command: /usr/bin/runner}", "runner: {command: /usr/bin/runner, env: {\"A-B\": x}}", "groups[0].runner.env"},
 		{"max_active_runners: 2", "max_active_runners: 2\n    timeouts: {idle: soon}", "soon"},
@@ -65,6 +66,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s → %s: error %v does not name %s", c.from, c.to, err, c.field)
 		}
+	}
+	if _, err := ParseConfig([]byte(strings.Replace(minimal, "type: gitea", "type: forgejo", 1))); err != nil {
+		t.Errorf("a forgejo forge: %v", err)
 	}
 	gh := strings.Replace(minimal, "type: gitea", "type: github", 1)
 	gh = strings.Replace(gh, "scope: org\n    org: acme", "scope: global", 1)

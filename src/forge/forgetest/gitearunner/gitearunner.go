@@ -1,5 +1,6 @@
 // Package gitearunner speaks the runner side of Gitea's Actions protocol
-// (Connect-RPC, JSON bodies) as gitea-runner does: Register with label
+// (Connect-RPC, JSON bodies; Forgejo serves the same service) as
+// gitea-runner does: Register with label
 // names only, FetchTask sending back the tasks version last answered (0
 // after a task, to look again), UpdateTask for progress and the result.
 // The test runner program and tests that need a runner of their own use
@@ -65,6 +66,18 @@ func Register(instanceURL, token, name string, labels []string, ephemeral bool) 
 		return nil, err
 	}
 	r.UUID, r.Token = reg.Runner.UUID, reg.Runner.Token
+	return r, nil
+}
+
+// Connect is a runner registered elsewhere (Forgejo's REST registration
+// hands out its UUID and token): it declares its labels, as
+// forgejo-runner does when it starts.
+func Connect(instanceURL, uuid, token, name string, labels []string) (*Runner, error) {
+	r := &Runner{Name: name, UUID: uuid, Token: token, TasksVersion: "0",
+		base: strings.TrimRight(instanceURL, "/") + "/api/actions/runner.v1.RunnerService/"}
+	if err := r.call("Declare", map[string]any{"version": "gitearunner", "labels": labels}, nil); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 

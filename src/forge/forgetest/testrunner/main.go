@@ -4,7 +4,8 @@
 // exits — an ephemeral runner in miniature.
 //
 // Gitea: the Connect-RPC JSON runner protocol (Register, FetchTask,
-// UpdateTask). GitHub: the contract server's stand-in endpoints, keyed by
+// UpdateTask). Forgejo: the same protocol, connecting with the UUID and
+// token its REST registration made (Declare instead of Register). GitHub: the contract server's stand-in endpoints, keyed by
 // the JIT config.
 //
 // TESTRUNNER_HOLD_FILE: while that file exists, the job stays in progress.
@@ -55,6 +56,18 @@ func run() error {
 	return gitea(idle)
 }
 
+// connect registers with the Gitea token, or connects as the runner
+// Forgejo's REST API registered.
+func connect() (*gitearunner.Runner, error) {
+	labels := func(v string) []string { return gitearunner.LabelNames(strings.Split(os.Getenv(v), ",")) }
+	if uuid := os.Getenv("FORGEJO_RUNNER_UUID"); uuid != "" {
+		return gitearunner.Connect(os.Getenv("FORGEJO_INSTANCE_URL"), uuid, os.Getenv("FORGEJO_RUNNER_TOKEN"),
+			os.Getenv("FORGEJO_RUNNER_NAME"), labels("FORGEJO_RUNNER_LABELS"))
+	}
+	return gitearunner.Register(os.Getenv("GITEA_INSTANCE_URL"), os.Getenv("GITEA_RUNNER_REGISTRATION_TOKEN"),
+		os.Getenv("GITEA_RUNNER_NAME"), labels("GITEA_RUNNER_LABELS"), os.Getenv("GITEA_RUNNER_EPHEMERAL") == "true")
+}
+
 func post(url string, hdr map[string]string, in, out any) (int, error) {
 	b, _ := json.Marshal(in)
 	req, err := http.NewRequest("POST", url, bytes.NewReader(b))
@@ -99,13 +112,11 @@ func hold(tick func()) {
 }
 
 func gitea(idle time.Duration) error {
-	name := os.Getenv("GITEA_RUNNER_NAME")
-	r, err := gitearunner.Register(os.Getenv("GITEA_INSTANCE_URL"), os.Getenv("GITEA_RUNNER_REGISTRATION_TOKEN"), name,
-		gitearunner.LabelNames(strings.Split(os.Getenv("GITEA_RUNNER_LABELS"), ",")), os.Getenv("GITEA_RUNNER_EPHEMERAL") == "true")
+	r, err := connect()
 	if err != nil {
 		return err
 	}
-	fmt.Println("registered", name)
+	fmt.Println("registered", r.Name)
 	for deadline := time.Now().Add(idle); time.Now().Before(deadline); {
 		id, err := r.FetchTask()
 		if err != nil {
