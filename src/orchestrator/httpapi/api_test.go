@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -180,6 +181,38 @@ func TestIdleConnectionsNeverKeepANewClientOut(t *testing.T) {
 	}
 	for _, c := range idlers {
 		c.CloseIdleConnections()
+	}
+}
+
+// A burst of webhook deliveries through one keep-alive client (as a
+// forge's sender keeps its connections) past the cap: a POST is never
+// retried by the client, so a connection closed under a request loses
+// the delivery. Near the cap, answers tell clients to close instead.
+func TestPOSTBurstThroughTheCapLosesNothing(t *testing.T) {
+	addr := serve(t, testDaemon(t, "http: {max_connections: 8}"))
+	sender := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				resp, err := sender.Post("http://"+addr+"/webhooks/gitea", "application/json", strings.NewReader(`{"action":"queued"}`))
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of 1280 deliveries lost, first: %v", n, firstErr.Load())
 	}
 }
 

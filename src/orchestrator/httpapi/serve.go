@@ -14,7 +14,7 @@ import (
 // until ctx ends, then shuts down within 5 s.
 func Serve(ctx context.Context, c config.HTTPConfig, ln net.Listener, h http.Handler) error {
 	lim := newConnLimit(ln, c.MaxConnections)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout.Duration, ReadTimeout: c.ReadTimeout.Duration,
+	srv := &http.Server{Handler: lim.closeWhenFull(h), ReadHeaderTimeout: c.ReadHeaderTimeout.Duration, ReadTimeout: c.ReadTimeout.Duration,
 		WriteTimeout: c.WriteTimeout.Duration, IdleTimeout: c.IdleTimeout.Duration, MaxHeaderBytes: 64 << 10,
 		ConnState: lim.track}
 	errc := make(chan error, 1)
@@ -31,9 +31,9 @@ func Serve(ctx context.Context, c config.HTTPConfig, ln net.Listener, h http.Han
 
 // connLimit is the listener with the connection cap: at most max open,
 // but idle keep-alive connections never keep a new client out — when the
-// cap is reached, Accept closes the longest idle one to make room, and
-// only when every connection is busy with a request does it wait (as
-// netutil.LimitListener always would).
+// cap is reached, Accept closes the longest idle one to make room (once
+// it has been idle idleGrace), and only when every connection is busy
+// with a request does it wait (as netutil.LimitListener always would).
 type connLimit struct {
 	net.Listener
 	mu     sync.Mutex
@@ -53,14 +53,23 @@ func newConnLimit(ln net.Listener, max int) *connLimit {
 func (l *connLimit) Accept() (net.Conn, error) {
 	l.mu.Lock()
 	for l.open >= l.max && !l.closed {
-		if v := l.longestIdle(); v != nil {
+		v, since := l.longestIdle()
+		switch wait := idleGrace - time.Since(since); {
+		case v != nil && wait <= 0:
 			delete(l.idle, v)
 			l.mu.Unlock()
 			_ = v.Close() // frees its place, and wakes us
 			l.mu.Lock()
 			continue
+		case v != nil:
+			// Just gone idle: its client may be sending on it again
+			// this instant. Closed once it has been idle a while.
+			t := time.AfterFunc(wait, func() { l.mu.Lock(); l.cond.Broadcast(); l.mu.Unlock() })
+			l.cond.Wait()
+			t.Stop()
+		default:
+			l.cond.Wait() // a connection closes or goes idle
 		}
-		l.cond.Wait() // a connection closes or goes idle
 	}
 	if l.closed {
 		l.mu.Unlock()
@@ -91,7 +100,12 @@ func (l *connLimit) release() {
 	l.mu.Unlock()
 }
 
-func (l *connLimit) longestIdle() *limitedConn {
+// idleGrace is how long a connection must have been idle before the cap
+// closes it for a newcomer: closing one its client is reusing at that
+// moment loses the request (a POST is not retried).
+const idleGrace = 250 * time.Millisecond
+
+func (l *connLimit) longestIdle() (*limitedConn, time.Time) {
 	var best *limitedConn
 	var since time.Time
 	for c, t := range l.idle {
@@ -99,7 +113,23 @@ func (l *connLimit) longestIdle() *limitedConn {
 			best, since = c, t
 		}
 	}
-	return best
+	return best, since
+}
+
+// closeWhenFull answers with "Connection: close" once three quarters of
+// the cap are open: a client is told not to reuse its connection, rather
+// than having it closed under a request it is sending (a POST lost: a
+// webhook delivery is tried once) when Accept must make room.
+func (l *connLimit) closeWhenFull(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l.mu.Lock()
+		full := l.open*4 >= l.max*3
+		l.mu.Unlock()
+		if full {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // track is the server's ConnState hook: which connections are idle.
