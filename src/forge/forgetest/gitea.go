@@ -92,7 +92,7 @@ type Gitea struct {
 	tasksVersions map[string]int64
 	down          bool
 	requests      map[string]int
-	deliveries    sync.WaitGroup
+	deliveries    *deliveries
 	// removedRunning: runners whose registration was removed while they
 	// ran a task.
 	removedRunning []string
@@ -105,7 +105,8 @@ type Gitea struct {
 // NewGitea starts a server on 127.0.0.1.
 func NewGitea(apiToken string) *Gitea {
 	g := &Gitea{APIToken: apiToken, User: "tester", jobs: map[int64]*GiteaJob{}, runners: map[int64]*GiteaRunner{},
-		regTokens: map[string]string{}, nextID: 100, requests: map[string]int{}, tasksVersions: map[string]int64{}}
+		regTokens: map[string]string{}, nextID: 100, requests: map[string]int{}, tasksVersions: map[string]int64{},
+		deliveries: giteaDeliveries()}
 	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
 	return g
 }
@@ -225,6 +226,9 @@ func (g *Gitea) RegistrationToken(scope string) string {
 
 // WaitDeliveries waits for webhook deliveries in flight.
 func (g *Gitea) WaitDeliveries() { g.deliveries.Wait() }
+
+// FailedDeliveries lists the webhook deliveries that failed.
+func (g *Gitea) FailedDeliveries() []string { return g.deliveries.Failed() }
 
 func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
@@ -461,7 +465,7 @@ func (g *Gitea) deliver(j *GiteaJob, action string) {
 	body, _ := json.Marshal(payload)
 	for _, h := range hooks {
 		sig := forge.Sign(h.secret, body)
-		h.send(&g.deliveries, body, map[string]string{"X-Gitea-Event": "workflow_job", "X-Gitea-Event-Type": "workflow_job",
+		g.deliveries.send(h, body, map[string]string{"X-Gitea-Event": "workflow_job", "X-Gitea-Event-Type": "workflow_job",
 			"X-Gitea-Delivery": randUUID(), "X-Gitea-Signature": sig, "X-Hub-Signature-256": "sha256=" + sig})
 	}
 }

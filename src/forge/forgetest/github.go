@@ -62,14 +62,14 @@ type GitHub struct {
 	hooks    []hook
 	nextID   int64
 	requests map[string]int
-	wg       sync.WaitGroup
+	hooksOut *deliveries
 	rate     rateLimit
 }
 
 // NewGitHub starts a server on 127.0.0.1.
 func NewGitHub(apiToken string) *GitHub {
 	g := &GitHub{APIToken: apiToken, jobs: map[int64]*GitHubJob{}, runners: map[int64]*ghRunner{}, nextID: 5000,
-		requests: map[string]int{}, Archived: map[string]bool{}}
+		requests: map[string]int{}, Archived: map[string]bool{}, hooksOut: gitHubDeliveries()}
 	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
 	return g
 }
@@ -136,7 +136,10 @@ func (g *GitHub) Requests() map[string]int {
 }
 
 // WaitDeliveries waits for webhook deliveries in flight.
-func (g *GitHub) WaitDeliveries() { g.wg.Wait() }
+func (g *GitHub) WaitDeliveries() { g.hooksOut.Wait() }
+
+// FailedDeliveries lists the webhook deliveries that failed.
+func (g *GitHub) FailedDeliveries() []string { return g.hooksOut.Failed() }
 
 func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
@@ -444,7 +447,7 @@ func (g *GitHub) deliver(j *GitHubJob, action string) {
 	hooks := append([]hook(nil), g.hooks...)
 	g.mu.Unlock()
 	for _, h := range hooks {
-		h.send(&g.wg, body, map[string]string{"X-GitHub-Event": "workflow_job", "X-GitHub-Delivery": randUUID(),
+		g.hooksOut.send(h, body, map[string]string{"X-GitHub-Event": "workflow_job", "X-GitHub-Delivery": randUUID(),
 			"X-Hub-Signature-256": "sha256=" + forge.Sign(h.secret, body)})
 	}
 }
