@@ -90,6 +90,13 @@ func (fv *forgeView) forgetRunner(name string) {
 // a rate limit) is polled slowly and lives on webhook deltas between.
 func (fv *forgeView) cheapListing() bool { return fv.cfg.Type == "gitea" || fv.cfg.Type == "forgejo" }
 
+// removesFinishedRunners: the forge removes an ephemeral runner's
+// registration itself once its job is done (Gitea's ephemeral runners,
+// GitHub's JIT runners); Forgejo keeps it. Where it does, Runway does not
+// spend a request removing it again: a runner that ended without a job
+// leaves an offline registration, which the sweep removes.
+func (fv *forgeView) removesFinishedRunners() bool { return fv.cfg.Type != "forgejo" }
+
 // markStale makes the next pass list scope afresh (deliveries may have
 // been missed: a restart, a new leader).
 func (fv *forgeView) markStale(s forge.Scope) {

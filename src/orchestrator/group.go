@@ -345,7 +345,7 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName map[string]store.Runner) error {
 	var idle []string
 	for name, reason := range reap {
-		if r := byName[name]; r.State == store.Idle && reason != "job finished" {
+		if r := byName[name]; r.State == store.Idle && reason != reasonJobFinished {
 			idle = append(idle, name)
 		}
 	}

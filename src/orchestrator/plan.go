@@ -1,12 +1,28 @@
 package orchestrator
 
 import (
+	"strings"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
+
+// Reap reasons for a runner that ended by itself.
+const (
+	reasonJobFinished   = "job finished"
+	reasonProcessExited = "runner process exited"
+	reasonLeftForge     = "runner left the forge after its job"
+)
+
+// endedByItself: the runner's job is done or its process ended. A forge
+// that removes finished runners (removesFinishedRunners) has removed its
+// registration already, or shows it offline, for the sweep to remove: no
+// request is spent on it now.
+func endedByItself(reason string) bool {
+	return reason == reasonJobFinished || reason == reasonLeftForge || strings.HasPrefix(reason, reasonProcessExited)
+}
 
 // decision is what one pass decided, before any side effect: pure, so it
 // can be tested and benchmarked without a forge or CPI.
@@ -36,7 +52,7 @@ func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 		if (r.State == store.Idle || r.State == store.Busy) && finished[r.Name] && running[r.Name].ID == 0 {
 			// Its job is done: an ephemeral runner is gone with it,
 			// whether or not a pass ever saw it busy.
-			d.reap[r.Name] = "job finished"
+			d.reap[r.Name] = reasonJobFinished
 			continue
 		}
 		switch r.State {

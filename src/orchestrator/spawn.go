@@ -252,11 +252,11 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 	mine := j.RunnerName == r.Name
 	switch {
 	case r.State == store.Busy && j.Status == forge.StatusCompleted:
-		return "job finished", false, nil
+		return reasonJobFinished, false, nil
 	case r.State == store.Busy && j.RunnerName != "" && !mine:
 		return "job taken over by " + j.RunnerName, false, nil
 	case r.State == store.Idle && mine && j.Status == forge.StatusCompleted:
-		return "job finished", false, nil
+		return reasonJobFinished, false, nil
 	case r.State == store.Idle && mine:
 		j.Repo = repo
 		g.tookJob(&r, j, g.o.now())

@@ -65,7 +65,7 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 			case !ok:
 				reason = "vm gone"
 			case st == "stopped" || st == "error":
-				reason = "runner process exited (" + st + ")"
+				reason = reasonProcessExited + " (" + st + ")"
 			}
 		} else {
 			exists, err := g.hasVM(ctx, r.VMCID)
@@ -134,7 +134,7 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 			// runner goes once its one job is done.
 			reaped[r.Name] = true
 			delete(live, name)
-			errs = append(errs, g.destroy(ctx, r, "runner left the forge after its job"))
+			errs = append(errs, g.destroy(ctx, r, reasonLeftForge))
 		}
 	}
 	return errors.Join(errs...)
@@ -224,7 +224,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 			return g.keepError(r, fmt.Errorf("delete_vm %s of %s: %w", cid, r.Name, err))
 		}
 	}
-	if r.ForgeRunnerID != 0 {
+	if r.ForgeRunnerID != 0 && !(endedByItself(reason) && g.forge.removesFinishedRunners()) {
 		if err := g.forge.client.DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
 			// The sweep retries: the row says deleted, the registration
 			// stays ours to remove.

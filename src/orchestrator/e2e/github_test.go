@@ -166,3 +166,74 @@ func TestGitHubStaysInsideItsRateLimit(t *testing.T) {
 		t.Errorf("304s are not counted:\n%s", grep(m, "runway_forge_requests_total"))
 	}
 }
+
+// The budget through a 1,000-job run: GitHub's documented 5,000 requests
+// an hour, 3,400 of it already spent by another client of the token, and
+// 1,000 jobs queued at once by webhook (over one keep-alive client, all
+// at once), the poll GitHub's default 5 minutes. Each job runs once, on a
+// runner of its own; about one request per job; no request is refused,
+// no delivery lost; nothing is left. (Listings waiting while the budget
+// is low: TestGitHubStaysInsideItsRateLimit.)
+func TestGitHubThousandJobsInsideItsRateLimit(t *testing.T) {
+	const n, limit, spentElsewhere = 1000, 5000, 3400
+	e, gh := gitHubEnv(t, "5m", n)
+	e.sweep = "5s"
+	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, n, "    spawn_concurrency: 16\n"))
+	gh.SetRateLimit(limit, time.Hour)
+	e.start()
+	e.eventually(10*time.Second, "the first (polling) pass", func() bool { return !e.groupStatus("gha").LastCheckTime.IsZero() })
+	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
+	for range spentElsewhere {
+		req, _ := http.NewRequest("GET", gh.URL+"/repos/acme/app/actions/runners?per_page=1&n="+strconv.Itoa(time.Now().Nanosecond()), nil)
+		req.Header.Set("Authorization", "Bearer "+apiToken)
+		resp, err := http.DefaultClient.Do(req)
+		must(t, err)
+		resp.Body.Close()
+	}
+	start := time.Now()
+	jobs := make([]int64, n)
+	for i := range jobs {
+		jobs[i] = gh.AddJob("acme/app", []string{"self-hosted", "linux"})
+	}
+	e.eventually(10*time.Minute, "every job completes", func() bool {
+		for _, id := range jobs {
+			if gh.Job(id).Status != "completed" {
+				return false
+			}
+		}
+		return true
+	})
+	took := time.Since(start)
+	e.eventually(2*time.Minute, "the runners are retired", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	used, refused, notModified := gh.RateUsage()
+	t.Logf("%d jobs done in %v; %d requests of %d used (%d by the other client), %d answered 304, %d refused",
+		n, took.Round(time.Second), used, limit, spentElsewhere, notModified, refused)
+	if refused != 0 {
+		t.Errorf("%d requests refused for the rate limit", refused)
+	}
+	if f := gh.FailedDeliveries(); len(f) != 0 {
+		t.Errorf("%d webhook deliveries failed, e.g. %s", len(f), f[0])
+	}
+	// One JIT config per runner and a few listings: no request spent
+	// removing a registration GitHub removed itself after the job.
+	if ours := used - spentElsewhere; ours > n*11/10 {
+		t.Errorf("Runway used %d requests for %d jobs", ours, n)
+	}
+	ranBy := map[string]int64{}
+	for _, id := range jobs {
+		j := gh.Job(id)
+		if j.Conclusion != "success" {
+			t.Errorf("job %d ended %q", id, j.Conclusion)
+		}
+		if prev, dup := ranBy[j.RunnerName]; dup {
+			t.Errorf("runner %s ran jobs %d and %d", j.RunnerName, prev, id)
+		}
+		ranBy[j.RunnerName] = id
+	}
+	if made := len(e.runners(true)); made != n {
+		t.Errorf("%d runners made for %d jobs", made, n)
+	}
+	if c := gh.RunnerCount(); c != 0 {
+		t.Errorf("%d runner registrations left", c)
+	}
+}
