@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -311,6 +312,27 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		prober, _ := open.vm("until busybox nc -w 1 " + openIP + " 8080 </dev/null; do sleep 0.2; done; echo REACHED-PEER; " +
 			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done")
 		Eventually(open.console(prober), "15s", "50ms").Should(ContainSubstring("REACHED-PEER"))
+	})
+
+	It("keeps the gateway's hardware address its own while VMs come and go", func() {
+		// Left to the kernel, a bridge takes its lowest port's address,
+		// changing the gateway's MAC under the VMs' ARP caches.
+		o := newOwnDriver(map[string]any{"bridge": "rwmac0", "cidr": "10.250.12.0/24"})
+		macs := func(args ...string) []string {
+			out := run(append([]string{"ip", "-n", fx.NetNS, "-o", "link", "show"}, args...)...)
+			return regexp.MustCompile(`link/ether ([0-9a-f:]+)`).FindAllString(out, -1)
+		}
+		idle := "trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
+		o.vm(idle)
+		gateway := macs("dev", "rwmac0")
+		Expect(gateway).To(HaveLen(1))
+		for range 3 {
+			o.vm(idle)
+			Expect(macs("dev", "rwmac0")).To(Equal(gateway), "the gateway's address changed as a VM came")
+		}
+		ports := macs("master", "rwmac0")
+		Expect(ports).To(HaveLen(4))
+		Expect(ports).NotTo(ContainElement(gateway[0]), "the bridge wears a port's address")
 	})
 
 	It("uses only a bridge it made: an interface someone else has is refused by name and left as it was", func() {

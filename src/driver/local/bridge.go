@@ -1,7 +1,9 @@
 package local
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/netip"
@@ -63,6 +65,22 @@ type bridgeRecord struct {
 	Index int    `json:"index"`
 }
 
+// bridgeMAC is the bridge's hardware address, fixed (locally
+// administered, from the state dir). Left to the kernel, a bridge takes
+// the lowest of its ports' addresses, so every VM made or deleted may
+// change the gateway's MAC under the other VMs' ARP caches: their packets
+// go astray until the entry expires, and TCP's backoff stretches that
+// into stalls of a minute or two.
+func (d *Driver) bridgeMAC() net.HardwareAddr {
+	sum := sha256.Sum256([]byte(d.bridgeAlias()))
+	return append(net.HardwareAddr{0x02}, sum[:5]...)
+}
+
+func hasMAC(br string, mac net.HardwareAddr) bool {
+	i, err := net.InterfaceByName(br)
+	return err == nil && bytes.Equal(i.HardwareAddr, mac)
+}
+
 func (d *Driver) ownBridge(br string) bool {
 	var rec bridgeRecord
 	i, err := net.InterfaceByName(br)
@@ -76,7 +94,8 @@ func (d *Driver) ownBridge(br string) bool {
 func (d *Driver) ensureBridge(ctx context.Context) error {
 	br := d.cfg.Container.Bridge
 	want := netip.PrefixFrom(d.gateway(), d.prefix.Bits()).String()
-	if d.ownBridge(br) && hasAddr(br, want) {
+	mac := d.bridgeMAC()
+	if d.ownBridge(br) && hasAddr(br, want) && hasMAC(br, mac) {
 		return nil
 	}
 	unlock, err := d.locks.Lock(ctx, "state-bridge")
@@ -104,6 +123,11 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 		}
 	}
 	err = func() error {
+		if !hasMAC(br, mac) {
+			if err := ip(ctx, "link", "set", br, "address", mac.String()); err != nil {
+				return fmt.Errorf("fixing the address of bridge %s: %w", br, err)
+			}
+		}
 		if !hasAddr(br, want) {
 			if err := ip(ctx, "addr", "add", want, "dev", br); err != nil {
 				return fmt.Errorf("addressing bridge %s: %w", br, err)

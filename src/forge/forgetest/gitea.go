@@ -44,8 +44,11 @@ type GiteaJob struct {
 	// Updated orders the jobs a runner may pick, oldest first (Gitea:
 	// CreateTaskForRunner, Asc("updated", "id")).
 	Updated time.Time
-	// RunnerRegistered: when the runner that took it registered.
+	// RunnerRegistered: when the runner that took it registered;
+	// RunnerFirstFetch: its first FetchTask, and what that found.
 	RunnerRegistered time.Time
+	RunnerFirstFetch time.Time
+	RunnerFirstFound string
 }
 
 // GiteaRunner is a registered runner.
@@ -66,6 +69,8 @@ type GiteaRunner struct {
 	LastActive time.Time
 	TaskJob    int64
 	TookTask   bool // it has had a task (an ephemeral runner gets one)
+	FirstFetch time.Time
+	FirstFound string // what its first FetchTask found
 	Disabled   bool
 }
 

@@ -6,6 +6,7 @@ package forgetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -105,7 +106,17 @@ func (g *Gitea) fetchTask(rn *GiteaRunner, req map[string]any) rpcAnswer {
 	}
 	latest := g.tasksVersions[key]
 	version := strconv.FormatInt(latest, 10)
+	first := rn.FirstFetch.IsZero()
+	if first {
+		rn.FirstFetch = time.Now()
+	}
+	note := func(found string) {
+		if first {
+			rn.FirstFound = found
+		}
+	}
 	if known == latest || rn.Ephemeral && (rn.TaskJob != 0 || rn.TookTask) || rn.Disabled {
+		note(fmt.Sprintf("no task: version %d known", known))
 		return rpcAnswer{body: map[string]any{"tasksVersion": version}}
 	}
 	var cands []*GiteaJob
@@ -115,8 +126,10 @@ func (g *Gitea) fetchTask(rn *GiteaRunner, req map[string]any) rpcAnswer {
 		}
 	}
 	if len(cands) == 0 {
+		note(fmt.Sprintf("no task: none of %d jobs matched at version %d", len(g.jobs), latest))
 		return rpcAnswer{body: map[string]any{"tasksVersion": version}}
 	}
+	note("a task")
 	sort.Slice(cands, func(a, b int) bool {
 		if !cands[a].Updated.Equal(cands[b].Updated) {
 			return cands[a].Updated.Before(cands[b].Updated)
@@ -125,7 +138,7 @@ func (g *Gitea) fetchTask(rn *GiteaRunner, req map[string]any) rpcAnswer {
 	})
 	picked := cands[0]
 	picked.Status, picked.RunnerID, picked.RunnerName, picked.Started, picked.Updated = "in_progress", rn.ID, rn.Name, time.Now(), time.Now()
-	picked.RunnerRegistered = rn.Registered
+	picked.RunnerRegistered, picked.RunnerFirstFetch, picked.RunnerFirstFound = rn.Registered, rn.FirstFetch, rn.FirstFound
 	rn.TaskJob, rn.TookTask = picked.ID, true
 	return rpcAnswer{deliver: picked, action: "in_progress",
 		body: map[string]any{"task": map[string]any{"id": strconv.FormatInt(picked.ID, 10),

@@ -93,8 +93,9 @@ func scale(b *testing.B, n int, mode string) {
 		slices.Sort(waits)
 		// The runner slowest from registering to its job, and what the
 		// daemon said of it: the tail to look into.
-		b.Logf("slowest to take its job: %s, registered %s, took job %d %s later\n%s", slowest.RunnerName,
-			slowest.RunnerRegistered.Format("15:04:05.000"), slowest.ID, slowest.Started.Sub(slowest.RunnerRegistered).Round(time.Millisecond),
+		b.Logf("slowest to take its job: %s, registered %s, first fetch %s later (%s), took job %d %s after registering\n%s", slowest.RunnerName,
+			slowest.RunnerRegistered.Format("15:04:05.000"), slowest.RunnerFirstFetch.Sub(slowest.RunnerRegistered).Round(time.Millisecond),
+			slowest.RunnerFirstFound, slowest.ID, slowest.Started.Sub(slowest.RunnerRegistered).Round(time.Millisecond),
 			grep(e.stderr.String(), slowest.RunnerName))
 		slices.Sort(takes)
 		slices.Sort(runs)
