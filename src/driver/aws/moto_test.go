@@ -177,15 +177,19 @@ func adminClient(t *testing.T, ep string) *ec2.Client {
 // moto reset now and then (seen as "use of closed network connection"),
 // which the driver itself waits out.
 func retrying(c *ec2.Client) *ec2.Client {
-	return ec2.New(c.Options(), func(o *ec2.Options) {
-		o.Retryer = awsretry.NewStandard(func(so *awsretry.StandardOptions) {
-			so.Retryables = append(so.Retryables, awsretry.IsErrorRetryableFunc(func(err error) aws.Ternary {
-				if classify(err).Class != retry.Permanent {
-					return aws.TrueTernary
-				}
-				return aws.UnknownTernary
-			}))
-		})
+	return ec2.New(c.Options(), func(o *ec2.Options) { o.Retryer = testRetryer() })
+}
+
+// testRetryer is the SDK's standard retryer, also retrying what the
+// driver's policy retries.
+func testRetryer() aws.Retryer {
+	return awsretry.NewStandard(func(so *awsretry.StandardOptions) {
+		so.Retryables = append(so.Retryables, awsretry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+			if classify(err).Class != retry.Permanent {
+				return aws.TrueTernary
+			}
+			return aws.UnknownTernary
+		}))
 	})
 }
 
@@ -337,6 +341,7 @@ func TestHeavyStemcellContent(t *testing.T) {
 	// moto answers ListSnapshotBlocks with indices the SDK cannot parse,
 	// so read the blocks one by one.
 	_, eb, _ := d.clients(ctx)
+	eb = ebs.New(eb.Options(), func(o *ebs.Options) { o.Retryer = testRetryer() })
 	raw := rawImage()
 	for idx, want := range map[int32][]byte{0: raw[:ebsBlock], 2: raw[2*ebsBlock:]} {
 		b, err := eb.GetSnapshotBlock(ctx, &ebs.GetSnapshotBlockInput{SnapshotId: aws.String(snap), BlockIndex: aws.Int32(idx), BlockToken: aws.String("x")})

@@ -143,10 +143,15 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c = retrying(c)
 	lb1, lb2, err := d.lbClients(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test's own checks retry what the driver retries (moto resets a
+	// kept-alive connection now and then).
+	lb1 = elb.New(lb1.Options(), func(o *elb.Options) { o.Retryer = testRetryer() })
+	lb2 = elbv2.New(lb2.Options(), func(o *elbv2.Options) { o.Retryer = testRetryer() })
 	subnets, err := c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{})
 	if err != nil || len(subnets.Subnets) == 0 {
 		t.Fatalf("no subnet in moto's default VPC: %v", err)
