@@ -143,15 +143,15 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c = retrying(c)
 	lb1, lb2, err := d.lbClients(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The test's own checks retry what the driver retries (moto resets a
-	// kept-alive connection now and then).
-	lb1 = elb.New(lb1.Options(), func(o *elb.Options) { o.Retryer = testRetryer() })
-	lb2 = elbv2.New(lb2.Options(), func(o *elbv2.Options) { o.Retryer = testRetryer() })
+	// The test's own read-only checks retry what the driver retries (moto
+	// resets a kept-alive connection now and then); what it creates is
+	// not retried (a retried create conflicts with its first attempt).
+	check1 := elb.New(lb1.Options(), func(o *elb.Options) { o.Retryer = testRetryer() })
+	check2 := elbv2.New(lb2.Options(), func(o *elbv2.Options) { o.Retryer = testRetryer() })
 	subnets, err := c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{})
 	if err != nil || len(subnets.Subnets) == 0 {
 		t.Fatalf("no subnet in moto's default VPC: %v", err)
@@ -221,11 +221,11 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	if !slices.Equal(groups, []string{aws.ToString(sg.GroupId)}) {
 		t.Errorf("security groups %v; want %s, parity-web of the subnet's VPC", groups, aws.ToString(sg.GroupId))
 	}
-	health, err := lb2.DescribeTargetHealth(ctx, &elbv2.DescribeTargetHealthInput{TargetGroupArn: tg.TargetGroups[0].TargetGroupArn})
+	health, err := check2.DescribeTargetHealth(ctx, &elbv2.DescribeTargetHealthInput{TargetGroupArn: tg.TargetGroups[0].TargetGroupArn})
 	if err != nil || len(health.TargetHealthDescriptions) != 1 || aws.ToString(health.TargetHealthDescriptions[0].Target.Id) != vm {
 		t.Errorf("target group targets %+v (%v); want %s", health, err, vm)
 	}
-	lbs, err := lb1.DescribeLoadBalancers(ctx, &elb.DescribeLoadBalancersInput{LoadBalancerNames: []string{"parity-elb"}})
+	lbs, err := check1.DescribeLoadBalancers(ctx, &elb.DescribeLoadBalancersInput{LoadBalancerNames: []string{"parity-elb"}})
 	if err != nil || len(lbs.LoadBalancerDescriptions) != 1 || len(lbs.LoadBalancerDescriptions[0].Instances) != 1 ||
 		aws.ToString(lbs.LoadBalancerDescriptions[0].Instances[0].InstanceId) != vm {
 		t.Errorf("classic ELB instances %+v (%v); want %s", lbs, err, vm)

@@ -103,7 +103,7 @@ func (l *connLimit) release() {
 // idleGrace is how long a connection must have been idle before the cap
 // closes it for a newcomer: closing one its client is reusing at that
 // moment loses the request (a POST is not retried).
-const idleGrace = 250 * time.Millisecond
+const idleGrace = time.Second
 
 func (l *connLimit) longestIdle() (*limitedConn, time.Time) {
 	var best *limitedConn
