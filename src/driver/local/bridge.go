@@ -81,10 +81,14 @@ func hasMAC(br string, mac net.HardwareAddr) bool {
 	return err == nil && bytes.Equal(i.HardwareAddr, mac)
 }
 
-func (d *Driver) ownBridge(br string) bool {
+// ownBridge is interface br when it is the bridge the driver made, else nil.
+func (d *Driver) ownBridge(br string) *net.Interface {
 	var rec bridgeRecord
 	i, err := net.InterfaceByName(br)
-	return err == nil && readJSON(d.bridgeRecord(), &rec) == nil && rec.Name == br && rec.Index == i.Index
+	if err != nil || readJSON(d.bridgeRecord(), &rec) != nil || rec.Name != br || rec.Index != i.Index {
+		return nil
+	}
+	return i
 }
 
 // ensureBridge makes the bridge, with the host's address, when missing.
@@ -95,7 +99,7 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 	br := d.cfg.Container.Bridge
 	want := netip.PrefixFrom(d.gateway(), d.prefix.Bits()).String()
 	mac := d.bridgeMAC()
-	if d.ownBridge(br) && hasAddr(br, want) && hasMAC(br, mac) {
+	if i := d.ownBridge(br); i != nil && bytes.Equal(i.HardwareAddr, mac) && hasAddr(br, want) {
 		return nil
 	}
 	unlock, err := d.locks.Lock(ctx, "state-bridge")

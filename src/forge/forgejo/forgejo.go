@@ -15,12 +15,9 @@
 package forgejo
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -32,9 +29,6 @@ import (
 
 // PageLimit is the page size asked of runner listings.
 const PageLimit = 50
-
-// maxBody caps an answer read into memory.
-const maxBody = 8 << 20
 
 // Client talks to one Forgejo instance.
 type Client struct {
@@ -220,43 +214,9 @@ func (c *Client) DisableRunner(context.Context, forge.Scope, int64) (bool, error
 // deliveries, so none is taken.
 func (c *Client) VerifyDelivery(_, _ []byte, _ http.Header) bool { return false }
 
-// do sends one API request (in as JSON when not nil) and decodes the
-// answer into out (when not nil).
+// do is one API request; path carries its query.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+"/api/v1"+path, body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(io.LimitReader(resp.Body, maxBody))
-	if resp.StatusCode/100 != 2 {
-		var m struct{ Message string }
-		dec.Decode(&m)
-		return forge.ResponseError(resp, m.Message)
-	}
-	if out == nil || resp.StatusCode == http.StatusNoContent {
-		return nil
-	}
-	if err := dec.Decode(out); err != nil {
-		return fmt.Errorf("%s %s: decoding answer: %v", method, req.URL.Path, err)
-	}
-	return nil
+	return forge.DoJSON(ctx, c.http, method, c.base+"/api/v1"+path, in, out)
 }
 
 // Check implements forge.Checker: the read endpoints a group of scope s

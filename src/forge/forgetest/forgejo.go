@@ -64,12 +64,7 @@ func (g *Gitea) IssuedTokens() []string {
 	return append([]string(nil), g.issued...)
 }
 
-func (g *Gitea) serveForgejo(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "token "+g.APIToken {
-		writeJSON(w, 401, map[string]string{"message": "token is required"})
-		return
-	}
-	path := strings.TrimPrefix(r.URL.Path, "/api/v1")
+func (g *Gitea) serveForgejo(w http.ResponseWriter, r *http.Request, path string) {
 	if id, ok := strings.CutPrefix(path, "/repositories/"); ok && r.Method == "GET" {
 		g.repository(w, id)
 		return

@@ -252,15 +252,15 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 404, map[string]string{"message": "not found"})
 		return
 	}
-	if g.forgejo {
-		g.serveForgejo(w, r)
-		return
-	}
 	if r.Header.Get("Authorization") != "token "+g.APIToken {
 		writeJSON(w, 401, map[string]string{"message": "token is required"})
 		return
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/api/v1")
+	if g.forgejo {
+		g.serveForgejo(w, r, path)
+		return
+	}
 	if msg := g.scopeRefusal(path, r.Method); msg != "" {
 		writeJSON(w, 403, map[string]string{"message": msg})
 		return

@@ -6,7 +6,6 @@ package gitea
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -131,26 +130,7 @@ func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
 
 // get is a GET of the API (path with its query) into out.
 func (c *Client) get(ctx context.Context, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/api/v1"+path, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		var m struct{ Message string }
-		dec.Decode(&m)
-		return forge.ResponseError(resp, m.Message)
-	}
-	if err := dec.Decode(out); err != nil {
-		return fmt.Errorf("GET %s: decoding answer: %v", req.URL.Path, err)
-	}
-	return nil
+	return forge.DoJSON(ctx, c.http, "GET", c.base+"/api/v1"+path, nil, out)
 }
 
 // Job implements forge.Client.
