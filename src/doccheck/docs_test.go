@@ -16,6 +16,7 @@ import (
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/aws"
+	"github.com/runway-cpi/runway/src/driver/kubernetes"
 	"github.com/runway-cpi/runway/src/driver/local"
 	"github.com/runway-cpi/runway/src/driver/openstack"
 	"github.com/runway-cpi/runway/src/garm"
@@ -40,6 +41,7 @@ func TestConfigDocsMatchTheCode(t *testing.T) {
 		{doc: "configuration.md", heading: "## `local`", v: local.Config{}, tag: "json"},
 		{doc: "openstack.md", heading: "## Configuration", v: openstack.Config{}, tag: "json"},
 		{doc: "aws.md", heading: "## Configuration", v: aws.Config{}, tag: "json"},
+		{doc: "kubernetes.md", heading: "## Configuration", v: kubernetes.Config{}, tag: "json"},
 		{doc: "hooks.md", heading: "## Configuration (the `hooks` section of the CPI config)", v: hooks.Config{}, tag: "json",
 			leaves: []string{"extensions[].settings"}},
 		{doc: "garm.md", heading: "## garm configuration", v: garm.Config{}, tag: "json",

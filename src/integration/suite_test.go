@@ -47,6 +47,9 @@ type fixture struct {
 	UnreachableEndpoint string `json:"unreachable_endpoint"`
 	// Secret is a credential in the config that must never be printed.
 	Secret string `json:"secret"`
+	// NoSnapshots: the driver answers snapshot_disk NotImplemented (the
+	// Kubernetes driver on a cluster without the VolumeSnapshot API).
+	NoSnapshots bool `json:"no_snapshots"`
 	// IPPool, when set, hands each create_vm its own address for the
 	// manual networks in Networks (a fixed IP can be held only once).
 	IPPool []string `json:"ip_pool"`

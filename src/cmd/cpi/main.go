@@ -1,7 +1,7 @@
 // Command cpi is Runway's bin/cpi, the one entry point callers run. It
 // answers `info` itself — bosh-cli asks it before every call, so its cost
 // is paid twice per method — and runs everything else in the executable
-// of the config's driver (cpi-local, cpi-openstack or cpi-aws, beside it),
+// of the config's driver (cpi-local, cpi-openstack, cpi-aws or cpi-kubernetes, beside it),
 // handing over the request unchanged. It loads no driver, so `info` costs
 // little more than starting an empty program (docs/benchmarks.md); it
 // reads the config and the request with the packages every executable

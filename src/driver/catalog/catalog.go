@@ -26,6 +26,7 @@ type Driver struct {
 // Drivers is the table, in name order.
 var Drivers = []Driver{
 	{Name: "aws", StemcellFormats: []string{"aws-raw", "aws-light"}},
+	{Name: "kubernetes", StemcellFormats: []string{"kubernetes-light"}},
 	{Name: "local", StemcellFormats: []string{"runway-local", "warden-tar", "general-tar"}, FormatsKey: "stemcell_formats"},
 	{Name: "openstack", StemcellFormats: []string{"openstack-qcow2", "openstack-raw", "openstack-light"}},
 }

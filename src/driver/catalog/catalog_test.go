@@ -13,6 +13,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver"
 	_ "github.com/runway-cpi/runway/src/driver/aws"
 	"github.com/runway-cpi/runway/src/driver/catalog"
+	_ "github.com/runway-cpi/runway/src/driver/kubernetes"
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	_ "github.com/runway-cpi/runway/src/driver/openstack"
 )

@@ -1,5 +1,5 @@
 // Package cpimain is the main of the full CPI executables (cpi-local,
-// cpi-openstack, cpi-aws: each carries one driver): one JSON request on
+// cpi-openstack, cpi-aws, cpi-kubernetes: each carries one driver): one JSON request on
 // stdin, one JSON response on stdout, exit 0 whenever a response was
 // written; garm's protocol when GARM_COMMAND is set. bin/cpi execs them.
 package cpimain

@@ -1,0 +1,106 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// Config is the "kubernetes" section of the CPI config.
+type Config struct {
+	// Kubeconfig is a kubeconfig file; empty: the pod's service account
+	// (in-cluster).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// Context in the kubeconfig (its current context when empty).
+	Context string `json:"context,omitempty"`
+	// Namespace every object is made in (required).
+	Namespace string `json:"namespace"`
+	// QPS and Burst are client-go's own rate limiter (defaults 20, 40).
+	QPS   float32 `json:"qps,omitempty"`
+	Burst int     `json:"burst,omitempty"`
+	// Owner is the value of the runway.io/owner label on everything the
+	// driver makes (default "runway-cpi"): what list_vms and sweeps select.
+	Owner string `json:"owner,omitempty"`
+	// StorageClass for disks whose cloud properties name none (empty: the
+	// cluster's default class).
+	StorageClass string `json:"storage_class,omitempty"`
+	// DeleteGraceSeconds is a pod's termination grace period on
+	// delete_vm, reboot_vm and disk changes (default 10).
+	DeleteGraceSeconds *int64 `json:"delete_grace_seconds,omitempty"`
+	// RunAsUser is the uid a pod runs as unless its VM type says (default
+	// 1000: the restricted Pod Security Standard wants non-root).
+	RunAsUser int64 `json:"run_as_user,omitempty"`
+	// WaitTimeoutSeconds bounds create_vm's wait for Running and each wait
+	// for a pod to go (default 900).
+	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+}
+
+const (
+	defaultOwner = "runway-cpi"
+	defaultQPS   = 20
+	defaultBurst = 40
+)
+
+func parseConfig(section json.RawMessage) (Config, error) {
+	var c Config
+	if err := driver.DecodeConfig("kubernetes", section, &c); err != nil {
+		return c, err
+	}
+	if c.Namespace == "" {
+		return c, fmt.Errorf("kubernetes.namespace is required")
+	}
+	if errs := validation.IsDNS1123Label(c.Namespace); len(errs) > 0 {
+		return c, fmt.Errorf("kubernetes.namespace %q: %s", c.Namespace, errs[0])
+	}
+	if c.Owner == "" {
+		c.Owner = defaultOwner
+	}
+	if errs := validation.IsValidLabelValue(c.Owner); len(errs) > 0 {
+		return c, fmt.Errorf("kubernetes.owner %q: %s", c.Owner, errs[0])
+	}
+	if c.QPS < 0 || c.Burst < 0 {
+		return c, fmt.Errorf("kubernetes.qps and kubernetes.burst must not be negative")
+	}
+	if c.QPS == 0 {
+		c.QPS = defaultQPS
+	}
+	if c.Burst == 0 {
+		c.Burst = defaultBurst
+	}
+	if c.DeleteGraceSeconds != nil && *c.DeleteGraceSeconds < 0 {
+		return c, fmt.Errorf("kubernetes.delete_grace_seconds must not be negative")
+	}
+	if c.RunAsUser < 0 {
+		return c, fmt.Errorf("kubernetes.run_as_user must not be negative")
+	}
+	if c.RunAsUser == 0 {
+		c.RunAsUser = 1000
+	}
+	if c.WaitTimeoutSeconds < 0 {
+		return c, fmt.Errorf("kubernetes.wait_timeout_seconds must not be negative")
+	}
+	return c, nil
+}
+
+func (c Config) grace() int64 {
+	if c.DeleteGraceSeconds != nil {
+		return *c.DeleteGraceSeconds
+	}
+	return 10
+}
+
+func (c Config) waitTimeout() time.Duration {
+	if c.WaitTimeoutSeconds > 0 {
+		return time.Duration(c.WaitTimeoutSeconds) * time.Second
+	}
+	return 15 * time.Minute
+}
+
+// contextKeys are the keys a request's context (a Director cpi-config)
+// may set: which cluster context and namespace. The kubeconfig file,
+// limits and identity are the host's.
+var contextKeys = []string{"context", "namespace"}

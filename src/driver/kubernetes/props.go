@@ -1,0 +1,84 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// vmProps are a VM type's cloud properties.
+type vmProps struct {
+	// calculate_vm_cloud_properties' answer: requests and limits.
+	CPU               int `json:"cpu,omitempty"`
+	RAM               int `json:"ram,omitempty"`                 // MiB
+	EphemeralDiskSize int `json:"ephemeral_disk_size,omitempty"` // MiB
+	// Command is an argv array or a shell string (run by /bin/sh -c); empty:
+	// the image's entrypoint.
+	Command json.RawMessage   `json:"command,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	// Scheduling and identity, as a PodSpec has them.
+	NodeSelector      map[string]string             `json:"node_selector,omitempty"`
+	Tolerations       []corev1.Toleration           `json:"tolerations,omitempty"`
+	Affinity          *corev1.Affinity              `json:"affinity,omitempty"`
+	PriorityClassName string                        `json:"priority_class_name,omitempty"`
+	ServiceAccount    string                        `json:"service_account_name,omitempty"`
+	RuntimeClassName  string                        `json:"runtime_class_name,omitempty"`
+	ImagePullSecrets  []corev1.LocalObjectReference `json:"image_pull_secrets,omitempty"`
+	// RestartPolicy: Never (default: a VM whose process ended is stopped,
+	// as the local driver's), OnFailure or Always.
+	RestartPolicy corev1.RestartPolicy `json:"restart_policy,omitempty"`
+	// RunAsUser overrides kubernetes.run_as_user (non-root only).
+	RunAsUser int64 `json:"run_as_user,omitempty"`
+}
+
+func decodeVMProps(p driver.Props) (vmProps, error) {
+	var v vmProps
+	if err := p.Decode("cloud_properties", &v); err != nil {
+		return v, err
+	}
+	if v.CPU < 0 || v.RAM < 0 || v.EphemeralDiskSize < 0 {
+		return v, driver.Invalid("cloud_properties: cpu, ram and ephemeral_disk_size must not be negative")
+	}
+	if v.RunAsUser < 0 {
+		return v, driver.Invalid("cloud_properties.run_as_user must be a non-root uid")
+	}
+	switch v.RestartPolicy {
+	case "":
+		v.RestartPolicy = corev1.RestartPolicyNever
+	case corev1.RestartPolicyNever, corev1.RestartPolicyOnFailure, corev1.RestartPolicyAlways:
+	default:
+		return v, driver.Invalid("cloud_properties.restart_policy %q: want Never, OnFailure or Always", v.RestartPolicy)
+	}
+	return v, nil
+}
+
+// command is the container's command: an argv array, or a shell string.
+func (p vmProps) command() ([]string, error) {
+	if len(p.Command) == 0 {
+		return nil, nil
+	}
+	var argv []string
+	if json.Unmarshal(p.Command, &argv) == nil {
+		return argv, nil
+	}
+	var s string
+	if err := json.Unmarshal(p.Command, &s); err != nil {
+		return nil, driver.Invalid("cloud_properties.command: want an array of strings or a string")
+	}
+	return []string{"/bin/sh", "-c", s}, nil
+}
+
+// diskProps are a disk type's cloud properties.
+type diskProps struct {
+	StorageClass string `json:"storage_class,omitempty"`
+}
+
+func decodeDiskProps(p driver.Props) (diskProps, error) {
+	var v diskProps
+	return v, p.Decode("cloud_properties", &v)
+}
+
+func mib(n int) string { return fmt.Sprintf("%dMi", n) }

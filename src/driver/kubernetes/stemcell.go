@@ -1,0 +1,64 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/base64"
+	"strings"
+
+	"github.com/distribution/reference"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// stemcellProps: a light stemcell names its image.
+type stemcellProps struct {
+	driver.StemcellManifest
+	Image string `json:"image"`
+}
+
+// StemcellFormats implements driver.Driver.
+func (d *Driver) StemcellFormats() []string { return []string{"kubernetes-light"} }
+
+// stemcellPrefix starts a stemcell CID: the image reference follows,
+// base64url, so the CID is all the driver needs (nothing is stored in the
+// cluster, and no image of a light stemcell is ever deleted).
+const stemcellPrefix = "img-"
+
+// CreateStemcell implements driver.Driver: a light stemcell's image is
+// checked as a reference (its pull is the kubelet's, at create_vm).
+func (d *Driver) CreateStemcell(_ context.Context, spec driver.StemcellSpec) (string, error) {
+	var p stemcellProps
+	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
+		return "", err
+	}
+	if p.Image == "" {
+		return "", driver.Invalid("cloud_properties.image is not set: this stemcell is a rootfs tarball (heavy), which needs kubernetes.registry to become an image, and none is configured; use a light stemcell naming an image")
+	}
+	if _, err := reference.ParseAnyReference(p.Image); err != nil {
+		return "", driver.Invalid("cloud_properties.image %q is not an image reference: %v", p.Image, err)
+	}
+	return stemcellPrefix + base64.RawURLEncoding.EncodeToString([]byte(p.Image)), nil
+}
+
+// DeleteStemcell implements driver.Driver: a light stemcell's image is
+// someone else's; nothing is deleted.
+func (d *Driver) DeleteStemcell(_ context.Context, cid string) error {
+	_, err := stemcellImage(cid)
+	return err
+}
+
+// stemcellImage is the image of a stemcell CID.
+func stemcellImage(cid string) (string, error) {
+	enc, ok := strings.CutPrefix(cid, stemcellPrefix)
+	if !ok {
+		return "", driver.Invalid("stemcell cid %q is not one this driver makes (%s…)", cid, stemcellPrefix)
+	}
+	b, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return "", driver.Invalid("stemcell cid %q is not one this driver makes: %v", cid, err)
+	}
+	if _, err := reference.ParseAnyReference(string(b)); err != nil {
+		return "", driver.Invalid("stemcell cid %q does not name an image: %v", cid, err)
+	}
+	return string(b), nil
+}

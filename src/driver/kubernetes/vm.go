@@ -1,0 +1,419 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// Where a warden stemcell's agent reads what the CPI gives it (the same
+// layout as the local driver's container mode), and where disks appear.
+const (
+	agentDir         = "/var/vcap/bosh"
+	agentSettingsKey = "warden-cpi-agent-env.json"
+	userDataJSONKey  = "warden-cpi-user-data.json"
+	metadataJSONKey  = "warden-cpi-metadata.json"
+	diskMountDir     = "/warden-cpi-dev"
+	containerName    = "vm"
+	vmPrefix         = "vm-"
+)
+
+func settingsName(vm string) string { return vm + "-agent" }
+
+// CreateVM implements driver.Driver: a Secret with the agent's settings,
+// then the pod; Running is awaited on a watch. Anything made is removed
+// again when the pod does not come up.
+func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
+	p, err := decodeVMProps(spec.CloudProps)
+	if err != nil {
+		return driver.VM{}, err
+	}
+	image, err := stemcellImage(spec.StemcellCID)
+	if err != nil {
+		return driver.VM{}, err
+	}
+	for name, n := range spec.Networks {
+		if n.Type != "dynamic" {
+			return driver.VM{}, driver.Invalid("networks.%s: type %q: a pod's address is the cluster's choice, so only dynamic networks are taken", name, n.Type)
+		}
+	}
+	cmd, err := p.command()
+	if err != nil {
+		return driver.VM{}, err
+	}
+	cid := spec.Name
+	if cid == "" {
+		cid = vmPrefix + uuid.NewString()
+	}
+	if _, err := validName("vm", vmPrefix, cid); err != nil {
+		return driver.VM{}, err
+	}
+	var disks []string
+	for _, dc := range spec.DiskCIDs {
+		if _, err := validName("disk", diskPrefix, dc); err != nil {
+			return driver.VM{}, err
+		}
+		disks = append(disks, dc)
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(cid))
+	if err != nil {
+		return driver.VM{}, err
+	}
+	defer unlock()
+
+	sec := d.settingsSecret(cid, spec.AgentSettings)
+	if err := d.do(ctx, "create secret "+sec.Name, func(ctx context.Context) error {
+		_, err := d.cs.CoreV1().Secrets(d.ns).Create(ctx, sec, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	}); err != nil {
+		return driver.VM{}, d.apiErr("create secret "+sec.Name, err)
+	}
+	pod := d.podFor(cid, spec, p, image, cmd, disks)
+	started := time.Now()
+	if err := d.createPod(ctx, pod); err != nil {
+		d.cleanupVM(cid)
+		return driver.VM{}, &driver.CreationError{Err: err}
+	}
+	running, err := d.waitRunning(ctx, cid)
+	if err != nil {
+		d.cleanupVM(cid)
+		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
+	}
+	d.log.Info("pod running", "vm", cid, "node", running.Spec.NodeName, "took", time.Since(started).Round(time.Millisecond))
+	nets := driver.Networks{}
+	for name, n := range spec.Networks {
+		n.IP = running.Status.PodIP
+		nets[name] = n
+	}
+	return driver.VM{CID: cid, Networks: nets}, nil
+}
+
+func vmLock(cid string) string { return "kubernetes-vm-" + cid }
+
+// lockVM checks cid and takes its lock: changes to one pod go one at a time.
+func (d *Driver) lockVM(ctx context.Context, cid string) (func(), error) {
+	if _, err := validName("vm", vmPrefix, cid); err != nil {
+		return nil, err
+	}
+	return d.locks.Lock(ctx, vmLock(cid))
+}
+
+// settingsSecret holds what the agent reads: its settings, the user data
+// and metadata pointing at them.
+func (d *Driver) settingsSecret(cid string, settings []byte) *corev1.Secret {
+	ud, _ := json.Marshal(map[string]any{"server": map[string]string{"name": cid},
+		"registry": map[string]string{"endpoint": path.Join(agentDir, agentSettingsKey)}})
+	md, _ := json.Marshal(map[string]any{"instance-id": cid, "hostname": cid})
+	data := map[string][]byte{userDataJSONKey: ud, metadataJSONKey: md}
+	if settings != nil {
+		data[agentSettingsKey] = settings
+	}
+	l := d.ownLabels("settings")
+	l[labelVM] = cid
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: settingsName(cid), Labels: l}, Data: data,
+		Type: corev1.SecretTypeOpaque}
+}
+
+// podFor is the pod of a VM: restricted by default (non-root, no
+// privilege escalation, no capabilities, the runtime's seccomp profile).
+func (d *Driver) podFor(cid string, spec driver.VMSpec, p vmProps, image string, cmd []string, disks []string) *corev1.Pod {
+	l := d.ownLabels("vm")
+	l[labelVM] = cid
+	annos := map[string]string{annoAgentID: spec.AgentID, annoStemcell: spec.StemcellCID}
+	tagMeta(spec.Tags, l, annos)
+	uid := d.cfg.RunAsUser
+	if p.RunAsUser > 0 {
+		uid = p.RunAsUser
+	}
+	res := corev1.ResourceList{}
+	if p.CPU > 0 {
+		res[corev1.ResourceCPU] = *resource.NewQuantity(int64(p.CPU), resource.DecimalSI)
+	}
+	if p.RAM > 0 {
+		res[corev1.ResourceMemory] = resource.MustParse(mib(p.RAM))
+	}
+	if p.EphemeralDiskSize > 0 {
+		res[corev1.ResourceEphemeralStorage] = resource.MustParse(mib(p.EphemeralDiskSize))
+	}
+	env := []corev1.EnvVar{{Name: "RUNWAY_VM_CID", Value: cid}, {Name: "RUNWAY_AGENT_ID", Value: spec.AgentID},
+		{Name: "RUNWAY_AGENT_SETTINGS", Value: path.Join(agentDir, agentSettingsKey)}, {Name: "RUNWAY_DISKS_DIR", Value: diskMountDir}}
+	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
+		env = append(env, corev1.EnvVar{Name: k, Value: p.Env[k]})
+	}
+	mounts := []corev1.VolumeMount{}
+	for _, key := range []string{agentSettingsKey, userDataJSONKey, metadataJSONKey} {
+		mounts = append(mounts, corev1.VolumeMount{Name: "agent", MountPath: path.Join(agentDir, key), SubPath: key, ReadOnly: true})
+	}
+	vols := []corev1.Volume{{Name: "agent", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: settingsName(cid), DefaultMode: ptr.To[int32](0o440), Optional: ptr.To(true)}}}}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: cid, Labels: l, Annotations: annos},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 p.RestartPolicy,
+			TerminationGracePeriodSeconds: ptr.To(d.cfg.grace()),
+			AutomountServiceAccountToken:  ptr.To(p.ServiceAccount != ""),
+			ServiceAccountName:            p.ServiceAccount,
+			NodeSelector:                  p.NodeSelector,
+			Tolerations:                   p.Tolerations,
+			Affinity:                      p.Affinity,
+			PriorityClassName:             p.PriorityClassName,
+			ImagePullSecrets:              p.ImagePullSecrets,
+			Hostname:                      "",
+			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(uid),
+				RunAsGroup: ptr.To(uid), FSGroup: ptr.To(uid),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			Containers: []corev1.Container{{
+				Name: containerName, Image: image, Command: cmd, Env: env, ImagePullPolicy: corev1.PullIfNotPresent,
+				Resources:    corev1.ResourceRequirements{Requests: res, Limits: res},
+				VolumeMounts: mounts,
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false),
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+			}},
+			Volumes: vols,
+		},
+	}
+	if p.RuntimeClassName != "" {
+		pod.Spec.RuntimeClassName = ptr.To(p.RuntimeClassName)
+	}
+	for _, dc := range disks {
+		withDisk(pod, dc)
+	}
+	return pod
+}
+
+// withDisk mounts disk dc's claim at the agent's disk path.
+func withDisk(pod *corev1.Pod, dc string) {
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: dc, VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: dc}}})
+	c := &pod.Spec.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: dc, MountPath: path.Join(diskMountDir, dc)})
+}
+
+func (d *Driver) createPod(ctx context.Context, pod *corev1.Pod) error {
+	err := d.do(ctx, "create pod "+pod.Name, func(ctx context.Context) error {
+		_, err := d.cs.CoreV1().Pods(d.ns).Create(ctx, pod, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil // an earlier attempt's create answered late
+		}
+		return err
+	})
+	if err != nil {
+		return d.apiErr("create pod "+pod.Name, err)
+	}
+	return nil
+}
+
+// cleanupVM removes what a failed create_vm made, on its own budget (the
+// call's context may be the reason it failed).
+func (d *Driver) cleanupVM(cid string) {
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.waitTimeout())
+	defer cancel()
+	if err := d.deletePod(ctx, cid); err != nil && !errors.Is(err, driver.ErrVMNotFound) {
+		d.log.Info("cleaning up a pod that did not start", "vm", cid, "err", err)
+	}
+	d.deleteSettings(ctx, cid)
+}
+
+// DeleteVM implements driver.Driver: the pod, with its grace period, then
+// its settings. Waits until the pod is gone.
+func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
+	unlock, err := d.lockVM(ctx, cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = d.deletePod(ctx, cid)
+	d.deleteSettings(ctx, cid)
+	return err
+}
+
+func (d *Driver) deleteSettings(ctx context.Context, cid string) {
+	err := d.do(ctx, "delete secret "+settingsName(cid), func(ctx context.Context) error {
+		return d.cs.CoreV1().Secrets(d.ns).Delete(ctx, settingsName(cid), metav1.DeleteOptions{})
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		d.log.Info("deleting a vm's settings", "vm", cid, "err", err)
+	}
+}
+
+// HasVM implements driver.Driver.
+func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
+	if _, err := validName("vm", vmPrefix, cid); err != nil {
+		return false, err
+	}
+	_, err := d.pod(ctx, cid)
+	if errors.Is(err, driver.ErrVMNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (d *Driver) pod(ctx context.Context, cid string) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	err := d.do(ctx, "get pod "+cid, func(ctx context.Context) error {
+		var err error
+		pod, err = d.cs.CoreV1().Pods(d.ns).Get(ctx, cid, metav1.GetOptions{})
+		return err
+	})
+	if apierrors.IsNotFound(err) || (err == nil && pod.Labels[labelOwner] != d.cfg.Owner) {
+		return nil, fmt.Errorf("pod %s: %w", cid, driver.ErrVMNotFound)
+	}
+	if err != nil {
+		return nil, d.apiErr("get pod "+cid, err)
+	}
+	return pod, nil
+}
+
+// RebootVM implements driver.Driver: Kubernetes restarts no pod in
+// place, so the pod is made again from its recorded spec (same CID,
+// disks, settings).
+func (d *Driver) RebootVM(ctx context.Context, cid string) error {
+	return d.recreate(ctx, cid, func(*corev1.Pod) error { return nil })
+}
+
+// recreate deletes pod cid and makes it again, changed by edit, then
+// waits for it to run.
+func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod) error) error {
+	unlock, err := d.lockVM(ctx, cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	old, err := d.pod(ctx, cid)
+	if err != nil {
+		return err
+	}
+	next := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: old.Name, Labels: old.Labels, Annotations: old.Annotations},
+		Spec: *old.Spec.DeepCopy()}
+	next.Spec.NodeName = ""
+	if err := edit(next); err != nil {
+		return err
+	}
+	if err := d.deletePod(ctx, cid); err != nil {
+		return err
+	}
+	if err := d.createPod(ctx, next); err != nil {
+		return err
+	}
+	_, err = d.waitRunning(ctx, cid)
+	return err
+}
+
+// SetVMMetadata implements driver.Driver: labels where Kubernetes' rules
+// allow, annotations always.
+func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) error {
+	if _, err := validName("vm", vmPrefix, cid); err != nil {
+		return err
+	}
+	if _, err := d.pod(ctx, cid); err != nil {
+		return err
+	}
+	return d.patchMeta(ctx, "pod "+cid, md, func(ctx context.Context, patch []byte) error {
+		_, err := d.cs.CoreV1().Pods(d.ns).Patch(ctx, cid, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+}
+
+// patchMeta merges md into an object's labels and annotations.
+func (d *Driver) patchMeta(ctx context.Context, what string, md map[string]string, patch func(context.Context, []byte) error) error {
+	l, a := map[string]string{}, map[string]string{}
+	tagMeta(md, l, a)
+	lp := map[string]any{}
+	for k, v := range l {
+		lp[k] = v
+	}
+	for k := range md { // a value no longer label-safe drops the old label
+		if _, ok := l[labelPrefix+k]; !ok && len(validation.IsQualifiedName(labelPrefix+k)) == 0 {
+			lp[labelPrefix+k] = nil
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": lp, "annotations": a}})
+	if err := d.do(ctx, "label "+what, func(ctx context.Context) error { return patch(ctx, b) }); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s: %w", what, driver.ErrVMNotFound)
+		}
+		return d.apiErr("label "+what, err)
+	}
+	return nil
+}
+
+// ListVMs implements driver.VMLister: the driver's pods carrying every
+// tag in match.
+func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver.VMInfo, error) {
+	sel := labels.SelectorFromSet(d.ownLabels("vm")).String()
+	var list *corev1.PodList
+	if err := d.do(ctx, "list pods", func(ctx context.Context) error {
+		var err error
+		list, err = d.cs.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		return err
+	}); err != nil {
+		return nil, d.apiErr("list pods", err)
+	}
+	var out []driver.VMInfo
+	for _, p := range list.Items {
+		tags := tagsOf(p.Annotations)
+		ok := true
+		for k, v := range match {
+			if tags[k] != v {
+				ok = false
+				break
+			}
+		}
+		if !ok || p.DeletionTimestamp != nil {
+			continue
+		}
+		info := driver.VMInfo{CID: p.Name, AgentID: p.Annotations[annoAgentID], Tags: tags, Metadata: tags, State: stateOf(&p)}
+		if p.Status.PodIP != "" {
+			info.Networks = driver.Networks{"default": {Type: "dynamic", IP: p.Status.PodIP}}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func stateOf(p *corev1.Pod) string {
+	switch {
+	case failureOf(p) != nil && p.Status.Phase != corev1.PodSucceeded:
+		return "error"
+	case p.Status.Phase == corev1.PodRunning:
+		return "running"
+	case p.Status.Phase == corev1.PodSucceeded:
+		return "stopped"
+	}
+	return "unknown"
+}
+
+// CalculateVMCloudProperties implements driver.VMSizer: the resources
+// become the pod's requests and limits.
+func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resources) (driver.Props, error) {
+	return driver.PropsOf(map[string]any{"cpu": r.CPU, "ram": r.RAM, "ephemeral_disk_size": r.EphemeralDiskSize}), nil
+}
+
+// apiErr names the operation; the API's own message is kept.
+func (d *Driver) apiErr(op string, err error) error {
+	if apierrors.IsForbidden(err) {
+		return fmt.Errorf("kubernetes %s: forbidden (the Role in docs/kubernetes.md grants what the driver needs): %w", op, err)
+	}
+	return fmt.Errorf("kubernetes %s: %w", op, err)
+}
