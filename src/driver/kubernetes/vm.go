@@ -79,7 +79,19 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	}
 	defer unlock()
 
+	// The pod first, then its settings, owned by it: a create_vm killed
+	// between the two leaves a pod that list_vms finds (waiting for its
+	// Secret), never a Secret nothing lists; the garbage collector takes
+	// the Secret with the pod.
+	pod := d.podFor(cid, spec, p, image, cmd, disks)
+	started := time.Now()
+	made, err := d.createPod(ctx, pod)
+	if err != nil {
+		d.cleanupVM(cid)
+		return driver.VM{}, &driver.CreationError{Err: err}
+	}
 	sec := d.settingsSecret(cid, spec.AgentSettings)
+	sec.OwnerReferences = ownedBy(made)
 	if err := d.do(ctx, "create secret "+sec.Name, func(ctx context.Context) error {
 		_, err := d.cs.CoreV1().Secrets(d.ns).Create(ctx, sec, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
@@ -87,13 +99,8 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		}
 		return err
 	}); err != nil {
-		return driver.VM{}, d.apiErr("create secret "+sec.Name, err)
-	}
-	pod := d.podFor(cid, spec, p, image, cmd, disks)
-	started := time.Now()
-	if err := d.createPod(ctx, pod); err != nil {
 		d.cleanupVM(cid)
-		return driver.VM{}, &driver.CreationError{Err: err}
+		return driver.VM{}, &driver.CreationError{Err: d.apiErr("create secret "+sec.Name, err)}
 	}
 	running, err := d.waitRunning(ctx, cid)
 	if err != nil {
@@ -166,7 +173,7 @@ func (d *Driver) podFor(cid string, spec driver.VMSpec, p vmProps, image string,
 		mounts = append(mounts, corev1.VolumeMount{Name: "agent", MountPath: path.Join(agentDir, key), SubPath: key, ReadOnly: true})
 	}
 	vols := []corev1.Volume{{Name: "agent", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: settingsName(cid), DefaultMode: ptr.To[int32](0o440), Optional: ptr.To(true)}}}}
+		SecretName: settingsName(cid), DefaultMode: ptr.To[int32](0o440)}}}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: cid, Labels: l, Annotations: annos},
 		Spec: corev1.PodSpec{
@@ -210,16 +217,37 @@ func withDisk(pod *corev1.Pod, dc string) {
 	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: dc, MountPath: path.Join(diskMountDir, dc)})
 }
 
-func (d *Driver) createPod(ctx context.Context, pod *corev1.Pod) error {
+func (d *Driver) createPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	var made *corev1.Pod
 	err := d.do(ctx, "create pod "+pod.Name, func(ctx context.Context) error {
-		_, err := d.cs.CoreV1().Pods(d.ns).Create(ctx, pod, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return nil // an earlier attempt's create answered late
+		var err error
+		made, err = d.cs.CoreV1().Pods(d.ns).Create(ctx, pod, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) { // an earlier attempt's create answered late
+			made, err = d.cs.CoreV1().Pods(d.ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		}
 		return err
 	})
 	if err != nil {
-		return d.apiErr("create pod "+pod.Name, err)
+		return nil, d.apiErr("create pod "+pod.Name, err)
+	}
+	return made, nil
+}
+
+// ownedBy makes an object a dependent of pod: deleted with it.
+func ownedBy(pod *corev1.Pod) []metav1.OwnerReference {
+	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}
+}
+
+// ownSettings sets the owner of pod cid's Secret (nil: none, so deleting
+// the pod leaves it).
+func (d *Driver) ownSettings(ctx context.Context, cid string, owners []metav1.OwnerReference) error {
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": owners}})
+	err := d.do(ctx, "own secret "+settingsName(cid), func(ctx context.Context) error {
+		_, err := d.cs.CoreV1().Secrets(d.ns).Patch(ctx, settingsName(cid), types.MergePatchType, b, metav1.PatchOptions{})
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return d.apiErr("own secret "+settingsName(cid), err)
 	}
 	return nil
 }
@@ -310,10 +338,19 @@ func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod
 	if err := edit(next); err != nil {
 		return err
 	}
+	// The settings outlive the old pod (no owner while none exists) and
+	// belong to the new one.
+	if err := d.ownSettings(ctx, cid, nil); err != nil {
+		return err
+	}
 	if err := d.deletePod(ctx, cid); err != nil {
 		return err
 	}
-	if err := d.createPod(ctx, next); err != nil {
+	made, err := d.createPod(ctx, next)
+	if err != nil {
+		return err
+	}
+	if err := d.ownSettings(ctx, cid, ownedBy(made)); err != nil {
 		return err
 	}
 	_, err = d.waitRunning(ctx, cid)
