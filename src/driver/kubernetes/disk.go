@@ -13,7 +13,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -113,6 +118,32 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	}
 	if err != nil {
 		return d.apiErr("delete claim "+cid, err)
+	}
+	return d.waitClaimGone(ctx, cid)
+}
+
+// waitClaimGone watches until claim cid no longer exists: its protection
+// finalizer is lifted once no pod mounts it.
+func (d *Driver) waitClaimGone(ctx context.Context, cid string) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
+	defer cancel()
+	sel := fields.OneTermEqualSelector("metadata.name", cid).String()
+	pvcs := d.cs.CoreV1().PersistentVolumeClaims(d.ns)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return pvcs.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return pvcs.Watch(ctx, o)
+		},
+	}
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.PersistentVolumeClaim{},
+		func(store cache.Store) (bool, error) { return len(store.List()) == 0, nil },
+		func(ev watch.Event) (bool, error) { return ev.Type == watch.Deleted, nil })
+	if err != nil {
+		return fmt.Errorf("waiting for claim %s to go: %w", cid, err)
 	}
 	return nil
 }
