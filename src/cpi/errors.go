@@ -59,6 +59,8 @@ func toWire(method string, err error) *rpc.Error {
 		return DiskNotAttached("%s", msg)
 	case errors.Is(err, driver.ErrNotSupported):
 		return NotSupported("%s", msg)
+	case errors.Is(err, driver.ErrNotImplemented):
+		return NotImplemented("%s", msg)
 	case errors.Is(err, driver.ErrNoDiskSpace):
 		return NoDiskSpace("%s", msg)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, retry.ErrBudgetExhausted):

@@ -251,6 +251,7 @@ func TestDriverErrorsBecomeBoshTypes(t *testing.T) {
 		fmt.Errorf("disk-1: %w", driver.ErrDiskNotAttached):              "Bosh::Clouds::DiskNotAttached",
 		fmt.Errorf("no: %w", driver.ErrNotSupported):                     "Bosh::Clouds::NotSupported",
 		fmt.Errorf("full: %w", driver.ErrNoDiskSpace):                    "Bosh::Clouds::NoDiskSpace",
+		fmt.Errorf("no api: %w", driver.ErrNotImplemented):               "Bosh::Clouds::NotImplemented",
 		fmt.Errorf("bad: %w", driver.ErrInvalidInput):                    "Bosh::Clouds::CpiError",
 		&driver.CreationError{Retryable: true, Err: errors.New("quota")}: "Bosh::Clouds::VMCreationFailed",
 		context.DeadlineExceeded:                                         "Bosh::Clouds::VMCreationFailed",

@@ -24,6 +24,9 @@ var (
 	ErrNotSupported     = errors.New("not supported")
 	ErrInvalidInput     = errors.New("invalid input")
 	ErrNoDiskSpace      = errors.New("no disk space")
+	// ErrNotImplemented: the driver has the method, this IaaS lacks what
+	// it needs (the Director then carries on without it).
+	ErrNotImplemented = errors.New("not implemented here")
 )
 
 // CreationError reports a create_vm failure; Retryable says whether the

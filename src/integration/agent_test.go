@@ -8,51 +8,9 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/runway-cpi/runway/src/testkit/agentprobe"
 )
-
-// agentProbe does as root what bosh-agent's bootstrap and a job do in a
-// VM (platform/linux_platform.go: usermod, hostname, tmpfs and bind mounts
-// with remounts, chown to vcap; the persistent disk bind-mounted at
-// /var/vcap/store; its nftables firewall; jobs as vcap under monit), each
-// step printing OK or FAIL, then hands PID 1 to the stemcell's runsvdir
-// with a service of its own.
-const agentProbe = `
-step() { name=$1; shift; if "$@" >/dev/null 2>&1; then echo "$name-OK"; else echo "$name-FAIL"; fi; }
-step USERMOD usermod -p '$6$salt$hash' vcap
-step USERADD useradd -m -s /bin/bash jobuser
-step HOSTNAME hostname agent-probe
-step CHOWN chown root:vcap /var/vcap/jobs
-step TMPFS sh -c 'mkdir -p /var/vcap/data/sys/run && mount -t tmpfs -o size=1m tmpfs /var/vcap/data/sys/run'
-step BIND sh -c 'mkdir -p /var/vcap/data/root_tmp && mount --bind /var/vcap/data/root_tmp /tmp && mount -o remount,bind,nodev,nosuid /tmp'
-step SHM mount -o remount,noexec,nodev,nosuid /dev/shm
-step FIREWALL iptables -A OUTPUT -p tcp -d 127.0.0.1 --dport 2822 -j ACCEPT
-step SETUID chpst -u vcap:vcap true
-mkdir -p /etc/sv/probe
-cat > /etc/sv/probe/run <<'RUN'
-#!/bin/sh
-echo RUNSV-OK
-until [ -n "$(ls /warden-cpi-dev)" ]; do sleep 0.1; done
-d=$(ls /warden-cpi-dev)
-if mount --bind /warden-cpi-dev/$d /var/vcap/store && echo kept > /var/vcap/store/from-agent; then echo STORE-OK; else echo STORE-FAIL; fi
-cat > /var/vcap/monit/job/probe.monitrc <<'RC'
-check process probe with pidfile /var/vcap/sys/run/probe.pid
-  start program "/bin/sh -c 'echo $$ > /var/vcap/sys/run/probe.pid; exec chpst -u vcap:vcap sleep 600'"
-  stop program "/bin/sh -c 'kill $(cat /var/vcap/sys/run/probe.pid)'"
-RC
-mkdir -p /var/vcap/sys/run
-sed -i 's/^set daemon .*/set daemon 1/' /var/vcap/bosh/etc/monitrc
-sv start monit
-until [ "$(ps -o user= -p $(cat /var/vcap/sys/run/probe.pid 2>/dev/null) 2>/dev/null)" = vcap ]; do sleep 0.2; done
-echo MONIT-OK
-exec sleep 2147483647
-RUN
-chmod +x /etc/sv/probe/run
-ln -s /etc/sv/probe /etc/service/probe
-echo probe-init
-exec /usr/sbin/runsvdir-start
-`
-
-var agentSteps = []string{"USERMOD", "USERADD", "HOSTNAME", "CHOWN", "TMPFS", "BIND", "SHM", "FIREWALL", "SETUID"}
 
 // The agent profile on a warden-style stemcell (scripts/rootfs-dev bosh):
 // a bosh_agent VM can do what a BOSH agent does at boot as root, and a
@@ -67,11 +25,11 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 	})
 
 	It("does as root what the agent and its jobs do, with a disk attached while it runs", func() {
-		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", agentProbe}}, dynamic)
+		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", agentprobe.Script}}, dynamic)
 		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("RUNSV-OK"))
 		out := console(vm)()
-		for _, s := range agentSteps {
+		for _, s := range agentprobe.Steps {
 			Expect(out).To(ContainSubstring(s+"-OK"), "agent step %s:\n%s", s, out)
 		}
 		disk := asString(call("create_disk", 16, map[string]any{}, vm))
@@ -89,11 +47,11 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 	})
 
 	It("refuses those steps to a default VM", func() {
-		vm, _ := createVM(stemcell, map[string]any{"command": []string{"/bin/bash", "-c", agentProbe}}, dynamic)
+		vm, _ := createVM(stemcell, map[string]any{"command": []string{"/bin/bash", "-c", agentprobe.Script}}, dynamic)
 		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("probe-init"))
 		out := console(vm)()
-		for _, s := range agentSteps {
+		for _, s := range agentprobe.Steps {
 			Expect(out).To(ContainSubstring(s+"-FAIL"), "agent step %s in a default VM:\n%s", s, out)
 		}
 	})

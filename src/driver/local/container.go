@@ -181,22 +181,6 @@ func (d *Driver) mountVM(rec vmRecord) error {
 // defaultCaps are every container VM's: runc's defaults.
 var defaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
 
-// agentCaps are what a BOSH agent and the jobs it runs need as root beyond
-// those (bosh-agent's platform/linux_platform.go and the stemcell's runit
-// services), each for a reason — and no more: the warden CPI makes fully
-// privileged containers instead (docs/configuration.md, "The agent profile").
-var agentCaps = []string{
-	"CAP_CHOWN",        // useradd/usermod rewrite /etc/passwd and /etc/shadow; root:vcap on the agent's dirs
-	"CAP_DAC_OVERRIDE", // root reads and writes files of vcap and the jobs' users
-	"CAP_FOWNER",       // chmod of files root does not own (/dev/shm, job dirs)
-	"CAP_FSETID",       // files root changes keep their setuid/setgid bits
-	"CAP_SETUID",       // jobs run as vcap (monit, chpst), sudo, su, sshd
-	"CAP_SETGID",       // likewise, their groups
-	"CAP_SYS_ADMIN",    // the agent's mounts (tmpfs, bind, remounts, the persistent disk at /var/vcap/store) and hostname
-	"CAP_NET_ADMIN",    // the agent's nftables firewall for monit, in the VM's own network namespace
-	"CAP_SYS_CHROOT",   // sshd's privilege separation (bosh ssh)
-}
-
 // stopContainer ends a container VM for certain: SIGTERM reaches the VM's
 // PID 1 through its supervisor, SIGKILL follows after the grace; then the
 // runtime's forced delete, and whatever is left in the VM's cgroups (a

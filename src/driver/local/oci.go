@@ -7,23 +7,13 @@ import (
 
 	"github.com/moby/profiles/seccomp"
 	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runway-cpi/runway/src/driver"
 )
 
 // ociVersion: the spec version written; Debian 12's crun 1.8 refuses the
 // library's newer one, and nothing used here is newer than 1.0.2.
 const ociVersion = "1.0.2"
-
-// agentInit is what a warden stemcell starts its services (the agent,
-// monit, sshd) with: runit's runsvdir over /etc/service.
-const agentInit = "/usr/sbin/runsvdir-start"
-
-// agentBoot is a container VM's PID 1 when it has no command, as the
-// warden CPI starts one: the agent's runtime dir fresh, the stemcell's
-// time sync (chronyc) off — a container cannot set the clock — and
-// runsvdir, which ends on SIGTERM.
-var agentBoot = []string{"/bin/sh", "-c", "rm -rf /var/vcap/data/sys && mkdir -p /var/vcap/data/sys && " +
-	"{ [ ! -f /var/vcap/bosh/bin/sync-time ] || sed -i 's/chronyc/# chronyc/g' /var/vcap/bosh/bin/sync-time; } && " +
-	"exec env -i " + agentInit}
 
 // ociSpec is the VM's OCI runtime config: the runtime's own defaults
 // (what `runc spec` writes: namespaces, masked paths, three
@@ -33,7 +23,7 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 	caps := defaultCaps
 	noNewPrivs, nofile := true, uint64(1024)
 	if d.agentProfile(p) {
-		caps = append(append([]string{}, defaultCaps...), agentCaps...)
+		caps = append(append([]string{}, defaultCaps...), driver.AgentCaps...)
 		// Jobs and bosh ssh users switch users (sudo, su: setuid), and
 		// servers such as NATS and PostgreSQL hold many files: up to
 		// 65536, within the host's own hard limit (raising past it needs

@@ -222,10 +222,10 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 	if d.containers() {
 		// No command: the stemcell's own init, as the warden CPI starts it.
 		image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
-		if err := findExecutableIn(image, agentInit); err != nil {
-			return nil, "", &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", spec.StemcellCID, agentInit, err)}
+		if err := findExecutableIn(image, driver.AgentInit); err != nil {
+			return nil, "", &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", spec.StemcellCID, driver.AgentInit, err)}
 		}
-		return agentBoot, "", nil
+		return driver.AgentBoot, "", nil
 	}
 	return nil, "", nil
 }
