@@ -21,13 +21,20 @@ type Driver struct {
 	// FormatsKey names a key of the driver's config section that replaces
 	// StemcellFormats when set ("" for none).
 	FormatsKey string
+	// ExtraKey names a key of the driver's config section which, when set,
+	// adds ExtraFormats (kubernetes.registry takes rootfs stemcells).
+	ExtraKey     string
+	ExtraFormats []string
+	// ScriptUserData: the VM runs its user data as its process (no
+	// cloud-init), so garm's runner install is rendered as a script.
+	ScriptUserData bool
 }
 
 // Drivers is the table, in name order.
 var Drivers = []Driver{
 	{Name: "aws", StemcellFormats: []string{"aws-raw", "aws-light"}},
-	{Name: "kubernetes", StemcellFormats: []string{"kubernetes-light"}},
-	{Name: "local", StemcellFormats: []string{"runway-local", "warden-tar", "general-tar"}, FormatsKey: "stemcell_formats"},
+	{Name: "kubernetes", StemcellFormats: []string{"kubernetes-light"}, ExtraKey: "registry", ExtraFormats: []string{"warden-tar"}, ScriptUserData: true},
+	{Name: "local", StemcellFormats: []string{"runway-local", "warden-tar", "general-tar"}, FormatsKey: "stemcell_formats", ScriptUserData: true},
 	{Name: "openstack", StemcellFormats: []string{"openstack-qcow2", "openstack-raw", "openstack-light"}},
 }
 
@@ -63,18 +70,28 @@ func (d Driver) Executable() string { return "cpi-" + d.Name }
 func (d Driver) Main() string { return "src/cmd/" + d.Executable() }
 
 // Answered is what info answers for the driver with its config section:
-// its formats, or the section's FormatsKey list when set.
+// its formats, or the section's FormatsKey list when set, plus
+// ExtraFormats when the section sets ExtraKey.
 func Answered(name string, section json.RawMessage) ([]string, bool) {
 	d, ok := Lookup(name)
 	if !ok {
 		return nil, false
 	}
+	var s map[string]json.RawMessage
+	_ = json.Unmarshal(section, &s)
 	if d.FormatsKey != "" {
-		var s map[string]json.RawMessage
 		var f []string
-		if json.Unmarshal(section, &s) == nil && json.Unmarshal(s[d.FormatsKey], &f) == nil && len(f) > 0 {
+		if json.Unmarshal(s[d.FormatsKey], &f) == nil && len(f) > 0 {
 			return f, true
 		}
 	}
+	if v, set := s[d.ExtraKey]; d.ExtraKey != "" && set && string(v) != "null" {
+		return d.WithExtra(), true
+	}
 	return d.StemcellFormats, true
+}
+
+// WithExtra is the driver's formats plus its ExtraFormats.
+func (d Driver) WithExtra() []string {
+	return append(slices.Clone(d.StemcellFormats), d.ExtraFormats...)
 }

@@ -102,3 +102,20 @@ func TestAnsweredFormatsKey(t *testing.T) {
 		t.Error("an unknown driver answered")
 	}
 }
+
+// A kubernetes section with a registry takes rootfs stemcells too; the
+// table's own row is left as it was.
+func TestAnsweredExtraKey(t *testing.T) {
+	f, _ := catalog.Answered("kubernetes", json.RawMessage(`{"namespace": "x", "registry": {"repository": "r.example/s"}}`))
+	if !slices.Contains(f, "warden-tar") || !slices.Contains(f, "kubernetes-light") {
+		t.Errorf("kubernetes with a registry: %v", f)
+	}
+	for _, section := range []string{`{"namespace": "x"}`, `{"registry": null}`} {
+		if f, _ := catalog.Answered("kubernetes", json.RawMessage(section)); slices.Contains(f, "warden-tar") {
+			t.Errorf("kubernetes %s: %v; want no warden-tar", section, f)
+		}
+	}
+	if slices.Contains(catalog.Formats("kubernetes"), "warden-tar") {
+		t.Error("Answered changed the table")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
@@ -266,4 +267,19 @@ func (c cluster) exec(t *testing.T, pod string, argv ...string) string {
 		t.Fatalf("kubectl exec %s %v: %v: %s", pod, argv, err, out)
 	}
 	return string(out)
+}
+
+// logsUntil reads a VM's log as the administrator until it holds want
+// (a minute at most).
+func (c cluster) logsUntil(t *testing.T, pod, want string) string {
+	t.Helper()
+	var out []byte
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		out, _ = c.admin.CoreV1().Pods(c.ns).GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(context.Background())
+		if strings.Contains(string(out), want) {
+			return string(out)
+		}
+	}
+	t.Fatalf("pod %s never logged %q:\n%s", pod, want, out)
+	return ""
 }

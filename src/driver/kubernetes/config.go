@@ -37,6 +37,12 @@ type Config struct {
 	// WaitTimeoutSeconds bounds create_vm's wait for Running and each wait
 	// for a pod to go (default 900).
 	WaitTimeoutSeconds int `json:"wait_timeout_seconds,omitempty"`
+	// Registry takes heavy stemcells (rootfs tarballs) as images; unset,
+	// only light stemcells are accepted.
+	Registry *RegistryConfig `json:"registry,omitempty"`
+	// SnapshotClass is the VolumeSnapshotClass of snapshot_disk (empty:
+	// the cluster's default class).
+	SnapshotClass string `json:"snapshot_class,omitempty"`
 }
 
 const (
@@ -82,6 +88,14 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	}
 	if c.WaitTimeoutSeconds < 0 {
 		return c, fmt.Errorf("kubernetes.wait_timeout_seconds must not be negative")
+	}
+	if r := c.Registry; r != nil {
+		if r.Repository == "" {
+			return c, fmt.Errorf("kubernetes.registry.repository is required")
+		}
+		if _, err := r.repo(); err != nil {
+			return c, fmt.Errorf("kubernetes.registry.repository %q: %v", r.Repository, err)
+		}
 	}
 	return c, nil
 }

@@ -13,8 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
@@ -127,18 +125,8 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 func (d *Driver) waitClaimGone(ctx context.Context, cid string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
 	defer cancel()
-	sel := fields.OneTermEqualSelector("metadata.name", cid).String()
 	pvcs := d.cs.CoreV1().PersistentVolumeClaims(d.ns)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return pvcs.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return pvcs.Watch(ctx, o)
-		},
-	}
+	lw := byName(cid, pvcs.List, pvcs.Watch)
 	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.PersistentVolumeClaim{},
 		func(store cache.Store) (bool, error) { return len(store.List()) == 0, nil },
 		func(ev watch.Event) (bool, error) { return ev.Type == watch.Deleted, nil })
@@ -148,19 +136,16 @@ func (d *Driver) waitClaimGone(ctx context.Context, cid string) error {
 	return nil
 }
 
-// holder is the driver's pod that mounts claim cid ("" for none).
+// holder is the driver's pod that mounts claim cid ("" for none): one
+// list, the pods' volumes read from it.
 func (d *Driver) holder(ctx context.Context, cid string) (string, error) {
-	vms, err := d.ListVMs(ctx, nil)
+	pods, err := d.ownPods(ctx)
 	if err != nil {
 		return "", err
 	}
-	for _, vm := range vms {
-		disks, err := d.GetDisks(ctx, vm.CID)
-		if err != nil && !errors.Is(err, driver.ErrVMNotFound) {
-			return "", err
-		}
-		if slices.Contains(disks, cid) {
-			return vm.CID, nil
+	for _, p := range pods {
+		if p.DeletionTimestamp == nil && slices.Contains(claims(&p), cid) {
+			return p.Name, nil
 		}
 	}
 	return "", nil
@@ -235,10 +220,11 @@ func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
 
 // SetDiskMetadata implements driver.DiskMetadata.
 func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error {
-	if _, err := d.claim(ctx, cid); err != nil {
+	pvc, err := d.claim(ctx, cid)
+	if err != nil {
 		return err
 	}
-	err := d.patchMeta(ctx, "claim "+cid, md, func(ctx context.Context, patch []byte) error {
+	err = d.patchMeta(ctx, "claim "+cid, pvc.Annotations, md, func(ctx context.Context, patch []byte) error {
 		_, err := d.cs.CoreV1().PersistentVolumeClaims(d.ns).Patch(ctx, cid, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})

@@ -13,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -36,13 +37,17 @@ func init() {
 type Driver struct {
 	cfg   Config
 	cs    k8s.Interface
+	dyn   dynamic.Interface // VolumeSnapshots (nil: snapshots not implemented)
 	ns    string
 	locks *lock.Locker
 	log   logging.Fields
 	retry retry.Policy
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver      = (*Driver)(nil)
+	_ driver.Snapshotter = (*Driver)(nil)
+)
 
 // New builds the driver; the cluster is first asked when a method needs it.
 func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy retry.Policy) (*Driver, error) {
@@ -61,8 +66,12 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
 	f := logging.Fields{Logger: log, Tag: "kubernetes"}
-	return &Driver{cfg: c, cs: cs, ns: c.Namespace, locks: locks, log: f, retry: policy.For(classify, f.Info)}, nil
+	return &Driver{cfg: c, cs: cs, dyn: dyn, ns: c.Namespace, locks: locks, log: f, retry: policy.For(classify, f.Info)}, nil
 }
 
 // NewWithClient is New over a given clientset (tests).
@@ -131,6 +140,7 @@ const (
 	labelKind    = "runway.io/kind" // vm | disk | settings
 	labelVM      = "runway.io/vm"
 	annoPrefix   = "runway.io/tag."  // a tag or metadata key, its value exactly
+	annoOddTags  = "runway.io/tags"  // JSON: tags whose keys cannot end an annotation key
 	labelPrefix  = "tags.runway.io/" // the same when Kubernetes' label rules allow it
 	annoAgentID  = "runway.io/agent-id"
 	annoStemcell = "runway.io/stemcell"
@@ -142,21 +152,35 @@ func (d *Driver) ownLabels(kind string) map[string]string {
 }
 
 // tagMeta spreads tags over labels (where key and value meet Kubernetes'
-// label rules) and annotations (always, exactly).
+// label rules) and annotations (always, exactly): one each where the key
+// can end an annotation key, else in one JSON annotation, merged with what
+// annos holds there already.
 func tagMeta(tags map[string]string, labels, annos map[string]string) {
+	odd := map[string]string{}
+	_ = json.Unmarshal([]byte(annos[annoOddTags]), &odd)
 	for k, v := range tags {
-		annos[annoPrefix+k] = v
+		if len(validation.IsQualifiedName(annoPrefix+k)) == 0 {
+			annos[annoPrefix+k] = v
+		} else {
+			odd[k] = v
+		}
 		if len(validation.IsQualifiedName(labelPrefix+k)) == 0 && len(validation.IsValidLabelValue(v)) == 0 {
 			labels[labelPrefix+k] = v
 		} else {
 			delete(labels, labelPrefix+k)
 		}
 	}
+	delete(annos, annoOddTags)
+	if len(odd) > 0 {
+		b, _ := json.Marshal(odd)
+		annos[annoOddTags] = string(b)
+	}
 }
 
 // tagsOf reads the tags back from annotations.
 func tagsOf(annos map[string]string) map[string]string {
 	out := map[string]string{}
+	_ = json.Unmarshal([]byte(annos[annoOddTags]), &out)
 	for k, v := range annos {
 		if t, ok := strings.CutPrefix(k, annoPrefix); ok {
 			out[t] = v

@@ -106,16 +106,23 @@ func (d *Driver) waitRunning(ctx context.Context, cid string) (*corev1.Pod, erro
 
 // podWatch lists and watches the one pod named cid.
 func (d *Driver) podWatch(cid string) cache.ListerWatcher {
-	sel := fields.OneTermEqualSelector("metadata.name", cid).String()
 	pods := d.cs.CoreV1().Pods(d.ns)
+	return byName(cid, pods.List, pods.Watch)
+}
+
+// byName lists and watches the one object called name (a field selector
+// on metadata.name), for UntilWithSync.
+func byName[L runtime.Object](name string, list func(context.Context, metav1.ListOptions) (L, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.ListerWatcher {
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
-			return pods.List(ctx, o)
+			return list(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = sel
-			return pods.Watch(ctx, o)
+			return watchFn(ctx, o)
 		},
 	}
 }

@@ -19,6 +19,9 @@ type vmProps struct {
 	// the image's entrypoint.
 	Command json.RawMessage   `json:"command,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
+	// UserData is a script run as the command when there is none (else
+	// environment.user_data, as the orchestrator sends a runner's).
+	UserData string `json:"user_data,omitempty"`
 	// Scheduling and identity, as a PodSpec has them.
 	NodeSelector      map[string]string             `json:"node_selector,omitempty"`
 	Tolerations       []corev1.Toleration           `json:"tolerations,omitempty"`
@@ -32,6 +35,11 @@ type vmProps struct {
 	RestartPolicy corev1.RestartPolicy `json:"restart_policy,omitempty"`
 	// RunAsUser overrides kubernetes.run_as_user (non-root only).
 	RunAsUser int64 `json:"run_as_user,omitempty"`
+	// BoshAgent: the pod runs as root with the agent's capabilities
+	// (driver.AgentCaps), as the local driver's agent profile — more than
+	// the restricted Pod Security Standard allows: the namespace must admit
+	// privileged pods.
+	BoshAgent bool `json:"bosh_agent,omitempty"`
 }
 
 func decodeVMProps(p driver.Props) (vmProps, error) {
@@ -44,6 +52,9 @@ func decodeVMProps(p driver.Props) (vmProps, error) {
 	}
 	if v.RunAsUser < 0 {
 		return v, driver.Invalid("cloud_properties.run_as_user must be a non-root uid")
+	}
+	if v.BoshAgent && v.RunAsUser > 0 {
+		return v, driver.Invalid("cloud_properties.run_as_user and bosh_agent: the agent runs as root")
 	}
 	switch v.RestartPolicy {
 	case "":
@@ -69,6 +80,21 @@ func (p vmProps) command() ([]string, error) {
 		return nil, driver.Invalid("cloud_properties.command: want an array of strings or a string")
 	}
 	return []string{"/bin/sh", "-c", s}, nil
+}
+
+// takeUserData fills UserData from the environment when the VM type has
+// none.
+func (p *vmProps) takeUserData(env map[string]any) error {
+	v, ok := env["user_data"]
+	if p.UserData != "" || !ok || v == nil {
+		return nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return driver.Invalid("environment.user_data must be a string")
+	}
+	p.UserData = s
+	return nil
 }
 
 // diskProps are a disk type's cloud properties.

@@ -5,21 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"path"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/utils/ptr"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -31,6 +28,7 @@ const (
 	agentSettingsKey = "warden-cpi-agent-env.json"
 	userDataJSONKey  = "warden-cpi-user-data.json"
 	metadataJSONKey  = "warden-cpi-metadata.json"
+	userDataKey      = "user-data" // a script: the VM's command when it has none
 	diskMountDir     = "/warden-cpi-dev"
 	containerName    = "vm"
 	vmPrefix         = "vm-"
@@ -58,6 +56,15 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	cmd, err := p.command()
 	if err != nil {
 		return driver.VM{}, err
+	}
+	if err := p.takeUserData(spec.Env); err != nil {
+		return driver.VM{}, err
+	}
+	if cmd == nil && p.UserData != "" {
+		cmd = []string{"/bin/sh", path.Join(agentDir, userDataKey)}
+		if strings.HasPrefix(p.UserData, "#!") {
+			cmd = cmd[1:]
+		}
 	}
 	cid := spec.Name
 	if cid == "" {
@@ -88,9 +95,12 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	made, err := d.createPod(ctx, pod)
 	if err != nil {
 		d.cleanupVM(cid)
+		if p.BoshAgent && strings.Contains(err.Error(), podSecurityRefusal) {
+			err = fmt.Errorf("cloud_properties.bosh_agent: namespace %s must admit privileged pods (the agent's capabilities): %w", d.ns, err)
+		}
 		return driver.VM{}, &driver.CreationError{Err: err}
 	}
-	sec := d.settingsSecret(cid, spec.AgentSettings)
+	sec := d.settingsSecret(cid, spec.AgentSettings, p.UserData)
 	sec.OwnerReferences = ownedBy(made)
 	if err := d.do(ctx, "create secret "+sec.Name, func(ctx context.Context) error {
 		_, err := d.cs.CoreV1().Secrets(d.ns).Create(ctx, sec, metav1.CreateOptions{})
@@ -124,97 +134,6 @@ func (d *Driver) lockVM(ctx context.Context, cid string) (func(), error) {
 		return nil, err
 	}
 	return d.locks.Lock(ctx, vmLock(cid))
-}
-
-// settingsSecret holds what the agent reads: its settings, the user data
-// and metadata pointing at them.
-func (d *Driver) settingsSecret(cid string, settings []byte) *corev1.Secret {
-	ud, _ := json.Marshal(map[string]any{"server": map[string]string{"name": cid},
-		"registry": map[string]string{"endpoint": path.Join(agentDir, agentSettingsKey)}})
-	md, _ := json.Marshal(map[string]any{"instance-id": cid, "hostname": cid})
-	data := map[string][]byte{userDataJSONKey: ud, metadataJSONKey: md}
-	if settings != nil {
-		data[agentSettingsKey] = settings
-	}
-	l := d.ownLabels("settings")
-	l[labelVM] = cid
-	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: settingsName(cid), Labels: l}, Data: data,
-		Type: corev1.SecretTypeOpaque}
-}
-
-// podFor is the pod of a VM: restricted by default (non-root, no
-// privilege escalation, no capabilities, the runtime's seccomp profile).
-func (d *Driver) podFor(cid string, spec driver.VMSpec, p vmProps, image string, cmd []string, disks []string) *corev1.Pod {
-	l := d.ownLabels("vm")
-	l[labelVM] = cid
-	annos := map[string]string{annoAgentID: spec.AgentID, annoStemcell: spec.StemcellCID}
-	tagMeta(spec.Tags, l, annos)
-	uid := d.cfg.RunAsUser
-	if p.RunAsUser > 0 {
-		uid = p.RunAsUser
-	}
-	res := corev1.ResourceList{}
-	if p.CPU > 0 {
-		res[corev1.ResourceCPU] = *resource.NewQuantity(int64(p.CPU), resource.DecimalSI)
-	}
-	if p.RAM > 0 {
-		res[corev1.ResourceMemory] = resource.MustParse(mib(p.RAM))
-	}
-	if p.EphemeralDiskSize > 0 {
-		res[corev1.ResourceEphemeralStorage] = resource.MustParse(mib(p.EphemeralDiskSize))
-	}
-	env := []corev1.EnvVar{{Name: "RUNWAY_VM_CID", Value: cid}, {Name: "RUNWAY_AGENT_ID", Value: spec.AgentID},
-		{Name: "RUNWAY_AGENT_SETTINGS", Value: path.Join(agentDir, agentSettingsKey)}, {Name: "RUNWAY_DISKS_DIR", Value: diskMountDir}}
-	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
-		env = append(env, corev1.EnvVar{Name: k, Value: p.Env[k]})
-	}
-	mounts := []corev1.VolumeMount{}
-	for _, key := range []string{agentSettingsKey, userDataJSONKey, metadataJSONKey} {
-		mounts = append(mounts, corev1.VolumeMount{Name: "agent", MountPath: path.Join(agentDir, key), SubPath: key, ReadOnly: true})
-	}
-	vols := []corev1.Volume{{Name: "agent", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: settingsName(cid), DefaultMode: ptr.To[int32](0o440)}}}}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: cid, Labels: l, Annotations: annos},
-		Spec: corev1.PodSpec{
-			RestartPolicy:                 p.RestartPolicy,
-			TerminationGracePeriodSeconds: ptr.To(d.cfg.grace()),
-			AutomountServiceAccountToken:  ptr.To(p.ServiceAccount != ""),
-			ServiceAccountName:            p.ServiceAccount,
-			NodeSelector:                  p.NodeSelector,
-			Tolerations:                   p.Tolerations,
-			Affinity:                      p.Affinity,
-			PriorityClassName:             p.PriorityClassName,
-			ImagePullSecrets:              p.ImagePullSecrets,
-			Hostname:                      "",
-			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(uid),
-				RunAsGroup: ptr.To(uid), FSGroup: ptr.To(uid),
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
-			Containers: []corev1.Container{{
-				Name: containerName, Image: image, Command: cmd, Env: env, ImagePullPolicy: corev1.PullIfNotPresent,
-				Resources:    corev1.ResourceRequirements{Requests: res, Limits: res},
-				VolumeMounts: mounts,
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false),
-					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
-			}},
-			Volumes: vols,
-		},
-	}
-	if p.RuntimeClassName != "" {
-		pod.Spec.RuntimeClassName = ptr.To(p.RuntimeClassName)
-	}
-	for _, dc := range disks {
-		withDisk(pod, dc)
-	}
-	return pod
-}
-
-// withDisk mounts disk dc's claim at the agent's disk path.
-func withDisk(pod *corev1.Pod, dc string) {
-	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: dc, VolumeSource: corev1.VolumeSource{
-		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: dc}}})
-	c := &pod.Spec.Containers[0]
-	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: dc, MountPath: path.Join(diskMountDir, dc)})
 }
 
 func (d *Driver) createPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
@@ -363,18 +282,20 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if _, err := validName("vm", vmPrefix, cid); err != nil {
 		return err
 	}
-	if _, err := d.pod(ctx, cid); err != nil {
+	pod, err := d.pod(ctx, cid)
+	if err != nil {
 		return err
 	}
-	return d.patchMeta(ctx, "pod "+cid, md, func(ctx context.Context, patch []byte) error {
+	return d.patchMeta(ctx, "pod "+cid, pod.Annotations, md, func(ctx context.Context, patch []byte) error {
 		_, err := d.cs.CoreV1().Pods(d.ns).Patch(ctx, cid, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 }
 
-// patchMeta merges md into an object's labels and annotations.
-func (d *Driver) patchMeta(ctx context.Context, what string, md map[string]string, patch func(context.Context, []byte) error) error {
-	l, a := map[string]string{}, map[string]string{}
+// patchMeta merges md into the labels and annotations (now: current) of
+// an object.
+func (d *Driver) patchMeta(ctx context.Context, what string, current, md map[string]string, patch func(context.Context, []byte) error) error {
+	l, a := map[string]string{}, map[string]string{annoOddTags: current[annoOddTags]}
 	tagMeta(md, l, a)
 	lp := map[string]any{}
 	for k, v := range l {
@@ -398,17 +319,12 @@ func (d *Driver) patchMeta(ctx context.Context, what string, md map[string]strin
 // ListVMs implements driver.VMLister: the driver's pods carrying every
 // tag in match.
 func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver.VMInfo, error) {
-	sel := labels.SelectorFromSet(d.ownLabels("vm")).String()
-	var list *corev1.PodList
-	if err := d.do(ctx, "list pods", func(ctx context.Context) error {
-		var err error
-		list, err = d.cs.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
-		return err
-	}); err != nil {
-		return nil, d.apiErr("list pods", err)
+	pods, err := d.ownPods(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var out []driver.VMInfo
-	for _, p := range list.Items {
+	for _, p := range pods {
 		tags := tagsOf(p.Annotations)
 		ok := true
 		for k, v := range match {
@@ -431,14 +347,39 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 
 func stateOf(p *corev1.Pod) string {
 	switch {
-	case failureOf(p) != nil && p.Status.Phase != corev1.PodSucceeded:
+	case p.Status.Phase == corev1.PodSucceeded || exitedCleanly(p):
+		// The phase follows the container's exit a moment later.
+		return "stopped"
+	case failureOf(p) != nil:
 		return "error"
 	case p.Status.Phase == corev1.PodRunning:
 		return "running"
-	case p.Status.Phase == corev1.PodSucceeded:
-		return "stopped"
 	}
 	return "unknown"
+}
+
+// exitedCleanly: every container of the pod ended with status 0.
+func exitedCleanly(p *corev1.Pod) bool {
+	for _, s := range p.Status.ContainerStatuses {
+		if t := s.State.Terminated; t == nil || t.ExitCode != 0 {
+			return false
+		}
+	}
+	return len(p.Status.ContainerStatuses) > 0
+}
+
+// ownPods lists the driver's VM pods.
+func (d *Driver) ownPods(ctx context.Context) ([]corev1.Pod, error) {
+	sel := labels.SelectorFromSet(d.ownLabels("vm")).String()
+	var list *corev1.PodList
+	if err := d.do(ctx, "list pods", func(ctx context.Context) error {
+		var err error
+		list, err = d.cs.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		return err
+	}); err != nil {
+		return nil, d.apiErr("list pods", err)
+	}
+	return list.Items, nil
 }
 
 // CalculateVMCloudProperties implements driver.VMSizer: the resources
@@ -447,8 +388,14 @@ func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resource
 	return driver.PropsOf(map[string]any{"cpu": r.CPU, "ram": r.RAM, "ephemeral_disk_size": r.EphemeralDiskSize}), nil
 }
 
+// podSecurityRefusal is how the API's Pod Security admission says no.
+const podSecurityRefusal = "violates PodSecurity"
+
 // apiErr names the operation; the API's own message is kept.
 func (d *Driver) apiErr(op string, err error) error {
+	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), podSecurityRefusal) {
+		return fmt.Errorf("kubernetes %s: the Pod Security level of namespace %s refuses it: %w", op, d.ns, err)
+	}
 	if apierrors.IsForbidden(err) {
 		return fmt.Errorf("kubernetes %s: forbidden (the Role in docs/kubernetes.md grants what the driver needs): %w", op, err)
 	}

@@ -1,0 +1,172 @@
+package kubernetes
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/testkit/rootfs"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
+)
+
+// devRegistry is the dev cluster's registry: the repository heavy
+// stemcells go to.
+func devRegistry(t *testing.T) map[string]any {
+	repo := testenv.Need(t, "scripts/k8s-dev start (its registry)", "RUNWAY_K8S_REGISTRY")[0]
+	return map[string]any{"registry": map[string]any{"repository": repo, "insecure": true}}
+}
+
+// tags lists the repository's tags (none before the first push).
+func tags(t *testing.T, repo string) []string {
+	t.Helper()
+	r, err := name.NewRepository(repo, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := remote.List(r)
+	var te *transport.Error
+	if errors.As(err, &te) && te.StatusCode == 404 {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
+// A rootfs tarball becomes an image in the registry; a pod runs from it
+// (its user data as the command, as a runner's bootstrap is); delete_stemcell
+// deletes the image again, and only it.
+func TestHeavyStemcellRunsFromTheRegistry(t *testing.T) {
+	c := devCluster(t)
+	reg := devRegistry(t)
+	repo := reg["registry"].(map[string]any)["repository"].(string)
+	d := newTestDriver(t, c, reg)
+	ctx := context.Background()
+	img := filepath.Join(t.TempDir(), "image")
+	// Device nodes and FIFOs are dropped: the runtime makes /dev.
+	if err := rootfs.Write(img, nil,
+		rootfs.Entry{Header: tar.Header{Name: "./dev/", Typeflag: tar.TypeDir, Mode: 0o755}},
+		rootfs.Entry{Header: tar.Header{Name: "./dev/sda", Typeflag: tar.TypeBlock, Mode: 0o666, Devmajor: 8}},
+		rootfs.Entry{Header: tar.Header{Name: "./tmp/fifo", Typeflag: tar.TypeFifo, Mode: 0o666}}); err != nil {
+		t.Fatal(err)
+	}
+	if f := d.StemcellFormats(); !strings.Contains(strings.Join(f, ","), "warden-tar") {
+		t.Errorf("stemcell_formats %v with a registry: want warden-tar", f)
+	}
+	before := len(tags(t, repo))
+	manifest := map[string]any{"name": "bosh-warden-boshlite-ubuntu-jammy-go_agent", "version": "1.500", "infrastructure": "warden"}
+	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: img, CloudProps: driver.PropsOf(manifest)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same tarball twice: two images, so one delete leaves the other.
+	sc2, err := d.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: img, CloudProps: driver.PropsOf(manifest)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc == sc2 {
+		t.Fatalf("two uploads, one cid %s", sc)
+	}
+	if n := len(tags(t, repo)); n != before+2 {
+		t.Errorf("%d tags after two pushes, want %d", n, before+2)
+	}
+	ref, err := stemcellImage(sc)
+	if err != nil || !strings.HasPrefix(ref, repo+"@sha256:") {
+		t.Fatalf("cid %s names %q (%v); want an image of %s by digest", sc, ref, err, repo)
+	}
+
+	script := "echo \"user data ran as $(id -u)\"\n[ ! -e /dev/sda ] || echo device-kept\n[ ! -e /tmp/fifo ] || echo fifo-kept\nexec sleep 3600\n"
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "heavy", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{}),
+		Env: map[string]any{"user_data": script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := c.exec(t, vm.CID, "sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; ls -l /var/vcap/bosh/user-data; [ ! -e /dev/sda ] || echo device-kept; [ ! -e /tmp/fifo ] || echo fifo-kept")
+	if !strings.Contains(out, "sleep 3600") || strings.Contains(out, "kept") || !strings.Contains(out, "-r-xr-x---") {
+		t.Errorf("pod from the pushed image: %q; want the user data's sleep as PID 1, the script 0550, no device or fifo", out)
+	}
+	// The user data is in the VM's Secret, never in the pod spec.
+	pod, _ := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
+	if b, _ := json.Marshal(pod); strings.Contains(string(b), "user data ran") {
+		t.Error("the user data is in the pod's spec")
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := d.DeleteStemcell(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := name.NewDigest(ref, name.Insecure)
+	var te *transport.Error
+	if _, err := remote.Head(r); !errors.As(err, &te) || te.StatusCode != 404 {
+		t.Errorf("image %s after delete_stemcell: %v; want 404", ref, err)
+	}
+	if err := d.DeleteStemcell(ctx, sc); err != nil {
+		t.Errorf("delete_stemcell again: %v; want nil (gone already)", err)
+	}
+	ref2, _ := stemcellImage(sc2)
+	r2, _ := name.NewDigest(ref2, name.Insecure)
+	if _, err := remote.Head(r2); err != nil {
+		t.Errorf("the other upload's image %s: %v; want it kept", ref2, err)
+	}
+	// A cid aimed at another repository of the same registry: refused,
+	// nothing deleted.
+	other := strings.Replace(ref2, "/runway/stemcells@", "/runway/other@", 1)
+	if err := d.DeleteStemcell(ctx, pushedPrefix+base64.RawURLEncoding.EncodeToString([]byte(other))); !errors.Is(err, driver.ErrInvalidInput) {
+		t.Errorf("delete_stemcell of %s: %v; want ErrInvalidInput", other, err)
+	}
+	if err := d.DeleteStemcell(ctx, sc2); err != nil {
+		t.Fatal(err)
+	}
+	assertNoneLeft(t, c)
+}
+
+// Entries that leave the image's root are refused by name; nothing is
+// pushed.
+func TestHostileStemcellTarballsAreRefused(t *testing.T) {
+	c := devCluster(t)
+	reg := devRegistry(t)
+	repo := reg["registry"].(map[string]any)["repository"].(string)
+	d := newTestDriver(t, c, reg)
+	before := len(tags(t, repo))
+	for _, tc := range []struct {
+		name string
+		e    rootfs.Entry
+		want string
+	}{
+		{"dot-dot", rootfs.Entry{Header: tar.Header{Name: "./../../etc/cron.d/evil", Typeflag: tar.TypeReg, Mode: 0o644}, Body: []byte("x")}, "../../etc/cron.d/evil"},
+		{"absolute", rootfs.Entry{Header: tar.Header{Name: "/etc/shadow", Typeflag: tar.TypeReg, Mode: 0o644}}, "/etc/shadow"},
+		{"hard link out", rootfs.Entry{Header: tar.Header{Name: "./shadow", Typeflag: tar.TypeLink, Linkname: "../../../etc/shadow"}}, "./shadow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			img := filepath.Join(t.TempDir(), "image")
+			if err := rootfs.Write(img, nil, tc.e); err != nil {
+				t.Fatal(err)
+			}
+			_, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{ImagePath: img, CloudProps: driver.PropsOf(map[string]any{})})
+			if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("create_stemcell: %v; want ErrInvalidInput naming %q", err, tc.want)
+			}
+		})
+	}
+	if n := len(tags(t, repo)); n != before {
+		t.Errorf("%d tags after refused uploads, want %d", n, before)
+	}
+	if _, err := os.Stat("/etc/cron.d/evil"); err == nil {
+		t.Error("an entry reached the host")
+	}
+}
