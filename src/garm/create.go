@@ -15,6 +15,8 @@ import (
 
 	"github.com/cloudbase/garm-provider-common/cloudconfig"
 	"github.com/cloudbase/garm-provider-common/params"
+
+	"github.com/runway-cpi/runway/src/driver/catalog"
 )
 
 func (p *provider) create(ctx context.Context, bi params.BootstrapInstance) (string, error) {
@@ -163,15 +165,16 @@ func (p *provider) localStemcell(ctx context.Context) (string, error) {
 	return cid, os.WriteFile(record, []byte(cid+"\n"), 0o600)
 }
 
-// userData renders garm's runner install: on the local driver the install
-// script itself runs as the VM's process; elsewhere cloud-init (Linux) or
-// the PowerShell user data (Windows) the images expect.
+// userData renders garm's runner install: where the VM runs its user data
+// as its process (local, kubernetes) the install script itself; elsewhere
+// cloud-init (Linux) or the PowerShell user data (Windows) the images
+// expect.
 func (p *provider) userData(bi params.BootstrapInstance) (string, error) {
 	tools, err := getTools(bi.OSType, bi.OSArch, bi.Tools)
 	if err != nil {
 		return "", err
 	}
-	if p.cfg.Driver == "local" && bi.OSType != params.Windows {
+	if row, _ := catalog.Lookup(p.cfg.Driver); row.ScriptUserData && bi.OSType != params.Windows {
 		script, err := cloudconfig.GetRunnerInstallScript(bi, tools, bi.Name)
 		return string(script), err
 	}

@@ -2,6 +2,7 @@ package garm_test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,7 @@ type garm struct {
 	state      string
 	controller string
 	version    string
+	bin        string // bin/cpi (default: cpiBin, with the local driver)
 }
 
 func newGarm(t *testing.T, version string, cfg map[string]any) *garm {
@@ -68,7 +70,7 @@ type result struct {
 
 // run executes one command as garm would.
 func (g *garm) run(command, pool, instance string, stdin []byte, extra ...string) result {
-	cmd := exec.Command(cpiBin)
+	cmd := exec.Command(cmp.Or(g.bin, cpiBin))
 	cmd.Env = []string{"GARM_COMMAND=" + command, "GARM_CONTROLLER_ID=" + g.controller, "GARM_PROVIDER_CONFIG_FILE=" + g.config}
 	if g.version != "" {
 		cmd.Env = append(cmd.Env, "GARM_INTERFACE_VERSION="+g.version)

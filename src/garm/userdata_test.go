@@ -21,6 +21,7 @@ func TestUserDataPerDriverAndOS(t *testing.T) {
 		want   string
 	}{
 		{"local", params.Linux, "#!/bin/bash"},
+		{"kubernetes", params.Linux, "#!/bin/bash"},
 		{"openstack", params.Linux, "#cloud-config"},
 		{"aws", params.Windows, "#ps1_sysnative"},
 	} {

@@ -28,6 +28,15 @@ import (
 func TestRunnersInContainers(t *testing.T) {
 	var registrations atomic.Int64
 	e := containerEnv(t, "10.251.0.0/24", "300ms", &registrations)
+	e.threeJobsThrough("the bridge", &registrations, 45*time.Second)
+}
+
+// threeJobsThrough queues three jobs for a group of three runners, and
+// checks that each is run by a runner VM that registered at the address
+// VMs reach the forge at (via; counted by registrations), and that every
+// runner VM is deleted afterwards.
+func (e *env) threeJobsThrough(via string, registrations *atomic.Int64, within time.Duration) {
+	t := e.t
 	e.writeConfig("300ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
 	jobs := []int64{
 		e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued),
@@ -35,17 +44,30 @@ func TestRunnersInContainers(t *testing.T) {
 		e.gitea.AddJob("acme/lib", "lint", []string{"linux"}, forge.StatusQueued),
 	}
 	e.start()
-	e.eventually(45*time.Second, "the jobs complete, run by runners in containers", completed(e, jobs...))
+	e.eventually(within, "the jobs complete, run by runners reaching the forge through "+via, completed(e, jobs...))
 	e.eventually(60*time.Second, "every runner VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
-	// Only a runner inside a container could have used the bridge address.
+	// Only a runner inside a VM could have used that address.
 	if n := registrations.Load(); n != int64(len(jobs)) {
-		t.Errorf("%d runners registered through the bridge, want %d", n, len(jobs))
+		t.Errorf("%d runners registered through %s, want %d", n, via, len(jobs))
 	}
 	for _, id := range jobs {
 		if j := e.gitea.Job(id); !strings.HasPrefix(j.RunnerName, "linux-") {
 			t.Errorf("job %d ran on %q", id, j.RunnerName)
 		}
 	}
+}
+
+// serveRunners serves the Gitea contract server on ln too, counting
+// registrations: the address only runner VMs use.
+func (e *env) serveRunners(ln net.Listener, registrations *atomic.Int64) {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/Register") {
+			registrations.Add(1)
+		}
+		e.gitea.Config.Handler.ServeHTTP(w, r)
+	})}
+	go srv.Serve(ln)
+	e.t.Cleanup(func() { srv.Close() })
 }
 
 // containerEnv is an env whose bin/cpi runs in container mode inside a
@@ -79,14 +101,7 @@ func containerEnv(t testing.TB, cidr, poll string, registrations *atomic.Int64) 
 
 	// Runners reach the forge at the bridge's host address.
 	ln := listenInNetNS(t, ns)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/Register") {
-			registrations.Add(1)
-		}
-		e.gitea.Config.Handler.ServeHTTP(w, r)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	e.serveRunners(ln, registrations)
 	port := ln.Addr().(*net.TCPAddr).Port
 	host, _, _ := net.ParseCIDR(cidr)
 	host[len(host)-1]++
