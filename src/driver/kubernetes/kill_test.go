@@ -23,22 +23,8 @@ import (
 // leaves nothing a sweep cannot find: list_vms by agent finds the pod,
 // delete_vm removes it and its Secret.
 func TestKilledCreateVM(t *testing.T) {
-	c := devCluster(t)
-	t.Cleanup(func() { assertNoneLeft(t, c) })
-	bin, err := cpibin.Path("kubernetes")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	cfg, _ := json.Marshal(map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"),
-		"kubernetes": map[string]any{"kubeconfig": c.kubeconfig, "namespace": c.ns, "delete_grace_seconds": 1}})
-	cfgPath := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d := newTestDriver(t, c, nil)
+	c, bin, cfgPath, d, sc := killSetup(t)
 	ctx := context.Background()
-	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
 
 	for _, point := range []struct {
 		name string
@@ -54,29 +40,9 @@ func TestKilledCreateVM(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer w.Stop()
-			req, _ := json.Marshal(map[string]any{"method": "create_vm", "api_version": 2,
-				"arguments": []any{agent, sc, map[string]any{"command": []string{"sleep", "3600"}}, map[string]any{}, []string{}, map[string]any{}},
-				"context":   map[string]any{"director_uuid": "kill9-director"}})
-			cmd := exec.Command(bin, "-configPath", cfgPath)
-			cmd.Stdin = strings.NewReader(string(req))
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			timeout := time.After(60 * time.Second)
-		watching:
-			for {
-				select {
-				case ev := <-w.ResultChan():
-					if ev.Type == watch.Added && ownedByAgent(ev.Object, agent) {
-						break watching
-					}
-				case <-timeout:
-					cmd.Process.Kill()
-					t.Fatalf("no %s of agent %s appeared", point.kind, agent)
-				}
-			}
-			cmd.Process.Kill()
-			cmd.Wait()
+			killWhen(t, bin, cfgPath, w, "a "+point.kind+" of agent "+agent, func(ev watch.Event) bool {
+				return ev.Type == watch.Added && ownedByAgent(ev.Object, agent)
+			}, "create_vm", agent, sc, map[string]any{"command": []string{"sleep", "3600"}}, map[string]any{}, []string{}, map[string]any{})
 			vms, err := d.ListVMs(ctx, map[string]string{"agent_id": agent})
 			if err != nil || len(vms) != 1 {
 				t.Fatalf("list_vms by agent after the kill = %+v, %v; want the one pod", vms, err)
@@ -98,4 +64,115 @@ func ownedByAgent(o any, agent string) bool {
 		return true
 	}
 	return false
+}
+
+// TestKilledReboot: bin/cpi killed with SIGKILL in the middle of reboot_vm
+// (the pod made again) — once as the old pod starts to go, once as the
+// new one appears — leaves nothing a sweep cannot find: either the VM is
+// gone with its settings, or list_vms finds the new pod and delete_vm
+// removes it and its settings.
+func TestKilledReboot(t *testing.T) {
+	c, bin, cfgPath, d, sc := killSetup(t)
+	ctx := context.Background()
+
+	for _, point := range []struct {
+		name string
+		at   func(old *corev1.Pod, p *corev1.Pod) bool
+	}{
+		{"as the old pod starts to go", func(old, p *corev1.Pod) bool { return p.UID == old.UID && p.DeletionTimestamp != nil }},
+		{"as the new pod appears", func(old, p *corev1.Pod) bool { return p.UID != old.UID }},
+	} {
+		t.Run(point.name, func(t *testing.T) {
+			agent := "kill9-reboot"
+			vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: agent, StemcellCID: sc,
+				CloudProps: driver.PropsOf(map[string]any{"command": []string{"sleep", "3600"}}), AgentSettings: []byte(`{"agent_id":"kill9-reboot"}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			old, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + vm.CID, ResourceVersion: old.ResourceVersion})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Stop()
+			killWhen(t, bin, cfgPath, w, point.name, func(ev watch.Event) bool {
+				p, ok := ev.Object.(*corev1.Pod)
+				return ok && point.at(old, p)
+			}, "reboot_vm", vm.CID)
+			// What the API finishes on its own (a foreground deletion) is
+			// awaited; then a sweep: list_vms, delete_vm of the agent's.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				p, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
+				if err != nil || p.DeletionTimestamp == nil || time.Now().After(deadline) {
+					break
+				}
+			}
+			vms, err := d.ListVMs(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range vms {
+				if v.AgentID != agent {
+					continue
+				}
+				if err := d.DeleteVM(ctx, v.CID); err != nil {
+					t.Fatalf("delete_vm of %s: %v", v.CID, err)
+				}
+			}
+			assertNoneLeft(t, c)
+		})
+	}
+}
+
+// killSetup is what a kill test needs: the cluster (checked for leftovers
+// at the end), bin/cpi and its config, a driver, a light stemcell.
+func killSetup(t *testing.T) (cluster, string, string, *Driver, string) {
+	c := devCluster(t)
+	t.Cleanup(func() { assertNoneLeft(t, c) })
+	bin, err := cpibin.Path("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg, _ := json.Marshal(map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"),
+		"kubernetes": map[string]any{"kubeconfig": c.kubeconfig, "namespace": c.ns, "delete_grace_seconds": 1}})
+	cfgPath := filepath.Join(dir, "cpi.json")
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := newTestDriver(t, c, nil)
+	sc, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, bin, cfgPath, d, sc
+}
+
+// killWhen runs bin/cpi with one request (method, args) and kills it with
+// SIGKILL at the first event of w that at takes.
+func killWhen(t *testing.T, bin, cfgPath string, w watch.Interface, what string, at func(watch.Event) bool, method string, args ...any) {
+	t.Helper()
+	req, _ := json.Marshal(map[string]any{"method": method, "api_version": 2, "arguments": args,
+		"context": map[string]any{"director_uuid": "kill9-director"}})
+	cmd := exec.Command(bin, "-configPath", cfgPath)
+	cmd.Stdin = strings.NewReader(string(req))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case ev := <-w.ResultChan():
+			if at(ev) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("%s: the kill point (%s) never came", method, what)
+		}
+	}
 }

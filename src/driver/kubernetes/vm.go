@@ -100,17 +100,9 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		}
 		return driver.VM{}, &driver.CreationError{Err: err}
 	}
-	sec := d.settingsSecret(cid, spec.AgentSettings, p.UserData)
-	sec.OwnerReferences = ownedBy(made)
-	if err := d.do(ctx, "create secret "+sec.Name, func(ctx context.Context) error {
-		_, err := d.cs.CoreV1().Secrets(d.ns).Create(ctx, sec, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
-		return err
-	}); err != nil {
+	if err := d.giveSettings(ctx, made, d.settingsSecret(cid, spec.AgentSettings, p.UserData)); err != nil {
 		d.cleanupVM(cid)
-		return driver.VM{}, &driver.CreationError{Err: d.apiErr("create secret "+sec.Name, err)}
+		return driver.VM{}, &driver.CreationError{Err: err}
 	}
 	running, err := d.waitRunning(ctx, cid)
 	if err != nil {
@@ -157,16 +149,21 @@ func ownedBy(pod *corev1.Pod) []metav1.OwnerReference {
 	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}
 }
 
-// ownSettings sets the owner of pod cid's Secret (nil: none, so deleting
-// the pod leaves it).
-func (d *Driver) ownSettings(ctx context.Context, cid string, owners []metav1.OwnerReference) error {
-	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": owners}})
-	err := d.do(ctx, "own secret "+settingsName(cid), func(ctx context.Context) error {
-		_, err := d.cs.CoreV1().Secrets(d.ns).Patch(ctx, settingsName(cid), types.MergePatchType, b, metav1.PatchOptions{})
+// giveSettings creates a VM's settings Secret owned by its pod (deleted
+// with it). One there already (an earlier attempt's, or left by an older
+// Runway's reboot) is handed to the pod instead.
+func (d *Driver) giveSettings(ctx context.Context, pod *corev1.Pod, sec *corev1.Secret) error {
+	sec.OwnerReferences = ownedBy(pod)
+	err := d.do(ctx, "create secret "+sec.Name, func(ctx context.Context) error {
+		_, err := d.cs.CoreV1().Secrets(d.ns).Create(ctx, sec, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": sec.OwnerReferences}})
+			_, err = d.cs.CoreV1().Secrets(d.ns).Patch(ctx, sec.Name, types.MergePatchType, b, metav1.PatchOptions{})
+		}
 		return err
 	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return d.apiErr("own secret "+settingsName(cid), err)
+	if err != nil {
+		return d.apiErr("create secret "+sec.Name, err)
 	}
 	return nil
 }
@@ -257,10 +254,17 @@ func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod
 	if err := edit(next); err != nil {
 		return err
 	}
-	// The settings outlive the old pod (no owner while none exists) and
-	// belong to the new one.
-	if err := d.ownSettings(ctx, cid, nil); err != nil {
+	// The settings go with the old pod and are made again for the new one,
+	// as create_vm makes them: killed in between, nothing is left that
+	// list_vms cannot find.
+	var sec *corev1.Secret
+	err = d.do(ctx, "get secret "+settingsName(cid), func(ctx context.Context) error {
+		var err error
+		sec, err = d.cs.CoreV1().Secrets(d.ns).Get(ctx, settingsName(cid), metav1.GetOptions{})
 		return err
+	})
+	if err != nil {
+		return d.apiErr("get secret "+settingsName(cid), err)
 	}
 	if err := d.deletePod(ctx, cid); err != nil {
 		return err
@@ -269,7 +273,9 @@ func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod
 	if err != nil {
 		return err
 	}
-	if err := d.ownSettings(ctx, cid, ownedBy(made)); err != nil {
+	fresh := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sec.Name, Labels: sec.Labels, Annotations: sec.Annotations},
+		Data: sec.Data, Type: sec.Type}
+	if err := d.giveSettings(ctx, made, fresh); err != nil {
 		return err
 	}
 	_, err = d.waitRunning(ctx, cid)
