@@ -22,6 +22,7 @@ import (
 
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/drivertest"
@@ -471,5 +472,40 @@ func TestHumanReadableVMNames(t *testing.T) {
 		if got := srv["server"].(map[string]any)["name"]; got != tc.want {
 			t.Errorf("after set_vm_metadata %v the server is named %q, want %q", tc.md, got, tc.want)
 		}
+	}
+}
+
+// A delete Nova dropped half-way (under load, Neutron failing to release
+// the ports leaves the server ERROR and Nova deletes it no further) is
+// sent again while delete_vm waits. The dropped delete is stood in for by
+// the administrator's reset of the server to ERROR.
+func TestDeleteNovaDroppedIsSentAgain(t *testing.T) {
+	c := devCloud(t)
+	ctx := context.Background()
+	d, logs := newTestDriver(t, c, "", "", nil)
+	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
+	sc := createStemcell(t, d)
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-dropped", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
+		Tags: map[string]string{"created_by": "os-test", "director": "os-test-director"}, AgentSettings: []byte(`{"agent_id":"agent-dropped"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAdmin(t, c)
+	sc2, err := a.d.client(ctx, "compute")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc2.Post(ctx, sc2.ServiceURL("servers", vm.CID, "action"), map[string]any{"os-resetState": map[string]any{"state": "error"}},
+		nil, &gophercloud.RequestOpts{OkCodes: []int{202}}); err != nil {
+		t.Fatalf("reset-state: %v", err)
+	}
+	if err := d.awaitServerGone(ctx, vm.CID); err != nil {
+		t.Fatalf("waiting for a server whose delete was dropped: %v", err)
+	}
+	if _, err := d.server(ctx, vm.CID); !errors.Is(err, driver.ErrVMNotFound) {
+		t.Errorf("server after the wait: %v; want gone", err)
+	}
+	if !strings.Contains(logs.String(), "sending it again") {
+		t.Errorf("the delete was not sent again:\n%s", logs.String())
 	}
 }

@@ -57,6 +57,17 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 }
 
 func (d *Driver) deleteServer(ctx context.Context, id string) error {
+	if err := d.sendDelete(ctx, id); err != nil {
+		return err
+	}
+	err := d.awaitServerGone(ctx, id)
+	if err == nil {
+		d.log.Info("server deleted", "server", id)
+	}
+	return err
+}
+
+func (d *Driver) sendDelete(ctx context.Context, id string) error {
 	err := d.doOnce(ctx, "compute", "delete server "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		return servers.Delete(ctx, sc, id).ExtractErr()
 	}, isNotFound)
@@ -66,12 +77,36 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	if err != nil {
 		return d.cloudErr("delete server "+id, err)
 	}
-	err = d.waitGone(ctx, "server "+id, driver.ErrVMNotFound, func(ctx context.Context) error {
-		_, err := d.server(ctx, id)
-		return err
+	return nil
+}
+
+// maxDeleteResends bounds how often a delete Nova dropped is sent again.
+const maxDeleteResends = 3
+
+// awaitServerGone waits until server id is gone. Nova leaves a server
+// ERROR when its delete fails half-way (Neutron failing to release its
+// ports, say) and deletes it no further: such a delete is sent again.
+func (d *Driver) awaitServerGone(ctx context.Context, id string) error {
+	resends := 0
+	return d.waitFor(ctx, "server "+id+" gone", func(ctx context.Context) (bool, error) {
+		s, err := d.server(ctx, id)
+		if errors.Is(err, driver.ErrVMNotFound) {
+			return true, nil
+		}
+		if err != nil || s.Status != "ERROR" || s.TaskState == "deleting" || resends >= maxDeleteResends {
+			return false, err
+		}
+		resends++
+		d.log.Info("the server's delete failed in Nova; sending it again", "server", id, "fault", s.Fault.Message, "resend", resends)
+		err = d.sendDelete(ctx, id)
+		return errors.Is(err, driver.ErrVMNotFound), ignore(err, driver.ErrVMNotFound)
 	})
-	if err == nil {
-		d.log.Info("server deleted", "server", id)
+}
+
+// ignore is err unless it is target.
+func ignore(err, target error) error {
+	if errors.Is(err, target) {
+		return nil
 	}
 	return err
 }
