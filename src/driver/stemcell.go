@@ -35,6 +35,9 @@ var AgentBoot = []string{"/bin/sh", "-c", "rm -rf /var/vcap/data/sys && mkdir -p
 	"{ [ ! -f /var/vcap/bosh/bin/sync-time ] || sed -i 's/chronyc/# chronyc/g' /var/vcap/bosh/bin/sync-time; } && " +
 	"exec env -i " + AgentInit}
 
+// DefaultCaps are every container VM's: runc's defaults.
+var DefaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+
 // AgentCaps are what a BOSH agent and the jobs it runs need as root beyond
 // runc's three default capabilities (bosh-agent's
 // platform/linux_platform.go and the stemcell's runit services), each for

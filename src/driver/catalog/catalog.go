@@ -78,7 +78,9 @@ func Answered(name string, section json.RawMessage) ([]string, bool) {
 		return nil, false
 	}
 	var s map[string]json.RawMessage
-	_ = json.Unmarshal(section, &s)
+	if d.FormatsKey != "" || d.ExtraKey != "" {
+		_ = json.Unmarshal(section, &s)
+	}
 	if d.FormatsKey != "" {
 		var f []string
 		if json.Unmarshal(s[d.FormatsKey], &f) == nil && len(f) > 0 {

@@ -143,8 +143,8 @@ func containerSecurity(agent bool) *corev1.SecurityContext {
 		return &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false),
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
 	}
-	add := []corev1.Capability{"AUDIT_WRITE", "KILL", "NET_BIND_SERVICE"}
-	for _, c := range driver.AgentCaps {
+	var add []corev1.Capability
+	for _, c := range append(append([]string{}, driver.DefaultCaps...), driver.AgentCaps...) {
 		add = append(add, corev1.Capability(strings.TrimPrefix(c, "CAP_")))
 	}
 	return &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(true),

@@ -42,11 +42,7 @@ type RegistryConfig struct {
 }
 
 func (r *RegistryConfig) repo() (name.Repository, error) {
-	var opts []name.Option
-	if r.Insecure {
-		opts = append(opts, name.Insecure)
-	}
-	return name.NewRepository(r.Repository, opts...)
+	return name.NewRepository(r.Repository, nameOpts(r)...)
 }
 
 func (r *RegistryConfig) options(ctx context.Context) []remote.Option {

@@ -178,9 +178,6 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	return nil
 }
 
-// defaultCaps are every container VM's: runc's defaults.
-var defaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
-
 // stopContainer ends a container VM for certain: SIGTERM reaches the VM's
 // PID 1 through its supervisor, SIGKILL follows after the grace; then the
 // runtime's forced delete, and whatever is left in the VM's cgroups (a

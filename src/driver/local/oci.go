@@ -20,10 +20,10 @@ const ociVersion = "1.0.2"
 // capabilities, no new privileges) plus hostname, limits, the disks mount
 // and the VM's command and environment — nothing of the host's.
 func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.Spec, error) {
-	caps := defaultCaps
+	caps := driver.DefaultCaps
 	noNewPrivs, nofile := true, uint64(1024)
 	if d.agentProfile(p) {
-		caps = append(append([]string{}, defaultCaps...), driver.AgentCaps...)
+		caps = append(append([]string{}, driver.DefaultCaps...), driver.AgentCaps...)
 		// Jobs and bosh ssh users switch users (sudo, su: setuid), and
 		// servers such as NATS and PostgreSQL hold many files: up to
 		// 65536, within the host's own hard limit (raising past it needs
