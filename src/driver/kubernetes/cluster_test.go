@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -282,4 +284,98 @@ func (c cluster) logsUntil(t *testing.T, pod, want string) string {
 	}
 	t.Fatalf("pod %s never logged %q:\n%s", pod, want, out)
 	return ""
+}
+
+// A recreated pod never gets the Secret the old pod's deletion is taking
+// away: the garbage collector may delete that one late (under load it
+// did, after the reboot had handed it to the new pod). Here a finalizer
+// holds the old Secret in deletion; no new pod may be made until it is
+// really gone, and then the new pod owns a new Secret.
+func TestRebootWaitsForTheOldSettingsToGo(t *testing.T) {
+	c := devCluster(t)
+	t.Cleanup(func() { assertNoneLeft(t, c) })
+	d := newTestDriver(t, c, nil)
+	ctx := context.Background()
+	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "held", StemcellCID: sc,
+		CloudProps: driver.PropsOf(map[string]any{"command": []string{"sleep", "3600"}}), AgentSettings: []byte(`{"agent_id":"held"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DeleteVM(ctx, vm.CID)
+	secrets := c.admin.CoreV1().Secrets(c.ns)
+	const hold = "runway.io/test-hold"
+	old, err := secrets.Patch(ctx, settingsName(vm.CID), types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+hold+`"]}}`), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := func() {
+		secrets.Patch(ctx, old.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
+	}
+	defer release()
+	oldPod, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + vm.CID, ResourceVersion: oldPod.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Stop()
+	sw, err := secrets.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + old.Name, ResourceVersion: old.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Stop()
+
+	done := make(chan error, 1)
+	go func() { done <- d.RebootVM(ctx, vm.CID) }()
+	// Until the old Secret is being deleted and the old pod is gone, then
+	// for 3 s more (a new pod came within milliseconds when this broke):
+	// no pod of another UID may appear.
+	var terminating, podGone bool
+	var window <-chan time.Time // opens once both are seen
+	timeout := time.After(time.Minute)
+held:
+	for {
+		select {
+		case ev := <-sw.ResultChan():
+			if s, ok := ev.Object.(*corev1.Secret); ok && s.UID == old.UID && s.DeletionTimestamp != nil {
+				terminating = true
+			}
+		case ev := <-pw.ResultChan():
+			p, ok := ev.Object.(*corev1.Pod)
+			if ok && p.UID != oldPod.UID {
+				t.Fatalf("a new pod was made while the old Secret still existed (its deletion seen: %v)", terminating)
+			}
+			podGone = podGone || (ok && ev.Type == watch.Deleted)
+		case err := <-done:
+			t.Fatalf("reboot_vm returned while the old Secret was held: %v", err)
+		case <-timeout:
+			t.Fatalf("the old Secret never went into deletion (%v) or the old pod never went (%v)", terminating, podGone)
+		case <-window:
+			break held
+		}
+		if terminating && podGone && window == nil {
+			window = time.After(3 * time.Second)
+		}
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatalf("reboot_vm after the old Secret went: %v", err)
+	}
+	pod, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := secrets.Get(ctx, old.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the VM's settings after the reboot: %v", err)
+	}
+	if sec.UID == old.UID || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
+		t.Fatalf("settings after the reboot: uid %s (old %s), owners %+v; want a new Secret owned by pod %s", sec.UID, old.UID, sec.OwnerReferences, pod.UID)
+	}
+	if pod.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod after the reboot: %s", pod.Status.Phase)
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/runway-cpi/runway/src/driver"
@@ -102,14 +103,10 @@ func TestKilledReboot(t *testing.T) {
 				p, ok := ev.Object.(*corev1.Pod)
 				return ok && point.at(old, p)
 			}, "reboot_vm", vm.CID)
-			// What the API finishes on its own (a foreground deletion) is
-			// awaited; then a sweep: list_vms, delete_vm of the agent's.
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-				p, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
-				if err != nil || p.DeletionTimestamp == nil || time.Now().After(deadline) {
-					break
-				}
-			}
+			// What the cluster finishes on its own (the pod's deletion, the
+			// garbage collector taking its Secret) is awaited; then a
+			// sweep: list_vms, delete_vm of the agent's.
+			awaitSettled(t, c, vm.CID)
 			vms, err := d.ListVMs(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -173,6 +170,42 @@ func killWhen(t *testing.T, bin, cfgPath string, w watch.Interface, what string,
 			}
 		case <-timeout:
 			t.Fatalf("%s: the kill point (%s) never came", method, what)
+		}
+	}
+}
+
+// awaitSettled waits (30 s at most) until pod cid is not being deleted
+// and no Secret of the driver is owned by a pod that no longer exists.
+func awaitSettled(t *testing.T, c cluster, cid string) {
+	t.Helper()
+	ctx := context.Background()
+	sel := metav1.ListOptions{LabelSelector: labelOwner + "=" + defaultOwner}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if p, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, cid, metav1.GetOptions{}); err == nil && p.DeletionTimestamp != nil {
+			continue
+		}
+		pods, err := c.admin.CoreV1().Pods(c.ns).List(ctx, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := map[types.UID]bool{}
+		for _, p := range pods.Items {
+			live[p.UID] = true
+		}
+		secs, err := c.admin.CoreV1().Secrets(c.ns).List(ctx, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		orphans := 0
+		for _, s := range secs.Items {
+			for _, o := range s.OwnerReferences {
+				if !live[o.UID] {
+					orphans++
+				}
+			}
+		}
+		if orphans == 0 {
+			return
 		}
 	}
 }

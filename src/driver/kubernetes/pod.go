@@ -160,10 +160,11 @@ func (d *Driver) deletePod(ctx context.Context, cid string) error {
 			return err
 		}
 		uid = pod.UID
-		// Foreground: the pod is gone only once what it owns (its
-		// settings Secret) is.
+		// Its settings Secret goes with it (owner reference), later: the
+		// garbage collector's own time, so callers that need it gone
+		// delete it themselves.
 		return d.cs.CoreV1().Pods(d.ns).Delete(ctx, cid, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(d.cfg.grace()),
-			Preconditions: &metav1.Preconditions{UID: &uid}, PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+			Preconditions: &metav1.Preconditions{UID: &uid}})
 	})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("pod %s: %w", cid, driver.ErrVMNotFound)

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -201,6 +202,35 @@ func (d *Driver) deleteSettings(ctx context.Context, cid string) {
 	}
 }
 
+// removeSettings deletes exactly the Secret sec (by UID) and waits until
+// it is gone: one held by a finalizer is still there after the delete.
+// Polled, not watched: the Role may not list or watch secrets.
+func (d *Driver) removeSettings(ctx context.Context, sec *corev1.Secret) error {
+	secrets := d.cs.CoreV1().Secrets(d.ns)
+	err := d.do(ctx, "delete secret "+sec.Name, func(ctx context.Context) error {
+		return secrets.Delete(ctx, sec.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &sec.UID}})
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) { // gone, or already another object
+		return d.apiErr("delete secret "+sec.Name, err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, d.cfg.waitTimeout(), true, func(ctx context.Context) (bool, error) {
+		var cur *corev1.Secret
+		err := d.do(ctx, "get secret "+sec.Name, func(ctx context.Context) error {
+			var err error
+			cur, err = secrets.Get(ctx, sec.Name, metav1.GetOptions{})
+			return err
+		})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return err == nil && cur.UID != sec.UID, err
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for secret %s to go: %w", sec.Name, err)
+	}
+	return nil
+}
+
 // HasVM implements driver.Driver.
 func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 	if _, err := validName("vm", vmPrefix, cid); err != nil {
@@ -267,6 +297,12 @@ func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod
 		return d.apiErr("get secret "+settingsName(cid), err)
 	}
 	if err := d.deletePod(ctx, cid); err != nil {
+		return err
+	}
+	// The old Secret must be gone before the new one is made: left to the
+	// garbage collector, its late deletion could take the new pod's
+	// settings with it (seen under load: pods stuck without a Secret).
+	if err := d.removeSettings(ctx, sec); err != nil {
 		return err
 	}
 	made, err := d.createPod(ctx, next)
