@@ -11,9 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runway-cpi/runway/src/driver"
@@ -169,4 +171,88 @@ func TestHostileStemcellTarballsAreRefused(t *testing.T) {
 	if _, err := os.Stat("/etc/cron.d/evil"); err == nil {
 		t.Error("an entry reached the host")
 	}
+}
+
+// A registry that asks for credentials: create_stemcell and delete_stemcell
+// use the configured ones, wrong ones are refused without being repeated,
+// and a pod pulls the image only with the VM type's image_pull_secrets.
+func TestRegistryWithCredentials(t *testing.T) {
+	c := devCluster(t)
+	env := testenv.Need(t, "scripts/k8s-dev start (its registry with credentials)",
+		"RUNWAY_K8S_AUTH_REGISTRY", "RUNWAY_K8S_AUTH_REGISTRY_USER", "RUNWAY_K8S_AUTH_REGISTRY_PASSWORD")
+	repo, user, password := env[0], env[1], env[2]
+	ctx := context.Background()
+	img := filepath.Join(t.TempDir(), "image")
+	if err := rootfs.Write(img, nil); err != nil {
+		t.Fatal(err)
+	}
+	spec := driver.StemcellSpec{ImagePath: img, CloudProps: driver.PropsOf(map[string]any{"name": "runner", "version": "1"})}
+	withCreds := func(u, p string) *Driver {
+		return newTestDriver(t, c, map[string]any{"registry": map[string]any{
+			"repository": repo, "insecure": true, "username": u, "password": p}})
+	}
+
+	wrong := "not-" + password
+	for name, d := range map[string]*Driver{"anonymous": withCreds("", ""), "a wrong password": withCreds(user, wrong)} {
+		_, err := d.CreateStemcell(ctx, spec)
+		if err == nil || !strings.Contains(err.Error(), "kubernetes.registry") || !strings.Contains(err.Error(), "401") {
+			t.Errorf("create_stemcell, %s: %v; want a kubernetes.registry error with HTTP 401", name, err)
+		}
+		if err != nil && (strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), password)) {
+			t.Errorf("create_stemcell, %s: the error carries the password: %v", name, err)
+		}
+	}
+
+	d := withCreds(user, password)
+	sc, err := d.CreateStemcell(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := stemcellImage(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dg, _ := name.NewDigest(ref, name.Insecure)
+	basic := remote.WithAuth(&authn.Basic{Username: user, Password: password})
+	if _, err := remote.Head(dg, basic); err != nil {
+		t.Fatalf("image %s after create_stemcell: %v", ref, err)
+	}
+	var te *transport.Error
+	if _, err := remote.Head(dg); !errors.As(err, &te) || te.StatusCode != 401 {
+		t.Errorf("image %s read anonymously: %v; want 401", ref, err)
+	}
+
+	// The kubelet pulls with the pod's pull secret, and only with it.
+	secret := "runway-pull-" + strings.ToLower(t.Name())
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+	host := strings.SplitN(repo, "/", 2)[0]
+	cfg, _ := json.Marshal(map[string]any{"auths": map[string]any{host: map[string]string{"auth": auth}}})
+	if _, err := c.admin.CoreV1().Secrets(c.ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secret}, Type: corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{corev1.DockerConfigJsonKey: cfg}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.admin.CoreV1().Secrets(c.ns).Delete(ctx, secret, metav1.DeleteOptions{}) })
+	run := []string{"sleep", "3600"}
+	_, err = d.CreateVM(ctx, driver.VMSpec{AgentID: "no-secret", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"command": run})})
+	var pf *podFailure
+	if !errors.As(err, &pf) || (pf.Reason != "ErrImagePull" && pf.Reason != "ImagePullBackOff") {
+		t.Errorf("create_vm without image_pull_secrets: %v; want the pod's ErrImagePull", err)
+	}
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "with-secret", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{
+		"command": run, "image_pull_secrets": []map[string]string{{"name": secret}}})})
+	if err != nil {
+		t.Fatalf("create_vm with image_pull_secrets: %v", err)
+	}
+	if err := d.DeleteVM(ctx, vm.CID); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := d.DeleteStemcell(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Head(dg, basic); !errors.As(err, &te) || te.StatusCode != 404 {
+		t.Errorf("image %s after delete_stemcell: %v; want 404", ref, err)
+	}
+	assertNoneLeft(t, c)
 }
