@@ -7,6 +7,11 @@ import (
 
 	"github.com/runway-cpi/runway/src/cmd/internal/cpimain"
 	_ "github.com/runway-cpi/runway/src/driver/local"
+	"github.com/runway-cpi/runway/src/driver/local/container"
 )
 
-func main() { os.Exit(cpimain.Main()) }
+func main() {
+	// A container VM's supervisor is this executable started again.
+	container.Supervised()
+	os.Exit(cpimain.Main())
+}

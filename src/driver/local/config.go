@@ -89,13 +89,6 @@ const (
 	DefaultPidsLimit   = 4096
 	DefaultRAMMiB      = 2048
 	DefaultCPU         = 2
-	// Where a warden stemcell's bosh-agent looks (agent.json's File
-	// settings source), and where the warden CPI puts persistent disks.
-	agentSettingsPath = "/var/vcap/bosh/warden-cpi-agent-env.json"
-	userDataJSONPath  = "/var/vcap/bosh/warden-cpi-user-data.json"
-	metadataJSONPath  = "/var/vcap/bosh/warden-cpi-metadata.json"
-	userDataPath      = "/var/vcap/bosh/user-data"
-	diskMountDir      = "/warden-cpi-dev"
 	// maxHostname: HOST_NAME_MAX; the hostname is the CID.
 	maxHostname = 64
 )

@@ -1,27 +1,30 @@
 package local
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/hostnet"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 func (d *Driver) containers() bool { return d.cfg.Isolation == IsolationContainer }
+
+// containerVMs: a VM is an OCI container made from a rootfs stemcell, with
+// its own namespaces, limits and address on the bridge, watched by a
+// supervisor (src/driver/local/container).
+type containerVMs struct{ d *Driver }
 
 // ctr names everything of one container VM.
 type ctr struct {
@@ -52,42 +55,75 @@ func (c ctr) hostIf() string {
 	return "rw" + hex.EncodeToString(h[:6])
 }
 
-// runtimeRoot is the runtime's own state, kept under the state dir.
-func (d *Driver) runtimeRoot() string { return filepath.Join(d.root, "runtime") }
-
-// runtime runs the OCI runtime with args and returns its combined output.
-func (d *Driver) runtime(ctx context.Context, args ...string) ([]byte, error) {
-	rt := d.cfg.Container.Runtime
-	if rt == "" { // process mode now, deleting a VM made in container mode
-		for _, name := range []string{"runc", "crun"} {
-			if p, err := exec.LookPath(name); err == nil {
-				rt = p
-				break
-			}
-		}
-		if rt == "" {
-			return nil, errors.New("no OCI runtime (runc, crun) on PATH")
-		}
-	}
-	cmd := exec.CommandContext(ctx, rt, append([]string{"--root", d.runtimeRoot()}, args...)...)
-	cmd.Env = []string{"PATH=" + vmPath}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(rt), args[0], err, bytes.TrimSpace(out))
-	}
-	return out, nil
+// runtime is the OCI runtime with its state kept under the state dir.
+func (d *Driver) runtime() container.Runtime {
+	return container.Runtime{Path: d.cfg.Container.Runtime, Root: filepath.Join(d.root, "runtime")}
 }
 
-// runContainer makes and starts a published container VM.
-func (d *Driver) runContainer(ctx context.Context, rec vmRecord, props vmProps, settings []byte, userData string) error {
-	if err := d.prepareContainer(rec, props, rec.Command, settings, userData); err != nil {
+// launch is how the supervisor starts a VM: its names, memory limit (for
+// the OOM message) and network.
+func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
+	ram, _ := c.d.limits(props)
+	return container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
+		RAM: ram, Net: c.d.bridge.Plan(c.hostIf(), rec.Networks)}
+}
+
+func (v containerVMs) check(cid string, _ vmProps) error {
+	if len(cid) >= maxHostname {
+		return driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
+	}
+	return nil
+}
+
+func (v containerVMs) executable(stemcell, name string) error {
+	return findExecutableIn(v.d.imageDir(stemcell), name)
+}
+
+func (containerVMs) userDataScript() string { return container.UserDataPath }
+
+// noCommand: the stemcell's own init, as the warden CPI starts it.
+func (v containerVMs) noCommand(stemcell string) ([]string, error) {
+	if err := findExecutableIn(v.d.imageDir(stemcell), driver.AgentInit); err != nil {
+		return nil, &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", stemcell, driver.AgentInit, err)}
+	}
+	return driver.AgentBoot, nil
+}
+
+// start makes and starts a published container VM.
+func (v containerVMs) start(ctx context.Context, rec vmRecord, props vmProps, settings []byte, userData string) error {
+	if err := v.d.prepareContainer(rec, props, rec.Command, settings, userData); err != nil {
 		return err
 	}
-	if err := d.ensureBridge(ctx); err != nil {
+	if err := v.d.bridge.Ensure(ctx); err != nil {
 		return err
 	}
-	ram, _ := d.limits(props)
-	return d.startContainer(ctx, rec, d.netPlan(d.ctr(rec.CID), rec.Networks), ram)
+	if err := v.d.ctr(rec.CID).launch(rec, props).Run(ctx); err != nil {
+		return err
+	}
+	v.d.log.Info("vm started in a container", "vm", rec.CID)
+	return nil
+}
+
+func (v containerVMs) restart(ctx context.Context, rec *vmRecord, props vmProps) error {
+	if !v.d.containers() {
+		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", rec.CID)
+	}
+	if err := v.d.mountVM(*rec); err != nil {
+		return err
+	}
+	if err := v.d.bridge.Ensure(ctx); err != nil {
+		return err
+	}
+	if err := v.d.ctr(rec.CID).launch(*rec, props).Run(ctx); err != nil {
+		return err
+	}
+	v.d.log.Info("vm restarted", "vm", rec.CID)
+	return nil
+}
+
+// imageDir is a stemcell's unpacked image.
+func (d *Driver) imageDir(stemcell string) string {
+	return filepath.Join(d.path(stemcells, stemcell), "image")
 }
 
 // prepareContainer makes a published VM's bundle: the root file system
@@ -112,7 +148,10 @@ func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, se
 		// refused a VM with nothing to run) idles.
 		argv = []string{"/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"}
 	}
-	spec, err := d.ociSpec(c, rec, props, argv)
+	ram, cpu := d.limits(props)
+	spec, err := container.Spec(container.VM{CID: rec.CID, AgentID: rec.AgentID, Rootfs: c.rootfs(), Devs: c.devs(),
+		Cgroup: c.cgroup(), Argv: argv, Env: props.Env, Agent: d.agentProfile(props), RAMMiB: ram, CPU: cpu,
+		Pids: d.cfg.Container.PidsLimit})
 	if err != nil {
 		return err
 	}
@@ -123,15 +162,28 @@ func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, se
 	return os.WriteFile(filepath.Join(c.bundle(), "config.json"), b, 0o600)
 }
 
+// limits are the VM's memory (MiB) and CPUs: its cloud properties', else
+// the configured defaults.
+func (d *Driver) limits(p vmProps) (ramMiB, cpu int) {
+	ramMiB, cpu = p.RAM, p.CPU
+	if ramMiB <= 0 {
+		ramMiB = d.cfg.Container.DefaultRAMMiB
+	}
+	if cpu <= 0 {
+		cpu = d.cfg.Container.DefaultCPU
+	}
+	return ramMiB, cpu
+}
+
 // mountVM mounts the VM's root (an overlay on the stemcell's image) and
 // its disks directory, unless mounted: after the host restarted, a VM
 // starts again from its directory, with the disks attached to it.
 func (d *Driver) mountVM(rec vmRecord) error {
 	c := d.ctr(rec.CID)
-	if mps, _ := mountsUnder(c.rootfs()); len(mps) > 0 {
+	if mps, _ := storage.MountsUnder(c.rootfs()); len(mps) > 0 {
 		return nil
 	}
-	image := filepath.Join(d.path(stemcells, rec.StemcellCID), "image")
+	image := d.imageDir(rec.StemcellCID)
 	for _, p := range []string{image, c.dir} {
 		if strings.ContainsAny(p, ",:") {
 			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
@@ -156,7 +208,7 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	}
 	// Disks are mounted below devs on the host; being a shared mount, each
 	// one propagates into the running container's slave copy.
-	if mps, _ := mountsUnder(c.devs()); len(mps) == 0 {
+	if mps, _ := storage.MountsUnder(c.devs()); len(mps) == 0 {
 		if err := unix.Mount(c.devs(), c.devs(), "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("binding the disks directory: %w", err)
 		}
@@ -178,15 +230,15 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	return nil
 }
 
-// stopContainer ends a container VM for certain: SIGTERM reaches the VM's
-// PID 1 through its supervisor, SIGKILL follows after the grace; then the
+// stop ends a container VM for certain: SIGTERM reaches the VM's PID 1
+// through its supervisor, SIGKILL follows after the grace; then the
 // runtime's forced delete, and whatever is left in the VM's cgroups (a
 // runtime killed part-way through a create) is killed and removed.
-func (d *Driver) stopContainer(ctx context.Context, cid string) error {
-	c := d.ctr(cid)
-	err := stopVM(ctx, cid, readPGID(c.dir), d.grace())
-	_, _ = d.runtime(ctx, "delete", "--force", c.id())
-	if cerr := c.killCgroups(ctx); cerr != nil {
+func (v containerVMs) stop(ctx context.Context, rec *vmRecord) error {
+	c := v.d.ctr(rec.CID)
+	err := stopVM(ctx, rec.CID, readPGID(c.dir), v.d.grace())
+	_, _ = v.d.runtime().Run(ctx, "delete", "--force", c.id())
+	if cerr := container.KillCgroups(ctx, rec.CID, c.cgroup()); cerr != nil {
 		return cerr
 	}
 	if err != nil {
@@ -194,70 +246,20 @@ func (d *Driver) stopContainer(ctx context.Context, cid string) error {
 	}
 	// A supervisor found by marker only (create killed part-way) may have
 	// started a runtime meanwhile: look once more.
-	return stopVM(ctx, cid, 0, d.grace())
+	return stopVM(ctx, rec.CID, 0, v.d.grace())
 }
 
-// cgroupDirs lists the VM's cgroup directories on this host, under every
-// v1 controller hierarchy and the v2 one.
-func (c ctr) cgroupDirs() []string {
-	var out []string
-	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
-	hier = append(hier, "/sys/fs/cgroup")
-	for _, h := range hier {
-		p := filepath.Join(h, c.cgroup())
-		if st, err := os.Stat(p); err == nil && st.IsDir() {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// killCgroups kills every process left in the VM's cgroups and removes
-// them.
-func (c ctr) killCgroups(ctx context.Context) error {
-	dirs := c.cgroupDirs()
-	if len(dirs) == 0 {
-		return nil
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		alive := false
-		for _, dir := range dirs {
-			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
-					alive = true
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		if !alive {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("processes of vm %s still in its cgroups after SIGKILL", c.cid)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	for _, dir := range dirs {
-		if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("removing cgroup %s: %w", dir, err)
-		}
-	}
-	return nil
-}
-
-// teardownContainer undoes what prepareContainer and the network set up,
-// after the VM is stopped: the host end of the veth, then every mount under
-// the VM's directory, innermost first. It fails rather than leave a mount
+// teardown undoes what prepareContainer and the network set up, after the
+// VM is stopped: the host end of the veth, then every mount under the
+// VM's directory, innermost first. It fails rather than leave a mount
 // (removing the directory with a disk still mounted would delete the
 // disk's data).
-func (d *Driver) teardownContainer(cid string) error {
-	c := d.ctr(cid)
-	if err := deleteLink(c.hostIf()); err != nil {
+func (v containerVMs) teardown(rec *vmRecord) error {
+	c := v.d.ctr(rec.CID)
+	if err := hostnet.DeleteLink(c.hostIf()); err != nil {
 		return err
 	}
-	if err := unmountAll(c.dir); err != nil {
+	if err := storage.UnmountAll(c.dir); err != nil {
 		return err
 	}
 	// Belt and braces before the directory is removed: a mount the
@@ -282,65 +284,27 @@ func (d *Driver) teardownContainer(cid string) error {
 	return nil
 }
 
-// mountsUnder lists the mount points at or below dir, innermost first.
-func mountsUnder(dir string) ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+// attach mounts the disk into the running VM and records it in the agent
+// settings inside, as the warden CPI does.
+func (v containerVMs) attach(rec *vmRecord, disk string) (string, error) {
+	inside, err := v.d.attachInside(rec.CID, disk)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
+	if err := v.d.updateDiskSettings(rec.CID, disk, inside); err != nil {
+		return "", fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, rec.CID, err)
 	}
-	// Deepest first; a path mounted twice is listed twice.
-	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
-	return out, nil
+	return inside, nil
 }
 
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
+// detach takes the disk out of the VM (it disappears inside at once) and
+// out of its agent settings.
+func (v containerVMs) detach(rec *vmRecord, disk string) error {
+	if err := v.d.detachInside(rec.CID, disk); err != nil {
+		return err
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// unmountAll unmounts everything at or below dir and checks none is left.
-func unmountAll(dir string) error {
-	for range 3 {
-		mps, err := mountsUnder(dir)
-		if err != nil {
-			return err
-		}
-		if len(mps) == 0 {
-			return nil
-		}
-		for _, mp := range mps {
-			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("unmounting %s: %w", mp, err)
-			}
-		}
-	}
-	if mps, _ := mountsUnder(dir); len(mps) > 0 {
-		return fmt.Errorf("still mounted after unmounting: %s", strings.Join(mps, ", "))
+	if err := v.d.updateDiskSettings(rec.CID, disk, ""); err != nil {
+		return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
 	}
 	return nil
 }

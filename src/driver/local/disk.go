@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 // diskRecord is disks/<cid>/disk.json; AttachedTo is the one source of
@@ -158,17 +159,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 			return nil, fmt.Errorf("linking disk %s into vm %s: %w", disk, vm, err)
 		}
 	}
-	if vmRec.Isolation == IsolationContainer {
-		inside, err := d.attachInside(vm, disk)
-		if err != nil {
-			return nil, err
-		}
-		if err := d.updateDiskSettings(vm, disk, inside); err != nil {
-			return nil, fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, vm, err)
-		}
-		return map[string]any{"path": inside}, nil
+	where, err := d.isoOf(vmRec).attach(vmRec, disk)
+	if err != nil {
+		return nil, err
 	}
-	return map[string]any{"path": link}, nil
+	return map[string]any{"path": where}, nil
 }
 
 // DetachDisk implements driver.Driver.
@@ -192,13 +187,10 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 	if err != nil {
 		return err
 	}
-	if vmRec.Isolation == IsolationContainer && rec.AttachedTo == vm {
+	if rec.AttachedTo == vm {
 		// Out of the VM first: the record says attached until it is.
-		if err := d.detachInside(vm, disk); err != nil {
+		if err := d.isoOf(vmRec).detach(vmRec, disk); err != nil {
 			return err
-		}
-		if err := d.updateDiskSettings(vm, disk, ""); err != nil {
-			return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, vm, err)
 		}
 	}
 	if rec.AttachedTo != vm {
@@ -348,23 +340,22 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	}
 	defer unlockSnap()
 	src := filepath.Join(d.path(disks, cid), "data")
-	size, err := treeSize(src)
+	size, err := storage.TreeSize(src)
 	if err != nil {
 		return "", fmt.Errorf("reading disk %s: %w", cid, err)
 	}
-	budget, err := d.spaceBudget(0)
+	budget, err := storage.NewBudget(d.root, 0, 0)
 	if err != nil {
 		return "", err
 	}
-	if err := budget.take(size); err != nil {
+	if err := budget.Fits(size); err != nil {
 		return "", fmt.Errorf("snapshot of disk %s (%d MiB of data): %w", cid, size>>20, err)
 	}
-	budget.used = 0 // charged again file by file: the disk may change meanwhile
 	tmp, err := d.stage(snapshots, snap)
 	if err != nil {
 		return "", err
 	}
-	if err := copyTree(ctx, src, filepath.Join(tmp, "data"), budget); err != nil {
+	if err := storage.CopyTree(ctx, src, filepath.Join(tmp, "data"), budget); err != nil {
 		_ = os.RemoveAll(tmp)
 		return "", fmt.Errorf("copying disk %s: %w", cid, err)
 	}

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 // writeInside puts the agent settings and user data where a warden
@@ -28,11 +30,11 @@ func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) err
 		return err
 	}
 	defer root.Close()
-	if err := root.MkdirAll(strings.TrimPrefix(filepath.Dir(agentSettingsPath), "/"), 0o755); err != nil {
-		return fmt.Errorf("making %s in the vm: %w", filepath.Dir(agentSettingsPath), err)
+	if err := root.MkdirAll(strings.TrimPrefix(filepath.Dir(container.AgentSettingsPath), "/"), 0o755); err != nil {
+		return fmt.Errorf("making %s in the vm: %w", filepath.Dir(container.AgentSettingsPath), err)
 	}
-	if err := root.MkdirAll(strings.TrimPrefix(diskMountDir, "/"), 0o755); err != nil {
-		return fmt.Errorf("making %s in the vm: %w", diskMountDir, err)
+	if err := root.MkdirAll(strings.TrimPrefix(container.DisksDir, "/"), 0o755); err != nil {
+		return fmt.Errorf("making %s in the vm: %w", container.DisksDir, err)
 	}
 	write := func(path string, b []byte, mode os.FileMode) error {
 		if err := root.WriteFile(strings.TrimPrefix(path, "/"), b, mode); err != nil {
@@ -41,19 +43,19 @@ func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) err
 		return nil
 	}
 	if settings != nil {
-		if err := write(agentSettingsPath, settings, 0o600); err != nil {
+		if err := write(container.AgentSettingsPath, settings, 0o600); err != nil {
 			return err
 		}
 	}
 	ud, _ := json.Marshal(map[string]any{
 		"server":   map[string]string{"name": rec.CID},
-		"registry": map[string]string{"endpoint": agentSettingsPath},
+		"registry": map[string]string{"endpoint": container.AgentSettingsPath},
 	})
 	md, _ := json.Marshal(map[string]any{"instance-id": rec.CID, "hostname": rec.CID})
-	if err := write(userDataJSONPath, ud, 0o600); err != nil {
+	if err := write(container.UserDataJSONPath, ud, 0o600); err != nil {
 		return err
 	}
-	if err := write(metadataJSONPath, md, 0o600); err != nil {
+	if err := write(container.MetadataJSONPath, md, 0o600); err != nil {
 		return err
 	}
 	// The VM's resolver: its networks' DNS, else the host's (a link the
@@ -67,7 +69,7 @@ func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) err
 		return err
 	}
 	if userData != "" {
-		return write(userDataPath, []byte(userData), 0o700)
+		return write(container.UserDataPath, []byte(userData), 0o700)
 	}
 	return nil
 }
@@ -133,8 +135,8 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 func (d *Driver) attachInside(vm, disk string) (string, error) {
 	c := d.ctr(vm)
 	target := filepath.Join(c.devs(), disk)
-	if mps, _ := mountsUnder(target); len(mps) > 0 {
-		return diskMountDir + "/" + disk, nil // attached before
+	if mps, _ := storage.MountsUnder(target); len(mps) > 0 {
+		return container.DisksDir + "/" + disk, nil // attached before
 	}
 	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err
@@ -142,13 +144,13 @@ func (d *Driver) attachInside(vm, disk string) (string, error) {
 	if err := unix.Mount(filepath.Join(d.path(disks, disk), "data"), target, "", unix.MS_BIND, ""); err != nil {
 		return "", fmt.Errorf("mounting disk %s into vm %s: %w", disk, vm, err)
 	}
-	return diskMountDir + "/" + disk, nil
+	return container.DisksDir + "/" + disk, nil
 }
 
 // detachInside unmounts a disk from the VM (it disappears inside at once).
 func (d *Driver) detachInside(vm, disk string) error {
 	target := filepath.Join(d.ctr(vm).devs(), disk)
-	if err := unmountAll(target); err != nil {
+	if err := storage.UnmountAll(target); err != nil {
 		return err
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -165,7 +167,7 @@ func (d *Driver) updateDiskSettings(vm, disk, path string) error {
 		return err
 	}
 	defer root.Close()
-	name := strings.TrimPrefix(agentSettingsPath, "/")
+	name := strings.TrimPrefix(container.AgentSettingsPath, "/")
 	b, err := root.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // no settings given: nothing to keep current

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -26,6 +27,10 @@ type Driver struct {
 	root   string
 	locks  *lock.Locker
 	log    logging.Fields
+	// bridge is container mode's VM network (nil in process mode); ipam
+	// the address table of both modes.
+	bridge *hostnet.Bridge
+	ipam   *hostnet.IPAM
 }
 
 var _ driver.Complete = (*Driver)(nil)
@@ -53,6 +58,13 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 		log = logging.Discard()
 	}
 	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "local"}}
+	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: d.ownerAlive}
+	if d.containers() {
+		cc := c.Container
+		d.bridge = &hostnet.Bridge{Name: cc.Bridge, Prefix: p, Key: d.stateKey(), Record: filepath.Join(stateDir, "bridge.json"),
+			NAT: cc.NAT, AllowVMToVM: cc.AllowVMToVM, Locks: locks}
+		d.ipam.Bridge = d.bridge
+	}
 	for _, sub := range []string{"stemcells", "vms", "disks", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(stateDir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("local: state dir: %w", err)
@@ -78,4 +90,23 @@ func now() string { return time.Now().UTC().Format(time.RFC3339) }
 // does not size VMs, it records what was asked.
 func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resources) (driver.Props, error) {
 	return driver.PropsOf(vmProps{CPU: r.CPU, RAM: r.RAM, EphemeralDiskSize: r.EphemeralDiskSize}), nil
+}
+
+// ownerAlive: a VM being created or existing still owns its addresses.
+// The checks follow the publishing rename (.creating-<cid> → <cid>): looked
+// at in the other order, a VM published between the two looks dead.
+func (d *Driver) ownerAlive(cid string) bool {
+	for _, p := range []string{filepath.Join(d.root, "vms", ".creating-"+cid), d.path(vms, cid)} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// release frees a VM's addresses.
+func (d *Driver) release(ctx context.Context, cid string) {
+	if err := d.ipam.Release(ctx, cid); err != nil {
+		d.log.Warn("releasing addresses failed", "vm", cid, "err", err)
+	}
 }

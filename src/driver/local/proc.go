@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runway-cpi/runway/src/driver/local/container"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,7 @@ import (
 // envMarker is set in every VM process: a process is only ever signalled
 // after it is proven to belong to that VM (guards PID reuse), and a VM's
 // processes are found by it even when their group is not known.
-const envMarker = "RUNWAY_VM_CID"
+const envMarker = container.EnvMarker
 
 // wrapper runs the VM's command detached: sh leads its own session and
 // group, starts the command only if the VM still exists, records its exit

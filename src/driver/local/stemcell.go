@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 type stemcellRecord struct {
@@ -53,11 +54,11 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		return "", err
 	}
 	fail := func(err error) (string, error) { _ = os.RemoveAll(tmp); return "", err }
-	budget, err := d.spaceBudget(int64(d.cfg.MaxImageMiB) << 20)
+	budget, err := storage.NewBudget(d.root, int64(d.cfg.MaxImageMiB)<<20, d.cfg.MaxImageEntries)
 	if err != nil {
 		return fail(err)
 	}
-	if err := untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget, d.containers()); err != nil {
+	if err := storage.Untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget, d.containers()); err != nil {
 		return fail(fmt.Errorf("unpacking stemcell image %s: %w", spec.ImagePath, err))
 	}
 	rec := stemcellRecord{CID: cid, CloudProps: spec.CloudProps, Tags: spec.Tags, Source: spec.ImagePath, CreatedAt: now()}

@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 // kind is one resource kind's place in the state dir: <dir>/<cid>/<record>,
@@ -204,33 +204,8 @@ func (d *Driver) sweep(k kind) {
 	}
 }
 
-// readJSON reads a record; a missing file is reported as fs.ErrNotExist.
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("corrupt record %s: %w", path, err)
-	}
-	return nil
-}
-
-// writeJSON replaces a record atomically (temp file + rename), so a reader
-// or a crash never sees half a record.
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, b)
-}
-
-// writeFileAtomic writes through a temporary file and a rename.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+var (
+	readJSON        = storage.ReadJSON
+	writeJSON       = storage.WriteJSON
+	writeFileAtomic = storage.WriteFileAtomic
+)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/container"
 )
 
 // vmRecord is vms/<cid>/vm.json. The environment is not kept here: it may
@@ -33,7 +34,7 @@ type vmRecord struct {
 func (d *Driver) loadVM(cid string) (*vmRecord, error) { return load[vmRecord](d, vms, cid) }
 
 // vmPath is the PATH VM processes get.
-const vmPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const vmPath = container.VMPath
 
 func (d *Driver) grace() time.Duration { return time.Duration(d.cfg.StopGraceSeconds) * time.Second }
 
@@ -65,18 +66,12 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 		return err
 	}
 	dir := d.path(vms, cid)
-	switch {
-	case rec.Isolation == IsolationContainer:
-		if err := d.stopContainer(ctx, cid); err != nil {
-			return err
-		}
-		if err := d.teardownContainer(cid); err != nil {
-			return err
-		}
-	case len(rec.Command) > 0: // a VM without a command never had a process
-		if err := stopVM(ctx, cid, readPGID(dir), d.grace()); err != nil {
-			return err
-		}
+	iso := d.isoOf(rec)
+	if err := iso.stop(ctx, rec); err != nil {
+		return err
+	}
+	if err := iso.teardown(rec); err != nil {
+		return err
 	}
 	// Every disk whose record names the VM, linked or not (an attach
 	// killed between its record and its link).
@@ -124,52 +119,25 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		return err
 	}
 	defer unlock()
-	dir := d.path(vms, cid)
-	container := rec.Isolation == IsolationContainer
-	if container && start && !d.containers() {
+	iso := d.isoOf(rec)
+	if _, ok := iso.(containerVMs); ok && start && !d.containers() {
 		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", cid)
 	}
-	stop := func() error { return stopVM(ctx, cid, readPGID(dir), d.grace()) }
-	if container {
-		stop = func() error { return d.stopContainer(ctx, cid) }
-	}
-	if err := stop(); err != nil {
+	if err := iso.stop(ctx, rec); err != nil {
 		return err
 	}
 	rec.Stopped = !start
 	if err := d.save(vms, cid, rec); err != nil {
 		return err
 	}
-	if start && container {
-		props, err := decodeVMProps(rec.CloudProps)
-		if err != nil {
-			return err
-		}
-		if err := d.mountVM(*rec); err != nil {
-			return err
-		}
-		if err := d.ensureBridge(ctx); err != nil {
-			return err
-		}
-		ram, _ := d.limits(props)
-		if err := d.startContainer(ctx, *rec, d.netPlan(d.ctr(cid), rec.Networks), ram); err != nil {
-			return err
-		}
-		d.log.Info("vm restarted", "vm", cid)
+	if !start {
 		return nil
 	}
-	if start && len(rec.Command) > 0 {
-		props, err := decodeVMProps(rec.CloudProps)
-		if err != nil {
-			return err
-		}
-		env := d.processEnv(*rec, props)
-		if err := startProcess(dir, rec.Command, env); err != nil {
-			return err
-		}
-		d.log.Info("vm restarted", "vm", cid)
+	props, err := decodeVMProps(rec.CloudProps)
+	if err != nil {
+		return err
 	}
-	return nil
+	return iso.restart(ctx, rec, props)
 }
 
 // SetVMMetadata implements driver.Driver.

@@ -45,9 +45,6 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 	if err := checkCID("vm", cid); err != nil {
 		return nil, err
 	}
-	if d.containers() && len(cid) >= maxHostname {
-		return nil, driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
-	}
 	if err := checkCID("stemcell", spec.StemcellCID); err != nil {
 		return nil, err
 	}
@@ -63,8 +60,8 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if props.BoshAgent != nil && *props.BoshAgent && !d.containers() {
-		return nil, driver.Invalid(`cloud_properties.bosh_agent needs local.isolation "container" (a process VM cannot host an agent)`)
+	if err := d.iso().check(cid, props); err != nil {
+		return nil, err
 	}
 	for name, n := range spec.Networks {
 		if err := n.CheckNoDelegation(name, "local"); err != nil {
@@ -115,7 +112,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 		// orchestrator name no network).
 		want = driver.Networks{"default": {Type: "dynamic"}}
 	}
-	nets, err := d.allocate(ctx, cid, want)
+	nets, err := d.ipam.Allocate(ctx, cid, want)
 	if err != nil {
 		return fail(err)
 	}
@@ -152,21 +149,13 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	return driver.VM{CID: cid, Networks: nets}, nil
 }
 
-// start runs a published VM: its container, or its process group.
+// start runs a published VM: its container, or its process group (when
+// it has a command). With run_processes off, nothing runs.
 func (d *Driver) start(ctx context.Context, pl *vmPlan, rec vmRecord, settings []byte) error {
-	switch {
-	case pl.container:
-		if err := d.runContainer(ctx, rec, pl.props, settings, pl.userData); err != nil {
-			return err
-		}
-		d.log.Info("vm started in a container", "vm", rec.CID)
-	case len(pl.argv) > 0:
-		if err := startProcess(d.path(vms, rec.CID), pl.argv, d.processEnv(rec, pl.props)); err != nil {
-			return err
-		}
-		d.log.Info("vm started", "vm", rec.CID, "command", strings.Join(redactArgv(pl.argv), " "))
+	if !pl.container && len(pl.argv) == 0 {
+		return nil
 	}
-	return nil
+	return d.isoOf(&rec).start(ctx, rec, pl.props, settings, pl.userData)
 }
 
 // command resolves what the VM runs: cloud_properties.command (argv array
@@ -196,12 +185,7 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 			if len(argv) == 0 || argv[0] == "" {
 				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
 			}
-			check := findExecutable
-			if d.containers() {
-				image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
-				check = func(name string) error { return findExecutableIn(image, name) }
-			}
-			if err := check(argv[0]); err != nil {
+			if err := d.iso().executable(spec.StemcellCID, argv[0]); err != nil {
 				return nil, "", &driver.CreationError{Err: err}
 			}
 			return argv, userData, nil
@@ -210,24 +194,14 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 		}
 	}
 	if userData != "" {
-		script := "./user-data"
-		if d.containers() {
-			script = userDataPath
-		}
+		script := d.iso().userDataScript()
 		if strings.HasPrefix(userData, "#!") {
 			return []string{script}, userData, nil
 		}
 		return []string{d.cfg.Shell, script}, userData, nil
 	}
-	if d.containers() {
-		// No command: the stemcell's own init, as the warden CPI starts it.
-		image := filepath.Join(d.path(stemcells, spec.StemcellCID), "image")
-		if err := findExecutableIn(image, driver.AgentInit); err != nil {
-			return nil, "", &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", spec.StemcellCID, driver.AgentInit, err)}
-		}
-		return driver.AgentBoot, "", nil
-	}
-	return nil, "", nil
+	argv, err := d.iso().noCommand(spec.StemcellCID)
+	return argv, "", err
 }
 
 // agentProfile: whether a VM gets the BOSH agent's capabilities.

@@ -1,4 +1,7 @@
-package local
+// Package container is the OCI runtime side of container VMs: the
+// runtime config a VM gets, the runtime's commands, the supervisor that
+// watches each VM's init, and the VM's cgroups.
+package container
 
 import (
 	"fmt"
@@ -11,18 +14,51 @@ import (
 	"github.com/runway-cpi/runway/src/driver"
 )
 
+// Where a warden stemcell's bosh-agent looks (agent.json's File settings
+// source), and where the warden CPI puts persistent disks: the VM's side.
+const (
+	AgentSettingsPath = "/var/vcap/bosh/warden-cpi-agent-env.json"
+	UserDataJSONPath  = "/var/vcap/bosh/warden-cpi-user-data.json"
+	MetadataJSONPath  = "/var/vcap/bosh/warden-cpi-metadata.json"
+	UserDataPath      = "/var/vcap/bosh/user-data"
+	DisksDir          = "/warden-cpi-dev"
+)
+
+// EnvMarker is set in every VM process (and the supervisor and runtime
+// commands of a container VM): a VM's processes are found by it.
+const EnvMarker = "RUNWAY_VM_CID"
+
+// VMPath is the PATH VM processes get.
+const VMPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// VM is what a container VM's runtime config is made from.
+type VM struct {
+	CID, AgentID string
+	// Rootfs is the VM's root file system; Devs the host directory its
+	// disks are mounted below (DisksDir inside).
+	Rootfs, Devs string
+	Cgroup       string
+	Argv         []string
+	// Env: the cloud properties' environment (the marker cannot be set).
+	Env map[string]string
+	// Agent: the BOSH agent profile.
+	Agent       bool
+	RAMMiB, CPU int
+	Pids        int64
+}
+
 // ociVersion: the spec version written; Debian 12's crun 1.8 refuses the
 // library's newer one, and nothing used here is newer than 1.0.2.
 const ociVersion = "1.0.2"
 
-// ociSpec is the VM's OCI runtime config: the runtime's own defaults
+// Spec is the VM's OCI runtime config: the runtime's own defaults
 // (what `runc spec` writes: namespaces, masked paths, three
 // capabilities, no new privileges) plus hostname, limits, the disks mount
 // and the VM's command and environment — nothing of the host's.
-func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.Spec, error) {
+func Spec(v VM) (*specs.Spec, error) {
 	caps := driver.DefaultCaps
 	noNewPrivs, nofile := true, uint64(1024)
-	if d.agentProfile(p) {
+	if v.Agent {
 		caps = append(append([]string{}, driver.DefaultCaps...), driver.AgentCaps...)
 		// Jobs and bosh ssh users switch users (sudo, su: setuid), and
 		// servers such as NATS and PostgreSQL hold many files: up to
@@ -34,25 +70,24 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 			nofile = host.Max
 		}
 	}
-	env := []string{"PATH=" + vmPath, "HOME=/root", "TERM=dumb",
-		envMarker + "=" + rec.CID, "RUNWAY_AGENT_ID=" + rec.AgentID,
-		"RUNWAY_AGENT_SETTINGS=" + agentSettingsPath, "RUNWAY_DISKS_DIR=" + diskMountDir}
-	keys := make([]string, 0, len(p.Env))
-	for k := range p.Env {
+	env := []string{"PATH=" + VMPath, "HOME=/root", "TERM=dumb",
+		EnvMarker + "=" + v.CID, "RUNWAY_AGENT_ID=" + v.AgentID,
+		"RUNWAY_AGENT_SETTINGS=" + AgentSettingsPath, "RUNWAY_DISKS_DIR=" + DisksDir}
+	keys := make([]string, 0, len(v.Env))
+	for k := range v.Env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if k != envMarker {
-			env = append(env, k+"="+p.Env[k])
+		if k != EnvMarker {
+			env = append(env, k+"="+v.Env[k])
 		}
 	}
-	pids := d.cfg.Container.PidsLimit
 	res := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
-		Pids:    &specs.LinuxPids{Limit: pids},
+		Pids:    &specs.LinuxPids{Limit: v.Pids},
 	}
-	ram, cpu := d.limits(p)
+	ram, cpu := v.RAMMiB, v.CPU
 	limit := int64(ram) << 20
 	res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
 	period := uint64(100000)
@@ -60,11 +95,11 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 	res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 	spec := &specs.Spec{
 		Version:  ociVersion,
-		Hostname: rec.CID,
-		Root:     &specs.Root{Path: c.rootfs(), Readonly: false},
+		Hostname: v.CID,
+		Root:     &specs.Root{Path: v.Rootfs, Readonly: false},
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: argv, Env: env, Cwd: "/",
+			Args: v.Argv, Env: env, Cwd: "/",
 			Capabilities:    &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
 			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
 			NoNewPrivileges: noNewPrivs,
@@ -78,10 +113,10 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 			// rslave: disks mounted below devs later appear inside.
-			{Destination: diskMountDir, Type: "bind", Source: c.devs(), Options: []string{"rbind", "rslave"}},
+			{Destination: DisksDir, Type: "bind", Source: v.Devs, Options: []string{"rbind", "rslave"}},
 		},
 		Linux: &specs.Linux{
-			CgroupsPath:       c.cgroup(),
+			CgroupsPath:       v.Cgroup,
 			Resources:         res,
 			RootfsPropagation: "rslave",
 			Namespaces: []specs.LinuxNamespace{
@@ -92,7 +127,7 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"},
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
-		Annotations: map[string]string{"org.runway-cpi.vm": rec.CID},
+		Annotations: map[string]string{"org.runway-cpi.vm": v.CID},
 	}
 	// The seccomp profile Docker and containerd apply by default, with the
 	// syscalls the VM's capabilities call for.
@@ -102,17 +137,4 @@ func (d *Driver) ociSpec(c ctr, rec vmRecord, p vmProps, argv []string) (*specs.
 	}
 	spec.Linux.Seccomp = sc
 	return spec, nil
-}
-
-// limits are the VM's memory (MiB) and CPUs: its cloud properties', else
-// the configured defaults.
-func (d *Driver) limits(p vmProps) (ramMiB, cpu int) {
-	ramMiB, cpu = p.RAM, p.CPU
-	if ramMiB <= 0 {
-		ramMiB = d.cfg.Container.DefaultRAMMiB
-	}
-	if cpu <= 0 {
-		cpu = d.cfg.Container.DefaultCPU
-	}
-	return ramMiB, cpu
 }

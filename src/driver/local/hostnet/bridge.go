@@ -1,4 +1,7 @@
-package local
+// Package hostnet is the host side of container VMs' network: the bridge
+// (its address, hardware address and firewall), each VM's veth, and the
+// address table both isolation modes draw from.
+package hostnet
 
 import (
 	"bytes"
@@ -9,13 +12,28 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 
-	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/lock"
 )
+
+// toolPath is the PATH ip, iptables and nsenter run with.
+const toolPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Bridge is one driver's (one state dir's) VM network.
+type Bridge struct {
+	// Name of the bridge interface; Prefix its network (.1 the host).
+	Name   string
+	Prefix netip.Prefix
+	// Key tells apart the bridges of different state dirs (alias, MAC).
+	Key string
+	// Record is where the bridge's interface index is kept (bridge.json).
+	Record string
+	// NAT lets VMs out masqueraded; AllowVMToVM lets them reach each other.
+	NAT, AllowVMToVM bool
+	Locks            *lock.Locker
+}
 
 // Container networking: one host bridge per driver config, one veth per
 // VM (host end on the bridge, the other as eth0 in the VM's network
@@ -25,25 +43,25 @@ import (
 // ip runs iproute2's ip with args.
 func ip(ctx context.Context, args ...string) error {
 	cmd := exec.CommandContext(ctx, "ip", args...)
-	cmd.Env = []string{"PATH=" + vmPath}
+	cmd.Env = []string{"PATH=" + toolPath}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
 
-// gateway is the bridge's (the host's) address on the VM network.
-func (d *Driver) gateway() netip.Addr { return d.prefix.Addr().Next() }
+// Gateway is the bridge's (the host's) address on the VM network.
+func (b *Bridge) Gateway() netip.Addr { return b.Prefix.Addr().Next() }
 
 // bridgeAlias marks the bridge this driver (this state dir) made: only
 // such a bridge is ever configured, never an interface someone else has.
-func (d *Driver) bridgeAlias() string { return "runway-cpi " + d.stateKey() }
+func (b *Bridge) bridgeAlias() string { return "runway-cpi " + b.Key }
 
 // linkAlias is an interface's alias in bin/cpi's network namespace (ip
 // asks the kernel over netlink; /sys may show another namespace's).
 func linkAlias(ctx context.Context, name string) (string, error) {
 	cmd := exec.CommandContext(ctx, "ip", "-o", "link", "show", "dev", name)
-	cmd.Env = []string{"PATH=" + vmPath}
+	cmd.Env = []string{"PATH=" + toolPath}
 	out, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("ip link show %s: %w", name, err)
@@ -58,8 +76,6 @@ func linkAlias(ctx context.Context, name string) (string, error) {
 // path of every create_vm trusts an interface only while its index is the
 // one the driver made (a bridge deleted and made again by someone else
 // gets another).
-func (d *Driver) bridgeRecord() string { return filepath.Join(d.root, "bridge.json") }
-
 type bridgeRecord struct {
 	Name  string `json:"name"`
 	Index int    `json:"index"`
@@ -71,8 +87,8 @@ type bridgeRecord struct {
 // change the gateway's MAC under the other VMs' ARP caches: their packets
 // go astray until the entry expires, and TCP's backoff stretches that
 // into stalls of a minute or two.
-func (d *Driver) bridgeMAC() net.HardwareAddr {
-	sum := sha256.Sum256([]byte(d.bridgeAlias()))
+func (b *Bridge) bridgeMAC() net.HardwareAddr {
+	sum := sha256.Sum256([]byte(b.bridgeAlias()))
 	return append(net.HardwareAddr{0x02}, sum[:5]...)
 }
 
@@ -82,27 +98,27 @@ func hasMAC(br string, mac net.HardwareAddr) bool {
 }
 
 // ownBridge is interface br when it is the bridge the driver made, else nil.
-func (d *Driver) ownBridge(br string) *net.Interface {
+func (b *Bridge) ownBridge(br string) *net.Interface {
 	var rec bridgeRecord
 	i, err := net.InterfaceByName(br)
-	if err != nil || readJSON(d.bridgeRecord(), &rec) != nil || rec.Name != br || rec.Index != i.Index {
+	if err != nil || storage.ReadJSON(b.Record, &rec) != nil || rec.Name != br || rec.Index != i.Index {
 		return nil
 	}
 	return i
 }
 
-// ensureBridge makes the bridge, with the host's address, when missing.
+// Ensure makes the bridge, with the host's address, when missing.
 // It does not forward what arrives from VMs: they reach the host only.
 // An interface of that name that the driver did not make is refused, and
 // a bridge it made here is removed again when setting it up fails.
-func (d *Driver) ensureBridge(ctx context.Context) error {
-	br := d.cfg.Container.Bridge
-	want := netip.PrefixFrom(d.gateway(), d.prefix.Bits()).String()
-	mac := d.bridgeMAC()
-	if i := d.ownBridge(br); i != nil && bytes.Equal(i.HardwareAddr, mac) && hasAddr(br, want) {
+func (b *Bridge) Ensure(ctx context.Context) error {
+	br := b.Name
+	want := netip.PrefixFrom(b.Gateway(), b.Prefix.Bits()).String()
+	mac := b.bridgeMAC()
+	if i := b.ownBridge(br); i != nil && bytes.Equal(i.HardwareAddr, mac) && hasAddr(br, want) {
 		return nil
 	}
-	unlock, err := d.locks.Lock(ctx, "state-bridge")
+	unlock, err := b.Locks.Lock(ctx, "state-bridge")
 	if err != nil {
 		return err
 	}
@@ -113,16 +129,16 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if a != d.bridgeAlias() {
-			return fmt.Errorf("container.bridge: interface %s exists and is not the bridge of this state dir (alias %q, want %q): name another bridge, or delete it if an earlier Runway made it (ip link del %s)", br, a, d.bridgeAlias(), br)
+		if a != b.bridgeAlias() {
+			return fmt.Errorf("container.bridge: interface %s exists and is not the bridge of this state dir (alias %q, want %q): name another bridge, or delete it if an earlier Runway made it (ip link del %s)", br, a, b.bridgeAlias(), br)
 		}
 	} else {
 		if err := ip(ctx, "link", "add", br, "type", "bridge"); err != nil {
 			return fmt.Errorf("making bridge %s: %w", br, err)
 		}
 		made = true
-		if err := ip(ctx, "link", "set", br, "alias", d.bridgeAlias()); err != nil {
-			_ = deleteLink(br)
+		if err := ip(ctx, "link", "set", br, "alias", b.bridgeAlias()); err != nil {
+			_ = DeleteLink(br)
 			return fmt.Errorf("marking bridge %s: %w", br, err)
 		}
 	}
@@ -137,7 +153,7 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 				return fmt.Errorf("addressing bridge %s: %w", br, err)
 			}
 		}
-		if err := d.firewall(ctx); err != nil {
+		if err := b.firewall(ctx); err != nil {
 			return fmt.Errorf("bridge %s: %w", br, err)
 		}
 		if err := ip(ctx, "link", "set", br, "up"); err != nil {
@@ -147,10 +163,10 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return writeJSON(d.bridgeRecord(), bridgeRecord{Name: br, Index: i.Index})
+		return storage.WriteJSON(b.Record, bridgeRecord{Name: br, Index: i.Index})
 	}()
 	if err != nil && made {
-		_ = deleteLink(br)
+		_ = DeleteLink(br)
 	}
 	return err
 }
@@ -159,10 +175,10 @@ func (d *Driver) ensureBridge(ctx context.Context) error {
 // Never: a connection from beyond the host into a VM. Without NAT, VMs
 // reach the host only (the bridge does not forward); with it, their
 // connections out are masqueraded as the host's.
-func (d *Driver) firewall(ctx context.Context) error {
-	br, cidr := d.cfg.Container.Bridge, d.prefix.String()
+func (b *Bridge) firewall(ctx context.Context) error {
+	br, cidr := b.Name, b.Prefix.String()
 	fwd := "0\n"
-	if d.cfg.Container.NAT {
+	if b.NAT {
 		// Forwarding on for the namespace (every interface), as Docker does.
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
 			return fmt.Errorf("turning IPv4 forwarding on: %w", err)
@@ -175,14 +191,14 @@ func (d *Driver) firewall(ctx context.Context) error {
 	// Each rule goes to the top of its chain, so later ones come first:
 	// the accepting ones before the catch-all drop.
 	out := "DROP"
-	if d.cfg.Container.NAT {
+	if b.NAT {
 		out = "ACCEPT"
 	}
 	rules := [][]string{
 		{"filter", "FORWARD", "!", "-i", br, "-o", br, "-j", "DROP"},
 		{"filter", "FORWARD", "-i", br, "!", "-o", br, "-j", out},
 	}
-	if d.cfg.Container.NAT {
+	if b.NAT {
 		rules = append(rules,
 			[]string{"filter", "FORWARD", "!", "-i", br, "-o", br, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
 			[]string{"nat", "POSTROUTING", "-s", cidr, "!", "-o", br, "-j", "MASQUERADE"})
@@ -199,7 +215,7 @@ func (d *Driver) firewall(ctx context.Context) error {
 func ensureRule(ctx context.Context, table, chain string, spec ...string) error {
 	run := func(op string) error {
 		cmd := exec.CommandContext(ctx, "iptables", append([]string{"-w", "-t", table, op, chain}, spec...)...)
-		cmd.Env = []string{"PATH=" + vmPath}
+		cmd.Env = []string{"PATH=" + toolPath}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("iptables -t %s %s %s %s: %w: %s", table, op, chain, strings.Join(spec, " "), err, strings.TrimSpace(string(out)))
@@ -224,87 +240,4 @@ func hasAddr(ifname, prefix string) bool {
 		}
 	}
 	return false
-}
-
-// netPlan is what the supervisor configures between the runtime's create
-// and start: written by create_vm, read by the supervisor.
-type netPlan struct {
-	Bridge  string   `json:"bridge"`
-	HostIf  string   `json:"host_if"`
-	Addrs   []string `json:"addrs"` // CIDR notation, on eth0
-	Gateway string   `json:"gateway"`
-	// Isolated: the VM's bridge port talks to the host only, not to the
-	// other VMs' ports (the kernel's bridge port isolation).
-	Isolated bool `json:"isolated"`
-}
-
-func (d *Driver) netPlan(c ctr, nets driver.Networks) netPlan {
-	p := netPlan{Bridge: d.cfg.Container.Bridge, HostIf: c.hostIf(), Gateway: d.gateway().String(), Isolated: !d.cfg.Container.AllowVMToVM}
-	names := make([]string, 0, len(nets))
-	for name := range nets {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		a, err := netip.ParseAddr(nets[name].IP)
-		if err != nil {
-			continue
-		}
-		bits := d.prefix.Bits()
-		if m := net.ParseIP(nets[name].Netmask).To4(); m != nil {
-			bits, _ = net.IPMask(m).Size()
-		}
-		p.Addrs = append(p.Addrs, netip.PrefixFrom(a, bits).String())
-	}
-	return p
-}
-
-// connect plugs the container whose init is pid into the bridge.
-func (p netPlan) connect(ctx context.Context, pid int) error {
-	_ = deleteLink(p.HostIf) // left by an earlier run of this VM
-	if err := ip(ctx, "link", "add", p.HostIf, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)); err != nil {
-		return err
-	}
-	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge); err != nil {
-		return err
-	}
-	if p.Isolated {
-		if err := ip(ctx, "link", "set", "dev", p.HostIf, "type", "bridge_slave", "isolated", "on"); err != nil {
-			return err
-		}
-	}
-	if err := ip(ctx, "link", "set", p.HostIf, "up"); err != nil {
-		return err
-	}
-	// One nsenter for the inside: ip in batch mode.
-	var batch strings.Builder
-	batch.WriteString("link set lo up\n")
-	for _, a := range p.Addrs {
-		batch.WriteString("addr add " + a + " dev eth0\n")
-	}
-	batch.WriteString("link set eth0 up\n")
-	if len(p.Addrs) > 0 {
-		batch.WriteString("route add default via " + p.Gateway + "\n")
-	}
-	cmd := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(pid), "-n", "ip", "-b", "-")
-	cmd.Env = []string{"PATH=" + vmPath}
-	cmd.Stdin = strings.NewReader(batch.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("configuring the vm's network: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// deleteLink removes a host interface if it is there.
-func deleteLink(name string) error {
-	if _, err := net.InterfaceByName(name); err != nil {
-		return nil
-	}
-	if err := ip(context.Background(), "link", "del", name); err != nil {
-		if _, gone := net.InterfaceByName(name); gone != nil {
-			return nil // went with its namespace meanwhile
-		}
-		return err
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package local
+package storage
 
 import (
 	"context"
@@ -21,10 +21,10 @@ const reserveBytes = 64 << 20
 // each takes an inode.
 const reserveInodes = 10000
 
-// spaceBudget bounds what one call writes: at most limit bytes (when > 0)
+// Budget bounds what one call writes: at most limit bytes (when > 0)
 // and maxEntries files (when > 0), and never so much that less than
 // reserveBytes or reserveInodes stays free.
-type spaceBudget struct {
+type Budget struct {
 	room, limit, used int64
 	// entries: files made so far; inodeRoom counts only when inodes (the
 	// file system has a fixed inode table).
@@ -33,25 +33,26 @@ type spaceBudget struct {
 	where                          string
 }
 
-// spaceBudget measures the free space now.
-func (d *Driver) spaceBudget(limit int64) (*spaceBudget, error) {
+// NewBudget measures the free space of the file system holding dir now;
+// limit and maxEntries bound the content (0: no bound but the space).
+func NewBudget(dir string, limit int64, maxEntries int) (*Budget, error) {
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(d.root, &st); err != nil {
+	if err := syscall.Statfs(dir, &st); err != nil {
 		return nil, err
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
-	b := &spaceBudget{room: free - reserveBytes, limit: limit, where: d.root, maxEntries: int64(d.cfg.MaxImageEntries)}
+	b := &Budget{room: free - reserveBytes, limit: limit, where: dir, maxEntries: int64(maxEntries)}
 	if st.Files > 0 { // file systems without a fixed inode table report 0
 		b.inodes, b.inodeRoom = true, int64(st.Ffree)-reserveInodes
 	}
 	if b.room <= 0 {
-		return nil, fmt.Errorf("%w: %d MiB free in %s, %d MiB are kept free", driver.ErrNoDiskSpace, free>>20, d.root, reserveBytes>>20)
+		return nil, fmt.Errorf("%w: %d MiB free in %s, %d MiB are kept free", driver.ErrNoDiskSpace, free>>20, dir, reserveBytes>>20)
 	}
 	return b, nil
 }
 
 // takeEntry accounts for one more file, or says why it does not fit.
-func (b *spaceBudget) takeEntry() error {
+func (b *Budget) takeEntry() error {
 	b.entries++
 	if b.maxEntries > 0 && b.entries > b.maxEntries {
 		return driver.Invalid("the image has more than %d entries (max_image_entries)", b.maxEntries)
@@ -63,8 +64,18 @@ func (b *spaceBudget) takeEntry() error {
 	return nil
 }
 
-// take accounts for n more bytes, or says why they do not fit.
-func (b *spaceBudget) take(n int64) error {
+// Fits says whether n more bytes would fit, charging nothing: a copy
+// checks the whole first, then is charged file by file (what it copies
+// may change meanwhile).
+func (b *Budget) Fits(n int64) error {
+	used := b.used
+	err := b.Take(n)
+	b.used = used
+	return err
+}
+
+// Take accounts for n more bytes, or says why they do not fit.
+func (b *Budget) Take(n int64) error {
 	if b.limit > 0 && b.used+n > b.limit {
 		return driver.Invalid("content grows past the %d MiB limit (max_image_mib)", b.limit>>20)
 	}
@@ -76,8 +87,8 @@ func (b *spaceBudget) take(n int64) error {
 	return nil
 }
 
-// copyContext copies like io.Copy, stopping with ctx between chunks.
-func copyContext(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
+// CopyContext copies like io.Copy, stopping with ctx between chunks.
+func CopyContext(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
 	buf := make([]byte, 1<<20)
 	var n int64
 	for {
@@ -101,8 +112,8 @@ func copyContext(ctx context.Context, dst io.Writer, src io.Reader) (int64, erro
 	}
 }
 
-// treeSize is the bytes of the regular files under dir.
-func treeSize(dir string) (int64, error) {
+// TreeSize is the bytes of the regular files under dir.
+func TreeSize(dir string) (int64, error) {
 	var total int64
 	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
 		if err != nil {
@@ -120,12 +131,12 @@ func treeSize(dir string) (int64, error) {
 	return total, err
 }
 
-// copyTree copies dir src to dst (which must not exist): directories,
+// CopyTree copies dir src to dst (which must not exist): directories,
 // regular files and symlinks; sockets, FIFOs and devices a VM made are not
 // data and are skipped. Both sides are opened as roots: a VM that swaps a
 // directory for a link mid-copy cannot make it read or write beyond them.
 // It follows ctx and charges budget per file.
-func copyTree(ctx context.Context, src, dst string, budget *spaceBudget) error {
+func CopyTree(ctx context.Context, src, dst string, budget *Budget) error {
 	in, err := os.OpenRoot(src)
 	if err != nil {
 		return err
@@ -163,7 +174,7 @@ func copyTree(ctx context.Context, src, dst string, budget *spaceBudget) error {
 			}
 			return out.Symlink(link, name)
 		case e.Type().IsRegular():
-			if err := budget.take(info.Size()); err != nil {
+			if err := budget.Take(info.Size()); err != nil {
 				return err
 			}
 			r, err := in.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
@@ -175,7 +186,7 @@ func copyTree(ctx context.Context, src, dst string, budget *spaceBudget) error {
 			if err != nil {
 				return err
 			}
-			_, err = copyContext(ctx, w, r)
+			_, err = CopyContext(ctx, w, r)
 			if cerr := w.Close(); err == nil {
 				err = cerr
 			}

@@ -1,4 +1,7 @@
-package local
+// Package storage is the local driver's files on the host: stemcell
+// images unpacked within a space budget, copies, records written
+// atomically, and the mount table.
+package storage
 
 import (
 	"archive/tar"
@@ -14,7 +17,7 @@ import (
 	"time"
 )
 
-// untar unpacks src into dst, refusing entries that would land outside dst
+// Untar unpacks src into dst, refusing entries that would land outside dst
 // and anything but regular files, directories, symlinks and hard links,
 // and stopping with the call's context or when the content outgrows
 // budget (bytes, entries, inodes). rootfs: the image is a VM's root file
@@ -24,7 +27,7 @@ import (
 // Every step goes through an os.Root on dst, so no path, link or earlier
 // entry of the archive can make it touch anything outside the image; an
 // entry that would land on a symlink the archive planted is refused.
-func untar(ctx context.Context, src, dst string, budget *spaceBudget, rootfs bool) error {
+func Untar(ctx context.Context, src, dst string, budget *Budget, rootfs bool) error {
 	f, err := os.Open(src)
 	if err != nil {
 		return err
@@ -87,7 +90,7 @@ type unpacker struct {
 	ctx      context.Context
 	root     *os.Root
 	tr       *tar.Reader
-	budget   *spaceBudget
+	budget   *Budget
 	rootfs   bool // a root file system: owners, modes, times and devices kept
 	links    map[string]bool
 	dirTimes []dirTime
@@ -152,7 +155,7 @@ func (u *unpacker) entry(h *tar.Header) error {
 
 // file writes a regular file, within the space budget.
 func (u *unpacker) file(name string, h *tar.Header) error {
-	if err := u.budget.take(h.Size); err != nil {
+	if err := u.budget.Take(h.Size); err != nil {
 		return fmt.Errorf("entry %q: %w", h.Name, err)
 	}
 	if err := u.root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
@@ -162,7 +165,7 @@ func (u *unpacker) file(name string, h *tar.Header) error {
 	if err != nil {
 		return err
 	}
-	_, err = copyContext(u.ctx, out, u.tr)
+	_, err = CopyContext(u.ctx, out, u.tr)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}

@@ -1,4 +1,4 @@
-package local
+package container
 
 import (
 	"bufio"
@@ -19,6 +19,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/driver/local/hostnet"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 // A container VM is watched by a supervisor: the driver's own executable
@@ -29,9 +32,13 @@ import (
 // both where process-mode VMs have them (exit_status, console.log), and
 // forwards SIGTERM to the VM. It carries the VM's marker, so delete_vm
 // finds it like a process-mode VM's processes.
+//
+// The driver's executable calls Supervised first thing in its main.
 const superviseEnv = "RUNWAY_SUPERVISE_VM"
 
-func init() {
+// Supervised runs the supervisor when this process was started as one,
+// and exits; otherwise it returns at once.
+func Supervised() {
 	if dir := os.Getenv(superviseEnv); dir != "" {
 		os.Exit(supervise(dir))
 	}
@@ -39,22 +46,31 @@ func init() {
 
 // superviseSpec is vms/<cid>/supervise.json.
 type superviseSpec struct {
-	CID         string  `json:"cid"`
-	ID          string  `json:"id"`
-	Runtime     string  `json:"runtime"`
-	RuntimeRoot string  `json:"runtime_root"`
-	Cgroup      string  `json:"cgroup"`
-	RAM         int     `json:"ram,omitempty"`
-	Net         netPlan `json:"net"`
+	CID         string       `json:"cid"`
+	ID          string       `json:"id"`
+	Runtime     string       `json:"runtime"`
+	RuntimeRoot string       `json:"runtime_root"`
+	Cgroup      string       `json:"cgroup"`
+	RAM         int          `json:"ram,omitempty"`
+	Net         hostnet.Plan `json:"net"`
 }
 
-// startContainer starts the VM's supervisor and returns once the VM runs
-// (or failed to start: then nothing of it runs).
-func (d *Driver) startContainer(ctx context.Context, rec vmRecord, nets netPlan, ram int) error {
-	c := d.ctr(rec.CID)
-	spec := superviseSpec{CID: rec.CID, ID: c.id(), Runtime: d.cfg.Container.Runtime, RuntimeRoot: d.runtimeRoot(),
-		Cgroup: c.cgroup(), RAM: ram, Net: nets}
-	if err := writeJSON(filepath.Join(c.dir, "supervise.json"), spec); err != nil {
+// Start is one container VM to start: its directory (vms/<cid>, where
+// the bundle, console and exit status are), the runtime's names for it,
+// its memory limit (for an OOM message) and its network.
+type Start struct {
+	CID, Dir, ID, Cgroup string
+	Runtime              Runtime
+	RAM                  int
+	Net                  hostnet.Plan
+}
+
+// Run starts the VM's supervisor and returns once the VM runs (or failed
+// to start: then nothing of it runs).
+func (st Start) Run(ctx context.Context) error {
+	spec := superviseSpec{CID: st.CID, ID: st.ID, Runtime: st.Runtime.Path, RuntimeRoot: st.Runtime.Root,
+		Cgroup: st.Cgroup, RAM: st.RAM, Net: st.Net}
+	if err := storage.WriteJSON(filepath.Join(st.Dir, "supervise.json"), spec); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -73,8 +89,8 @@ func (d *Driver) startContainer(ctx context.Context, rec vmRecord, nets netPlan,
 	}
 	defer resR.Close()
 	cmd := exec.Command(self)
-	cmd.Dir = c.dir
-	cmd.Env = []string{superviseEnv + "=" + c.dir, envMarker + "=" + rec.CID, "PATH=" + vmPath}
+	cmd.Dir = st.Dir
+	cmd.Env = []string{superviseEnv + "=" + st.Dir, EnvMarker + "=" + st.CID, "PATH=" + VMPath}
 	cmd.ExtraFiles = []*os.File{goR, resW}
 	// As the process-mode wrapper: a bin/cpi killed before the go-ahead
 	// takes the supervisor with it (it clears this once it has it).
@@ -88,7 +104,7 @@ func (d *Driver) startContainer(ctx context.Context, rec vmRecord, nets netPlan,
 		return fmt.Errorf("starting the vm's supervisor: %w", err)
 	}
 	go func() { _ = cmd.Wait() }() // reaped here when bin/cpi lives on
-	if err := writeFileAtomic(filepath.Join(c.dir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+	if err := storage.WriteFileAtomic(filepath.Join(st.Dir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		return fmt.Errorf("recording the vm's supervisor: %w", err)
 	}
@@ -135,7 +151,7 @@ func supervise(dir string) int {
 		return fail(fmt.Errorf("supervisor: %w", err))
 	}
 	var s superviseSpec
-	if err := readJSON(filepath.Join(dir, "supervise.json"), &s); err != nil {
+	if err := storage.ReadJSON(filepath.Join(dir, "supervise.json"), &s); err != nil {
 		return fail(fmt.Errorf("supervisor: %w", err))
 	}
 	if _, err := os.Stat(filepath.Join(dir, "vm.json")); err != nil {
@@ -170,7 +186,7 @@ type supervised struct {
 func (v supervised) command(args ...string) *exec.Cmd {
 	s := v.spec
 	cmd := exec.Command(s.Runtime, append([]string{"--root", s.RuntimeRoot, "--log", filepath.Join(v.dir, "runtime.log")}, args...)...)
-	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + s.CID}
+	cmd.Env = []string{"PATH=" + VMPath, EnvMarker + "=" + s.CID}
 	return cmd
 }
 
@@ -214,7 +230,7 @@ func (v supervised) start(sigs chan os.Signal) (int, error) {
 		return abort(errors.New("the runtime recorded no process for the vm"))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	err = s.Net.connect(ctx, pid)
+	err = s.Net.Connect(ctx, pid)
 	cancel()
 	if err != nil {
 		return abort(err)
@@ -244,7 +260,7 @@ func (v supervised) finish(status int) {
 			f.Close()
 		}
 	}
-	_ = writeFileAtomic(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
+	_ = storage.WriteFileAtomic(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
 	_ = v.rt("delete", "--force", s.ID)
 }
 

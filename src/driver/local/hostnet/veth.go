@@ -1,0 +1,98 @@
+package hostnet
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/runway-cpi/runway/src/driver"
+)
+
+// Plan is what the supervisor configures between the runtime's create
+// and start: written by create_vm, read by the supervisor.
+type Plan struct {
+	Bridge  string   `json:"bridge"`
+	HostIf  string   `json:"host_if"`
+	Addrs   []string `json:"addrs"` // CIDR notation, on eth0
+	Gateway string   `json:"gateway"`
+	// Isolated: the VM's bridge port talks to the host only, not to the
+	// other VMs' ports (the kernel's bridge port isolation).
+	Isolated bool `json:"isolated"`
+}
+
+// Plan is how a VM whose host end is hostIf joins the bridge with nets.
+func (b *Bridge) Plan(hostIf string, nets driver.Networks) Plan {
+	p := Plan{Bridge: b.Name, HostIf: hostIf, Gateway: b.Gateway().String(), Isolated: !b.AllowVMToVM}
+	names := make([]string, 0, len(nets))
+	for name := range nets {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		a, err := netip.ParseAddr(nets[name].IP)
+		if err != nil {
+			continue
+		}
+		bits := b.Prefix.Bits()
+		if m := net.ParseIP(nets[name].Netmask).To4(); m != nil {
+			bits, _ = net.IPMask(m).Size()
+		}
+		p.Addrs = append(p.Addrs, netip.PrefixFrom(a, bits).String())
+	}
+	return p
+}
+
+// Connect plugs the container whose init is pid into the bridge.
+func (p Plan) Connect(ctx context.Context, pid int) error {
+	_ = DeleteLink(p.HostIf) // left by an earlier run of this VM
+	if err := ip(ctx, "link", "add", p.HostIf, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)); err != nil {
+		return err
+	}
+	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge); err != nil {
+		return err
+	}
+	if p.Isolated {
+		if err := ip(ctx, "link", "set", "dev", p.HostIf, "type", "bridge_slave", "isolated", "on"); err != nil {
+			return err
+		}
+	}
+	if err := ip(ctx, "link", "set", p.HostIf, "up"); err != nil {
+		return err
+	}
+	// One nsenter for the inside: ip in batch mode.
+	var batch strings.Builder
+	batch.WriteString("link set lo up\n")
+	for _, a := range p.Addrs {
+		batch.WriteString("addr add " + a + " dev eth0\n")
+	}
+	batch.WriteString("link set eth0 up\n")
+	if len(p.Addrs) > 0 {
+		batch.WriteString("route add default via " + p.Gateway + "\n")
+	}
+	cmd := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(pid), "-n", "ip", "-b", "-")
+	cmd.Env = []string{"PATH=" + toolPath}
+	cmd.Stdin = strings.NewReader(batch.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("configuring the vm's network: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// DeleteLink removes a host interface if it is there.
+func DeleteLink(name string) error {
+	if _, err := net.InterfaceByName(name); err != nil {
+		return nil
+	}
+	if err := ip(context.Background(), "link", "del", name); err != nil {
+		if _, gone := net.InterfaceByName(name); gone != nil {
+			return nil // went with its namespace meanwhile
+		}
+		return err
+	}
+	return nil
+}
