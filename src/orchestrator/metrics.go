@@ -20,6 +20,7 @@ type Metrics struct {
 	forgeRateRemaining *prometheus.GaugeVec
 	reconcileErrors    *prometheus.CounterVec
 	webhooks           *prometheus.CounterVec
+	httpCut            *prometheus.CounterVec
 	foreignVMs         *prometheus.GaugeVec
 	acting             *prometheus.GaugeVec
 	// The durations users watch, as actions-runner-controller's listener
@@ -52,6 +53,8 @@ func NewMetrics() *Metrics {
 			Help: "Reconcile passes that failed, by group."}, []string{"group"}),
 		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_webhook_deliveries_total",
 			Help: "Webhook deliveries by forge type and result."}, []string{"type", "result"}),
+		httpCut: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_http_connections_cut_total",
+			Help: "Connections the daemon closed on their client, by reason: idle or stalled (to make room at the cap), client_limit (stalled beyond the client's share), body_timeout."}, []string{"reason"}),
 		foreignVMs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_foreign_vms",
 			Help: "VMs of the group made by another state store (left alone)."}, []string{"group"}),
 		acting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_group_acting",
@@ -64,7 +67,7 @@ func NewMetrics() *Metrics {
 			Help: "From a runner taking its job to the runner found finished.", Buckets: durationBuckets}, []string{"group"}),
 	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
-		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.foreignVMs, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.httpCut, m.foreignVMs, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -88,5 +91,9 @@ func (m *Metrics) ObserveForge(name string) func(method string, status int, h ht
 }
 
 // Webhook counts a delivery by forge type and result (accepted,
-// duplicate, bad_signature, bad_payload, too_large, ignored).
+// duplicate, bad_signature, bad_payload, too_large, incomplete, ignored).
 func (m *Metrics) Webhook(kind, result string) { m.webhooks.WithLabelValues(kind, result).Inc() }
+
+// HTTPConnectionCut counts a connection the HTTP server closed on its
+// client (reason: idle, stalled, client_limit, body_timeout).
+func (m *Metrics) HTTPConnectionCut(reason string) { m.httpCut.WithLabelValues(reason).Inc() }

@@ -66,7 +66,7 @@ func serveCmd(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- httpapi.Serve(ctx, cfg.HTTP, ln, h); stop() }()
+	go func() { served <- httpapi.Serve(ctx, cfg.HTTP, ln, h, metrics); stop() }()
 	log.Info("runway serve", "listen", addr, "groups", len(cfg.Groups), "forges", len(cfg.Forges), "state_dir", cfg.StateDir)
 	err = o.Run(ctx)
 	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {

@@ -53,11 +53,17 @@ type PostgresConfig struct {
 // many clients (the webhook port faces the forge) cannot exhaust the
 // daemon.
 type HTTPConfig struct {
-	MaxConnections    int      `yaml:"max_connections"`
-	ReadHeaderTimeout Duration `yaml:"read_header_timeout"`
-	ReadTimeout       Duration `yaml:"read_timeout"`
-	WriteTimeout      Duration `yaml:"write_timeout"`
-	IdleTimeout       Duration `yaml:"idle_timeout"`
+	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerClient: beyond this many connections from one
+	// address (IPv6: one /64), the ones keeping the server waiting are
+	// closed.
+	MaxConnectionsPerClient int      `yaml:"max_connections_per_client"`
+	ReadHeaderTimeout       Duration `yaml:"read_header_timeout"`
+	// ReadBodyTimeout bounds a request's body, from its headers' end.
+	ReadBodyTimeout Duration `yaml:"read_body_timeout"`
+	ReadTimeout     Duration `yaml:"read_timeout"`
+	WriteTimeout    Duration `yaml:"write_timeout"`
+	IdleTimeout     Duration `yaml:"idle_timeout"`
 }
 
 // CPIConfig is how bin/cpi is called.
@@ -231,7 +237,11 @@ func (c *Config) defaults() {
 	if c.HTTP.MaxConnections == 0 {
 		c.HTTP.MaxConnections = 256
 	}
+	if c.HTTP.MaxConnectionsPerClient == 0 {
+		c.HTTP.MaxConnectionsPerClient = max(c.HTTP.MaxConnections/4, 1)
+	}
 	def(&c.HTTP.ReadHeaderTimeout, 10*time.Second)
+	def(&c.HTTP.ReadBodyTimeout, 10*time.Second)
 	def(&c.HTTP.ReadTimeout, 30*time.Second)
 	def(&c.HTTP.WriteTimeout, time.Minute)
 	def(&c.HTTP.IdleTimeout, 2*time.Minute)
@@ -333,9 +343,12 @@ func (c *Config) validateDaemon(errs *fieldErrors) {
 	if c.HTTP.MaxConnections < 0 {
 		errs.bad("http.max_connections", "must be positive")
 	}
+	if n := c.HTTP.MaxConnectionsPerClient; n < 1 || n > c.HTTP.MaxConnections {
+		errs.bad("http.max_connections_per_client", "%d must be between 1 and http.max_connections (%d)", n, c.HTTP.MaxConnections)
+	}
 	// A timeout too short to read one request is a typo (1ns, 5ms).
 	for name, d := range map[string]Duration{"http.read_header_timeout": c.HTTP.ReadHeaderTimeout, "http.read_timeout": c.HTTP.ReadTimeout,
-		"http.write_timeout": c.HTTP.WriteTimeout, "http.idle_timeout": c.HTTP.IdleTimeout} {
+		"http.read_body_timeout": c.HTTP.ReadBodyTimeout, "http.write_timeout": c.HTTP.WriteTimeout, "http.idle_timeout": c.HTTP.IdleTimeout} {
 		if d.Duration < 100*time.Millisecond {
 			errs.bad(name, "%s is too short to serve a request: at least 100ms", d.Duration)
 		}

@@ -35,6 +35,12 @@ func TestConfigDefaults(t *testing.T) {
 	if s := g.ForgeScope(); s.Kind != "org" || s.Owner != "acme" {
 		t.Errorf("scope %+v", s)
 	}
+	if h := c.HTTP; h.MaxConnections != 256 || h.MaxConnectionsPerClient != 64 || h.ReadBodyTimeout.Duration != 10*time.Second {
+		t.Errorf("http defaults: %+v", h)
+	}
+	if c, _ := ParseConfig([]byte(minimal + "http: {max_connections: 2}\n")); c.HTTP.MaxConnectionsPerClient != 1 {
+		t.Errorf("a quarter of 2 connections per client: %d, want 1", c.HTTP.MaxConnectionsPerClient)
+	}
 }
 
 func TestConfigErrorsNameTheField(t *testing.T) {
@@ -59,6 +65,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		// Type errors name the field (and the line), not only the line.
 		{"max_active_runners: 2", "max_active_runners: lots", `groups[0].max_active_runners: must be an integer, got a string "lots" (line 11)`},
 		{"state_dir: /tmp/x", "state_dir: /tmp/x\nhttp: {read_timeout: 1ns}", "http.read_timeout: 1ns is too short"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nhttp: {read_body_timeout: 5ms}", "http.read_body_timeout: 5ms is too short"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nhttp: {max_connections: 8, max_connections_per_client: 9}", "http.max_connections_per_client: 9 must be between 1 and http.max_connections (8)"},
+		{"state_dir: /tmp/x", "state_dir: /tmp/x\nhttp: {max_connections_per_client: -1}", "http.max_connections_per_client: -1"},
 		{"cpi: {path: /bin/cpi}", "cpi: {path: /bin/cpi, stemcell_api_version: -7}", "cpi.stemcell_api_version: -7"},
 		{"cpi: {path: /bin/cpi}", "cpi: {path: /bin/cpi, stemcell_api_version: [1]}", "cpi.stemcell_api_version: must be an integer, got a list"},
 	} {

@@ -129,9 +129,15 @@ func (a *api) webhook(kind, eventHeader, deliveryHeader string) http.HandlerFunc
 	o, m := a.o, a.o.Metrics()
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxWebhookBody+1))
-		if err != nil || len(body) > maxWebhookBody {
+		switch {
+		case len(body) > maxWebhookBody:
 			m.Webhook(kind, "too_large")
-			http.Error(w, "body too large or unreadable", http.StatusRequestEntityTooLarge)
+			http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+			return
+		case err != nil:
+			// Cut off: past read_body_timeout, or to make room at the cap.
+			m.Webhook(kind, "incomplete")
+			http.Error(w, "body not received in time", http.StatusRequestTimeout)
 			return
 		}
 		event := r.Header.Get(eventHeader)

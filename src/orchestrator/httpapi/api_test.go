@@ -29,6 +29,9 @@ type daemon struct {
 	now    func() time.Time
 }
 
+// hookSecret is testDaemon's webhook secret.
+const hookSecret = "hook-s3cret-for-tests"
+
 func testDaemon(t *testing.T, extra string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
@@ -36,7 +39,7 @@ func testDaemon(t *testing.T, extra string) *daemon {
 state_dir: %s
 cpi: {path: /nonexistent}
 forges:
-  - {name: gitea, type: gitea, url: "http://127.0.0.1:1", token_env: UNUSED}
+  - {name: gitea, type: gitea, url: "http://127.0.0.1:1", token_env: UNUSED, webhook_secret_env: UNUSED}
 groups:
   - {name: g, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
 %s`, dir, extra)))
@@ -46,7 +49,7 @@ groups:
 	d := &daemon{cfg: cfg, redact: &logging.Redactor{}, now: time.Now}
 	client := gitea.New("http://127.0.0.1:1", forge.NewTransport(nil))
 	d.o, err = orchestrator.New(cfg, orchestrator.Options{Logger: logging.Discard(), Redactor: d.redact,
-		Forges: map[string]orchestrator.Forge{"gitea": {Client: client}}, Now: func() time.Time { return d.now() }})
+		Forges: map[string]orchestrator.Forge{"gitea": {Client: client, Secret: func() string { return hookSecret }}}, Now: func() time.Time { return d.now() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,17 +59,23 @@ groups:
 
 func serve(t *testing.T, d *daemon) string {
 	t.Helper()
-	h, err := Handler(d.o, d.cfg, logging.Fields{Logger: logging.Discard()}, d.redact, func() time.Time { return d.now() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return serveOn(t, d, ln)
+}
+
+// serveOn serves d's HTTP interface on ln until the test ends.
+func serveOn(t *testing.T, d *daemon, ln net.Listener) string {
+	t.Helper()
+	h, err := Handler(d.o, d.cfg, logging.Fields{Logger: logging.Discard()}, d.redact, func() time.Time { return d.now() })
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { Serve(ctx, d.cfg.HTTP, ln, h); close(done) }()
+	go func() { Serve(ctx, d.cfg.HTTP, ln, h, d.o.Metrics()); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }
@@ -99,32 +108,28 @@ func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 		t.Errorf("slow connection closed after %s", took)
 	}
 
-	// Two connections that began a request take the two slots (held until
-	// their header timeout, long here); a third client waits.
+	// Two connections that began a request and stall take the two slots:
+	// a third client waits until they have kept the server waiting for
+	// the stall grace, and then gets the place of one of them.
 	addr = serve(t, testDaemon(t, "http: {max_connections: 2, read_header_timeout: 30s}"))
-	var idle []net.Conn
+	began := time.Now()
 	for range 2 {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		idle = append(idle, c)
+		defer c.Close()
 		c.Write([]byte("G"))
 	}
-	client := &http.Client{Timeout: 150 * time.Millisecond}
-	if resp, err := client.Get("http://" + addr + "/healthz"); err == nil {
-		resp.Body.Close()
-		t.Fatal("a third connection was served while two held the cap")
-	}
-	for _, c := range idle {
-		c.Close()
-	}
-	client.Timeout = 5 * time.Second
+	client := &http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Get("http://" + addr + "/healthz")
 	if err != nil {
-		t.Fatalf("after the slots freed: %v", err)
+		t.Fatalf("a third client was not served while two stalled connections held the cap: %v", err)
 	}
 	resp.Body.Close()
+	if took := time.Since(began); took < stallGrace {
+		t.Errorf("a third connection was served %s after two others took the cap of 2, before they had stalled %s", took, stallGrace)
+	}
 }
 
 // Keep-alive clients that sent their request and stay idle never keep a
