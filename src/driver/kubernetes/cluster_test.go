@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
@@ -69,6 +71,28 @@ func newTestDriver(t testing.TB, c cluster, extra map[string]any) *Driver {
 	}
 	return d
 }
+
+// cpiCaller is bin/cpi as the Director runs it, with the dev cluster's
+// section (extra keys over it) in its config file.
+func cpiCaller(t *testing.T, c cluster, extra map[string]any) cpibin.Caller {
+	t.Helper()
+	bin, err := cpibin.Path("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var section map[string]any
+	_ = json.Unmarshal(c.section(extra), &section)
+	cfg, _ := json.Marshal(map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"), "kubernetes": section})
+	path := filepath.Join(dir, "cpi.json")
+	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cpibin.Caller{Bin: bin, Config: path}
+}
+
+// in is c with another namespace.
+func (c cluster) in(ns string) cluster { c.ns = ns; return c }
 
 // assertNoneLeft fails t for any pod, secret or claim of the driver left
 // in the namespace.

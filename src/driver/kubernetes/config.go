@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/tarcheck"
 )
 
 // Config is the "kubernetes" section of the CPI config.
@@ -43,12 +44,21 @@ type Config struct {
 	// SnapshotClass is the VolumeSnapshotClass of snapshot_disk (empty:
 	// the cluster's default class).
 	SnapshotClass string `json:"snapshot_class,omitempty"`
+	// MaxImageMiB and MaxImageEntries bound a heavy stemcell's content
+	// (declared sizes, entries), as the local driver's keys of the same
+	// names do.
+	MaxImageMiB     int `json:"max_image_mib,omitempty"`
+	MaxImageEntries int `json:"max_image_entries,omitempty"`
 }
 
 const (
 	defaultOwner = "runway-cpi"
 	defaultQPS   = 20
 	defaultBurst = 40
+	// The local driver's defaults: a stemcell's root file system holds
+	// tens of thousands of files in a GiB or two.
+	defaultMaxImageMiB     = 10 << 10
+	defaultMaxImageEntries = 150000
 )
 
 func parseConfig(section json.RawMessage) (Config, error) {
@@ -89,6 +99,9 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	if c.WaitTimeoutSeconds < 0 {
 		return c, fmt.Errorf("kubernetes.wait_timeout_seconds must not be negative")
 	}
+	if err := c.limits(); err != nil {
+		return c, err
+	}
 	if r := c.Registry; r != nil {
 		if r.Repository == "" {
 			return c, fmt.Errorf("kubernetes.registry.repository is required")
@@ -98,6 +111,28 @@ func parseConfig(section json.RawMessage) (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// limits checks and defaults the maxima.
+func (c *Config) limits() error {
+	for _, m := range []struct {
+		key string
+		v   *int
+		def int
+	}{{"max_image_mib", &c.MaxImageMiB, defaultMaxImageMiB}, {"max_image_entries", &c.MaxImageEntries, defaultMaxImageEntries}} {
+		if *m.v < 0 {
+			return fmt.Errorf("kubernetes.%s must be positive", m.key)
+		}
+		if *m.v == 0 {
+			*m.v = m.def
+		}
+	}
+	return nil
+}
+
+// imageLimits is a heavy stemcell's budget.
+func (c Config) imageLimits() tarcheck.Limits {
+	return tarcheck.Limits{Bytes: int64(c.MaxImageMiB) << 20, Entries: int64(c.MaxImageEntries)}
 }
 
 func (c Config) grace() int64 {

@@ -1,20 +1,15 @@
 package kubernetes
 
 import (
-	"archive/tar"
-	"bufio"
-	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path"
 	"runtime"
-	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -22,7 +17,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -63,23 +57,19 @@ const stemcellLabel = "io.runway.stemcell"
 
 // pushStemcell turns a rootfs tarball into an image in the registry and
 // answers its reference by digest. The layer is written anew from the
-// entries it checked: no name leaves the root, no hard link points out,
-// device nodes and FIFOs are dropped (the runtime makes /dev).
+// entries src/driver/tarcheck accepted, within max_image_mib and
+// max_image_entries, stopping with ctx (cleanLayer).
 func (d *Driver) pushStemcell(ctx context.Context, spec driver.StemcellSpec, m driver.StemcellManifest) (string, error) {
 	r := d.cfg.Registry
 	repo, err := r.repo()
 	if err != nil {
 		return "", err
 	}
-	layerPath, hasAgent, err := cleanLayer(spec.ImagePath)
+	layer, err := cleanLayer(ctx, spec.ImagePath, d.cfg.imageLimits())
 	if err != nil {
-		return "", driver.Invalid("stemcell image %s: %v", path.Base(spec.ImagePath), err)
+		return "", fmt.Errorf("stemcell image %s: %w", path.Base(spec.ImagePath), err)
 	}
-	defer os.Remove(layerPath)
-	layer, err := tarball.LayerFromFile(layerPath)
-	if err != nil {
-		return "", err
-	}
+	defer os.Remove(layer.path)
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
 		return "", err
@@ -98,7 +88,7 @@ func (d *Driver) pushStemcell(ctx context.Context, spec driver.StemcellSpec, m d
 		cf.Config.Labels[stemcellLabel+".name"] = fmt.Sprint(m.Name)
 		cf.Config.Labels[stemcellLabel+".version"] = fmt.Sprint(m.Version)
 	}
-	if hasAgent {
+	if layer.hasAgent {
 		// For a VM type with no command: the stemcell's agent, as warden starts it.
 		cf.Config.Cmd = driver.AgentBoot
 	}
@@ -160,103 +150,4 @@ func registryErr(what string, err error) error {
 		return fmt.Errorf("kubernetes.registry: %s: HTTP %d: %s", what, te.StatusCode, te.Error())
 	}
 	return fmt.Errorf("kubernetes.registry: %s: %w", what, err)
-}
-
-// cleanLayer writes the entries of a rootfs tarball (gzip or plain) that
-// may be a layer to a new gzip tarball, and says whether the stemcell has
-// the agent's init.
-func cleanLayer(src string) (string, bool, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return "", false, err
-	}
-	defer in.Close()
-	br := bufio.NewReader(in)
-	var r io.Reader = br
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		gz, err := gzip.NewReader(br)
-		if err != nil {
-			return "", false, err
-		}
-		defer gz.Close()
-		r = gz
-	}
-	out, err := os.CreateTemp("", "runway-layer-*.tar.gz")
-	if err != nil {
-		return "", false, err
-	}
-	ok := false
-	defer func() {
-		out.Close()
-		if !ok {
-			os.Remove(out.Name())
-		}
-	}()
-	zw, _ := gzip.NewWriterLevel(out, gzip.BestSpeed)
-	tw := tar.NewWriter(zw)
-	tr := tar.NewReader(r)
-	entries, hasAgent := 0, false
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return "", false, fmt.Errorf("not a valid tar archive: %w", err)
-		}
-		entries++
-		n, err := inRoot(h.Name)
-		if err != nil {
-			return "", false, err
-		}
-		switch h.Typeflag {
-		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-			continue
-		case tar.TypeLink:
-			if _, err := inRoot(h.Linkname); err != nil {
-				return "", false, fmt.Errorf("hard link %q: %w", h.Name, err)
-			}
-		case tar.TypeReg, tar.TypeDir, tar.TypeSymlink:
-		default:
-			return "", false, fmt.Errorf("entry %q: type %q is not a file, directory or link", h.Name, h.Typeflag)
-		}
-		if n == strings.TrimPrefix(driver.AgentInit, "/") {
-			hasAgent = true
-		}
-		h.Name = n
-		if h.Typeflag == tar.TypeDir {
-			h.Name = n + "/"
-		}
-		if h.Typeflag == tar.TypeLink {
-			h.Linkname, _ = inRoot(h.Linkname)
-		}
-		h.Format = tar.FormatPAX
-		if err := tw.WriteHeader(h); err != nil {
-			return "", false, err
-		}
-		if _, err := io.Copy(tw, tr); err != nil {
-			return "", false, err
-		}
-	}
-	if entries == 0 {
-		return "", false, errors.New("not a valid tar archive: no entries")
-	}
-	if err := tw.Close(); err != nil {
-		return "", false, err
-	}
-	if err := zw.Close(); err != nil {
-		return "", false, err
-	}
-	ok = true
-	return out.Name(), hasAgent, out.Close()
-}
-
-// inRoot is an entry name relative to the image's root, or an error when
-// it would leave it.
-func inRoot(p string) (string, error) {
-	c := path.Clean(strings.TrimPrefix(p, "./"))
-	if path.IsAbs(c) || c == ".." || strings.HasPrefix(c, "../") {
-		return "", fmt.Errorf("entry %q leaves the image's root", p)
-	}
-	return c, nil
 }
