@@ -182,7 +182,11 @@ func NewSession(cfg *config.Config, cpiConfig map[string]any, lc *logging.Call) 
 			Budget:   time.Duration(cfg.Retry.WaitBudgetSeconds) * time.Second,
 			Log:      logging.Fields{Logger: lc, Tag: "retry"}.Info,
 		}
-		drv, err = reg.New(section, driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add})
+		deps := driver.Deps{StateDir: cfg.StateDir, Logger: lc, Locker: locker, Retry: policy, Redact: lc.Redactor().Add}
+		if len(fromContext) > 0 {
+			deps.Host = cfg.DriverSection()
+		}
+		drv, err = reg.New(section, deps)
 		if err != nil {
 			drvErr = CpiError("driver %s: %v", cfg.Driver, err)
 			if len(fromContext) > 0 {

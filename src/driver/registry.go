@@ -24,6 +24,10 @@ type Deps struct {
 	Retry    retry.Policy
 	// Redact registers values that must never be logged (credentials).
 	Redact func(values ...string)
+	// Host is the driver's section as the config file has it, before a
+	// request context's keys went over it (nil: no context): what a
+	// driver holds a context's choice to (the Kubernetes namespace).
+	Host json.RawMessage
 }
 
 // Factory builds a driver from its (context-merged) config section.

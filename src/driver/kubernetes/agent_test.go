@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"golang.org/x/sys/unix"
 
@@ -21,6 +24,87 @@ var capBits = map[string]int{"CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE, "CAP_KILL"
 	"CAP_FOWNER": unix.CAP_FOWNER, "CAP_FSETID": unix.CAP_FSETID, "CAP_SETUID": unix.CAP_SETUID, "CAP_SETGID": unix.CAP_SETGID,
 	"CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN, "CAP_NET_ADMIN": unix.CAP_NET_ADMIN, "CAP_SYS_CHROOT": unix.CAP_SYS_CHROOT}
 
+// cloud_properties.bosh_agent gave the agent profile whatever the config
+// said. It is the config's to allow now (kubernetes.bosh_agent): without
+// it the VM type is refused by name, even in a namespace that would
+// admit the pod, and nothing is made.
+func TestAgentProfileOnlyWhereTheConfigAllowsIt(t *testing.T) {
+	c := devCluster(t)
+	agentNS := testenv.Need(t, "scripts/k8s-dev start (its privileged namespace)", "RUNWAY_K8S_AGENT_NAMESPACE")[0]
+	ac := c.in(agentNS)
+	t.Cleanup(func() { assertNoneLeft(t, ac) })
+	ctx := context.Background()
+	d := newTestDriver(t, ac, map[string]any{"namespace": agentNS})
+	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent", StemcellCID: sc,
+		CloudProps: driver.PropsOf(map[string]any{"bosh_agent": true, "command": []string{"sleep", "3600"}})})
+	if err == nil {
+		d.DeleteVM(ctx, vm.CID)
+		t.Fatalf("bosh_agent without kubernetes.bosh_agent: made %s; want it refused", vm.CID)
+	}
+	if !errors.Is(err, driver.ErrInvalidInput) || !strings.Contains(err.Error(), "cloud_properties.bosh_agent") || !strings.Contains(err.Error(), "kubernetes.bosh_agent") {
+		t.Errorf("bosh_agent without kubernetes.bosh_agent: %v; want ErrInvalidInput naming both", err)
+	}
+}
+
+// An agent pod ran a program on the host as uid 0 (cgroup v1's
+// release_agent): its root was the node's. Agent pods now get a user
+// namespace (hostUsers false). This node's runtime (containerd 1.6)
+// cannot make one: the kubelet leaves the pod Pending with a
+// FailedCreatePodSandBox event, and create_vm answers at once a
+// VMCreationFailed (not retryable) naming kubernetes.host_equivalent_agents,
+// leaving no pod and no Secret. With that key the pod is what the docs
+// say: root on the node — the host's uid map, and a cgroup v1 hierarchy
+// (the release_agent route) mounts.
+func TestAgentPodsAreNotRootOnTheNode(t *testing.T) {
+	c := devCluster(t)
+	agentNS := testenv.Need(t, "scripts/k8s-dev start (its privileged namespace)", "RUNWAY_K8S_AGENT_NAMESPACE")[0]
+	ac := c.in(agentNS)
+	t.Cleanup(func() { assertNoneLeft(t, ac) })
+	ctx := context.Background()
+	probe := []string{"sh", "-c", "cat /proc/self/uid_map; mkdir -p /tmp/cg && mount -t cgroup -o memory cgroup /tmp/cg && " +
+		"[ -e /tmp/cg/release_agent ] && echo release_agent-reachable; exec sleep 3600"}
+
+	d := newTestDriver(t, ac, map[string]any{"namespace": agentNS, "bosh_agent": true})
+	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
+	started := time.Now()
+	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"bosh_agent": true, "command": probe})})
+	if err == nil {
+		out, _ := ac.admin.CoreV1().Pods(agentNS).GetLogs(vm.CID, &corev1.PodLogOptions{}).DoRaw(ctx)
+		d.DeleteVM(ctx, vm.CID)
+		t.Fatalf("an agent pod ran without a user namespace the config allows (%s):\n%s", vm.CID, out)
+	}
+	var ce *driver.CreationError
+	if !errors.As(err, &ce) || ce.Retryable || !strings.Contains(err.Error(), "kubernetes.host_equivalent_agents") ||
+		!strings.Contains(err.Error(), "user namespace") {
+		t.Errorf("create_vm of an agent pod on a runtime without user namespaces: %v; want a VMCreationFailed, not retryable, naming kubernetes.host_equivalent_agents", err)
+	}
+	took := time.Since(started)
+	if took > 30*time.Second {
+		t.Errorf("the refusal took %s; want it as the kubelet reports it, not at the wait's end", took)
+	}
+	t.Logf("refused in %s: %v", took.Round(time.Millisecond), err)
+	assertNoneLeft(t, ac)
+
+	// Allowed by the host: root on the node.
+	hd := newTestDriver(t, ac, map[string]any{"namespace": agentNS, "bosh_agent": true, "host_equivalent_agents": true})
+	vm, err = hd.CreateVM(ctx, driver.VMSpec{AgentID: "agent", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"bosh_agent": true, "command": probe})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hd.DeleteVM(ctx, vm.CID)
+	out := ac.logsUntil(t, vm.CID, "release_agent-reachable")
+	if f := strings.Fields(out); len(f) < 3 || f[0] != "0" || f[1] != "0" || f[2] != "4294967295" {
+		t.Errorf("a host-equivalent agent pod's uid map: %q; want the node's (0 0 4294967295)", out)
+	}
+
+	// The key switched off again: the pod made anew (reboot_vm) asks for
+	// a user namespace, and is refused as create_vm's is.
+	if err := d.RebootVM(ctx, vm.CID); err == nil || !strings.Contains(err.Error(), "kubernetes.host_equivalent_agents") {
+		t.Errorf("reboot_vm of a host-equivalent agent pod with the key off: %v; want the refusal naming kubernetes.host_equivalent_agents", err)
+	}
+}
+
 // A VM type with bosh_agent runs as root with exactly the agent's
 // capabilities, and can do what the agent does at boot (mounts, hostname,
 // users, ownership); a restricted namespace refuses it by name; a VM
@@ -33,7 +117,7 @@ func TestAgentProfile(t *testing.T) {
 		"chown job /tmp/m && su job -c 'touch /tmp/m/ok'; } >/tmp/log 2>&1; echo $? >/tmp/status; exec sleep 3600"
 
 	// The restricted namespace: refused, naming the property; nothing left.
-	d := newTestDriver(t, c, nil)
+	d := newTestDriver(t, c, map[string]any{"bosh_agent": true})
 	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
 	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"bosh_agent": true, "command": boot})})
 	var ce *driver.CreationError
@@ -49,7 +133,7 @@ func TestAgentProfile(t *testing.T) {
 	// A namespace admitting privileged pods.
 	ac := c
 	ac.ns = agentNS
-	ad := newTestDriver(t, ac, map[string]any{"namespace": agentNS})
+	ad := newTestDriver(t, ac, map[string]any{"namespace": agentNS, "bosh_agent": true, "host_equivalent_agents": true})
 	vm, err := ad.CreateVM(ctx, driver.VMSpec{AgentID: "agent", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"bosh_agent": true, "command": boot})})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +187,7 @@ func TestWardenStemcellBootsWithTheAgentProfile(t *testing.T) {
 	reg := map[string]any{"repository": env[1], "insecure": true}
 	ac := c
 	ac.ns = env[0]
-	ad := newTestDriver(t, ac, map[string]any{"namespace": ac.ns, "registry": reg})
+	ad := newTestDriver(t, ac, map[string]any{"namespace": ac.ns, "registry": reg, "bosh_agent": true, "host_equivalent_agents": true})
 	sc, err := ad.CreateStemcell(ctx, driver.StemcellSpec{ImagePath: env[2],
 		CloudProps: driver.PropsOf(map[string]any{"name": "bosh-warden-boshlite-debian-bookworm", "version": "0", "infrastructure": "warden"})})
 	if err != nil {

@@ -180,7 +180,7 @@ func TestPodsThatCannotRunAreTypedErrors(t *testing.T) {
 		reason []string
 	}{
 		"image that cannot be pulled": {missing, map[string]any{}, []string{"ErrImagePull", "ImagePullBackOff"}},
-		"unschedulable":               {sc, map[string]any{"cpu": 64, "command": []string{"sleep", "60"}}, []string{"Unschedulable"}},
+		"unschedulable":               {sc, map[string]any{"cpu": defaultMaxCPU, "command": []string{"sleep", "60"}}, []string{"Unschedulable"}},
 		"process that cannot start":   {sc, map[string]any{"command": []string{"/no/such/program"}}, []string{"Terminated", "Failed", "RunContainerError", "CreateContainerError"}},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -16,10 +18,14 @@ type Config struct {
 	// Kubeconfig is a kubeconfig file; empty: the pod's service account
 	// (in-cluster).
 	Kubeconfig string `json:"kubeconfig,omitempty"`
-	// Context in the kubeconfig (its current context when empty).
+	// Context in the kubeconfig (its current context when empty): the
+	// identity, so the host's alone.
 	Context string `json:"context,omitempty"`
-	// Namespace every object is made in (required).
+	// Namespace every object is made in (required). A request context may
+	// name another one of AllowedNamespaces.
 	Namespace string `json:"namespace"`
+	// AllowedNamespaces a request context may choose, besides Namespace.
+	AllowedNamespaces []string `json:"allowed_namespaces,omitempty"`
 	// QPS and Burst are client-go's own rate limiter (defaults 20, 40).
 	QPS   float32 `json:"qps,omitempty"`
 	Burst int     `json:"burst,omitempty"`
@@ -49,6 +55,22 @@ type Config struct {
 	// names do.
 	MaxImageMiB     int `json:"max_image_mib,omitempty"`
 	MaxImageEntries int `json:"max_image_entries,omitempty"`
+	// BoshAgent allows VM types to ask for the agent profile
+	// (cloud_properties.bosh_agent); without it they are refused.
+	BoshAgent bool `json:"bosh_agent,omitempty"`
+	// HostEquivalentAgents lets agent pods run without a user namespace
+	// (hostUsers true): root in the pod is root on the node. Without it,
+	// agent pods get hostUsers false, and a runtime that cannot do that
+	// fails create_vm.
+	HostEquivalentAgents bool `json:"host_equivalent_agents,omitempty"`
+	// What cloud properties may name; each empty: nothing may be named.
+	AllowedServiceAccounts  []string `json:"allowed_service_accounts,omitempty"`
+	AllowedPriorityClasses  []string `json:"allowed_priority_classes,omitempty"`
+	AllowedImagePullSecrets []string `json:"allowed_image_pull_secrets,omitempty"`
+	AllowedRuntimeClasses   []string `json:"allowed_runtime_classes,omitempty"`
+	// MaxCPU and MaxRAM (MiB) bound a VM type's cpu and ram.
+	MaxCPU int `json:"max_cpu,omitempty"`
+	MaxRAM int `json:"max_ram,omitempty"`
 }
 
 const (
@@ -59,6 +81,8 @@ const (
 	// tens of thousands of files in a GiB or two.
 	defaultMaxImageMiB     = 10 << 10
 	defaultMaxImageEntries = 150000
+	defaultMaxCPU          = 16
+	defaultMaxRAM          = 64 << 10 // MiB
 )
 
 func parseConfig(section json.RawMessage) (Config, error) {
@@ -102,6 +126,9 @@ func parseConfig(section json.RawMessage) (Config, error) {
 	if err := c.limits(); err != nil {
 		return c, err
 	}
+	if err := c.allowLists(); err != nil {
+		return c, err
+	}
 	if r := c.Registry; r != nil {
 		if r.Repository == "" {
 			return c, fmt.Errorf("kubernetes.registry.repository is required")
@@ -119,12 +146,33 @@ func (c *Config) limits() error {
 		key string
 		v   *int
 		def int
-	}{{"max_image_mib", &c.MaxImageMiB, defaultMaxImageMiB}, {"max_image_entries", &c.MaxImageEntries, defaultMaxImageEntries}} {
+	}{{"max_image_mib", &c.MaxImageMiB, defaultMaxImageMiB}, {"max_image_entries", &c.MaxImageEntries, defaultMaxImageEntries},
+		{"max_cpu", &c.MaxCPU, defaultMaxCPU}, {"max_ram", &c.MaxRAM, defaultMaxRAM}} {
 		if *m.v < 0 {
 			return fmt.Errorf("kubernetes.%s must be positive", m.key)
 		}
 		if *m.v == 0 {
 			*m.v = m.def
+		}
+	}
+	return nil
+}
+
+// allowLists checks the names in the allow lists.
+func (c *Config) allowLists() error {
+	for _, l := range []struct {
+		key   string
+		names []string
+		check func(string) []string
+	}{{"allowed_namespaces", c.AllowedNamespaces, validation.IsDNS1123Label},
+		{"allowed_service_accounts", c.AllowedServiceAccounts, validation.IsDNS1123Subdomain},
+		{"allowed_priority_classes", c.AllowedPriorityClasses, validation.IsDNS1123Subdomain},
+		{"allowed_image_pull_secrets", c.AllowedImagePullSecrets, validation.IsDNS1123Subdomain},
+		{"allowed_runtime_classes", c.AllowedRuntimeClasses, validation.IsDNS1123Subdomain}} {
+		for i, n := range l.names {
+			if errs := l.check(n); len(errs) > 0 {
+				return fmt.Errorf("kubernetes.%s[%d] %q: %s", l.key, i, n, errs[0])
+			}
 		}
 	}
 	return nil
@@ -150,6 +198,28 @@ func (c Config) waitTimeout() time.Duration {
 }
 
 // contextKeys are the keys a request's context (a Director cpi-config)
-// may set: which cluster context and namespace. The kubeconfig file,
-// limits and identity are the host's.
-var contextKeys = []string{"context", "namespace"}
+// may set: the namespace, one of allowed_namespaces (checkContext). The
+// kubeconfig, its context (the identity), the limits and allow lists are
+// the host's.
+var contextKeys = []string{"namespace"}
+
+// checkContext holds the namespace of section (the host's, with a
+// request context over it) to the host's: the same, or one of its
+// allowed_namespaces.
+func checkContext(section, host json.RawMessage) error {
+	if host == nil {
+		return nil
+	}
+	var merged, own struct {
+		Namespace string   `json:"namespace"`
+		Allowed   []string `json:"allowed_namespaces"`
+	}
+	if json.Unmarshal(section, &merged) != nil || json.Unmarshal(host, &own) != nil {
+		return nil // the strict decoding names what is wrong
+	}
+	if merged.Namespace == own.Namespace || slices.Contains(own.Allowed, merged.Namespace) {
+		return nil
+	}
+	return fmt.Errorf("kubernetes.namespace %q from the request context is not one the config allows (%s): a context may choose only among kubernetes.allowed_namespaces",
+		merged.Namespace, strings.Join(append([]string{own.Namespace}, own.Allowed...), ", "))
+}

@@ -27,6 +27,9 @@ import (
 func init() {
 	driver.Register(driver.Registration{Name: "kubernetes", Config: &Config{},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
+			if err := checkContext(section, deps.Host); err != nil {
+				return nil, err
+			}
 			return New(section, deps.Locker, deps.Logger, deps.Retry)
 		},
 		ContextKeys: contextKeys,

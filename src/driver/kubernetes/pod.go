@@ -62,10 +62,18 @@ func failureOf(pod *corev1.Pod) *podFailure {
 	return nil
 }
 
-// waitRunning watches pod cid until it runs, cannot, or the wait times out.
-func (d *Driver) waitRunning(ctx context.Context, cid string) (*corev1.Pod, error) {
+// waitRunning watches pod made until it runs, cannot, or the wait times
+// out. A pod in a user namespace is watched through its events too: the
+// kubelet says only there that the runtime cannot make one.
+func (d *Driver) waitRunning(ctx context.Context, made *corev1.Pod) (*corev1.Pod, error) {
+	cid := made.Name
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.waitTimeout())
 	defer cancel()
+	ctx, fatal := context.WithCancelCause(ctx)
+	defer fatal(nil)
+	if hu := made.Spec.HostUsers; hu != nil && !*hu {
+		go d.watchFatalEvents(ctx, made, fatal)
+	}
 	var last *corev1.Pod
 	_, err := watchtools.UntilWithSync(ctx, d.podWatch(cid), &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
 		if ev.Type == watch.Deleted {
@@ -85,6 +93,8 @@ func (d *Driver) waitRunning(ctx context.Context, cid string) (*corev1.Pod, erro
 	switch {
 	case err == nil:
 		return last, nil
+	case errors.As(context.Cause(ctx), &f):
+		return nil, f
 	case errors.As(err, &f):
 		if reason, msg := d.lastWarning(cid); reason != "" && f.Reason != reason {
 			f.Message += " (event " + reason + ": " + msg + ")"

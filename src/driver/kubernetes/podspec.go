@@ -108,9 +108,11 @@ func (d *Driver) podFor(cid string, spec driver.VMSpec, p vmProps, image string,
 		pod.Spec.RuntimeClassName = ptr.To(p.RuntimeClassName)
 	}
 	if p.BoshAgent {
-		// The agent is root; the files it is given stay root's.
+		// The agent is root; the files it is given stay root's. Root of
+		// a user namespace of its own unless the host allows more.
 		pod.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(false), RunAsUser: ptr.To[int64](0),
 			RunAsGroup: ptr.To[int64](0), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+		d.agentUsers(&pod.Spec)
 	}
 	for _, dc := range disks {
 		withDisk(pod, dc)

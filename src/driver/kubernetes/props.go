@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -38,17 +40,23 @@ type vmProps struct {
 	// BoshAgent: the pod runs as root with the agent's capabilities
 	// (driver.AgentCaps), as the local driver's agent profile — more than
 	// the restricted Pod Security Standard allows: the namespace must admit
-	// privileged pods.
+	// privileged pods. Only where kubernetes.bosh_agent allows it; in a
+	// user namespace unless kubernetes.host_equivalent_agents.
 	BoshAgent bool `json:"bosh_agent,omitempty"`
 }
 
-func decodeVMProps(p driver.Props) (vmProps, error) {
+// decodeVMProps decodes a VM type's cloud properties and holds them to
+// what the config allows.
+func decodeVMProps(p driver.Props, cfg Config) (vmProps, error) {
 	var v vmProps
 	if err := p.Decode("cloud_properties", &v); err != nil {
 		return v, err
 	}
 	if v.CPU < 0 || v.RAM < 0 || v.EphemeralDiskSize < 0 {
 		return v, driver.Invalid("cloud_properties: cpu, ram and ephemeral_disk_size must not be negative")
+	}
+	if err := v.allowed(cfg); err != nil {
+		return v, err
 	}
 	if v.RunAsUser < 0 {
 		return v, driver.Invalid("cloud_properties.run_as_user must be a non-root uid")
@@ -64,6 +72,49 @@ func decodeVMProps(p driver.Props) (vmProps, error) {
 		return v, driver.Invalid("cloud_properties.restart_policy %q: want Never, OnFailure or Always", v.RestartPolicy)
 	}
 	return v, nil
+}
+
+// allowed refuses, by name, what the config does not allow a VM type:
+// the agent profile without kubernetes.bosh_agent, sizes past the maxima,
+// names outside the allow lists.
+func (p vmProps) allowed(cfg Config) error {
+	if p.BoshAgent && !cfg.BoshAgent {
+		return driver.Invalid("cloud_properties.bosh_agent: the agent profile is not allowed by this CPI's config (kubernetes.bosh_agent is off)")
+	}
+	if p.CPU > cfg.MaxCPU {
+		return driver.Invalid("cloud_properties.cpu %d is more than the %d CPUs kubernetes.max_cpu allows", p.CPU, cfg.MaxCPU)
+	}
+	if p.RAM > cfg.MaxRAM {
+		return driver.Invalid("cloud_properties.ram %d MiB is more than the %d MiB kubernetes.max_ram allows", p.RAM, cfg.MaxRAM)
+	}
+	one := func(prop, v, key string, allowed []string) error {
+		if v == "" || slices.Contains(allowed, v) {
+			return nil
+		}
+		may := "none"
+		if len(allowed) > 0 {
+			may = strings.Join(allowed, ", ")
+		}
+		return driver.Invalid("cloud_properties.%s %q is not one of kubernetes.%s (%s)", prop, v, key, may)
+	}
+	if err := one("service_account_name", p.ServiceAccount, "allowed_service_accounts", cfg.AllowedServiceAccounts); err != nil {
+		return err
+	}
+	if err := one("priority_class_name", p.PriorityClassName, "allowed_priority_classes", cfg.AllowedPriorityClasses); err != nil {
+		return err
+	}
+	if err := one("runtime_class_name", p.RuntimeClassName, "allowed_runtime_classes", cfg.AllowedRuntimeClasses); err != nil {
+		return err
+	}
+	for i, s := range p.ImagePullSecrets {
+		if s.Name == "" {
+			return driver.Invalid("cloud_properties.image_pull_secrets[%d].name is empty", i)
+		}
+		if err := one(fmt.Sprintf("image_pull_secrets[%d].name", i), s.Name, "allowed_image_pull_secrets", cfg.AllowedImagePullSecrets); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // command is the container's command: an argv array, or a shell string.

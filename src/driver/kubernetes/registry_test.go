@@ -187,9 +187,10 @@ func TestRegistryWithCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := driver.StemcellSpec{ImagePath: img, CloudProps: driver.PropsOf(map[string]any{"name": "runner", "version": "1"})}
+	secret := "runway-pull-" + strings.ToLower(t.Name())
 	withCreds := func(u, p string) *Driver {
 		return newTestDriver(t, c, map[string]any{"registry": map[string]any{
-			"repository": repo, "insecure": true, "username": u, "password": p}})
+			"repository": repo, "insecure": true, "username": u, "password": p}, "allowed_image_pull_secrets": []string{secret}})
 	}
 
 	wrong := "not-" + password
@@ -223,7 +224,6 @@ func TestRegistryWithCredentials(t *testing.T) {
 	}
 
 	// The kubelet pulls with the pod's pull secret, and only with it.
-	secret := "runway-pull-" + strings.ToLower(t.Name())
 	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
 	host := strings.SplitN(repo, "/", 2)[0]
 	cfg, _ := json.Marshal(map[string]any{"auths": map[string]any{host: map[string]string{"auth": auth}}})

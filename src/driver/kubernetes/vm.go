@@ -41,7 +41,7 @@ func settingsName(vm string) string { return vm + "-agent" }
 // then the pod; Running is awaited on a watch. Anything made is removed
 // again when the pod does not come up.
 func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, error) {
-	p, err := decodeVMProps(spec.CloudProps)
+	p, err := decodeVMProps(spec.CloudProps, d.cfg)
 	if err != nil {
 		return driver.VM{}, err
 	}
@@ -74,9 +74,10 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if _, err := validName("vm", vmPrefix, cid); err != nil {
 		return driver.VM{}, err
 	}
+	// Every disk passes attach_disk's check: a claim of this owner.
 	var disks []string
 	for _, dc := range spec.DiskCIDs {
-		if _, err := validName("disk", diskPrefix, dc); err != nil {
+		if _, err := d.claim(ctx, dc); err != nil {
 			return driver.VM{}, err
 		}
 		disks = append(disks, dc)
@@ -105,9 +106,12 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		d.cleanupVM(cid)
 		return driver.VM{}, &driver.CreationError{Err: err}
 	}
-	running, err := d.waitRunning(ctx, cid)
+	running, err := d.waitRunning(ctx, made)
 	if err != nil {
 		d.cleanupVM(cid)
+		if noUserNamespaces(err) {
+			return driver.VM{}, &driver.CreationError{Err: agentWithoutUserNamespace(err)}
+		}
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
 	d.log.Info("pod running", "vm", cid, "node", running.Spec.NodeName, "took", time.Since(started).Round(time.Millisecond))
@@ -281,6 +285,9 @@ func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod
 	next := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: old.Name, Labels: old.Labels, Annotations: old.Annotations},
 		Spec: *old.Spec.DeepCopy()}
 	next.Spec.NodeName = ""
+	if isAgent(&next.Spec) {
+		d.agentUsers(&next.Spec)
+	}
 	if err := edit(next); err != nil {
 		return err
 	}
@@ -314,7 +321,10 @@ func (d *Driver) recreate(ctx context.Context, cid string, edit func(*corev1.Pod
 	if err := d.giveSettings(ctx, made, fresh); err != nil {
 		return err
 	}
-	_, err = d.waitRunning(ctx, cid)
+	_, err = d.waitRunning(ctx, made)
+	if noUserNamespaces(err) {
+		return agentWithoutUserNamespace(err)
+	}
 	return err
 }
 
