@@ -198,37 +198,46 @@ var urlRE = sync.OnceValue(func() *regexp.Regexp {
 
 // RedactURLs replaces the user info (user and password: a token is often
 // the user) and each query value of every URL in s: credentials in
-// auth_url, endpoints and DSNs never reach a message.
+// auth_url, endpoints and DSNs never reach a message. A URL inside quoted
+// text (Go's %q, a JSON string, a log value) keeps the backslash that
+// escapes its closing quote, so the text still parses; an empty value is
+// left empty, so text redacted twice reads as text redacted once.
 func RedactURLs(s string) string {
 	if !strings.Contains(s, "://") {
 		return s
 	}
 	return urlRE().ReplaceAllStringFunc(s, func(raw string) string {
-		scheme, rest, _ := strings.Cut(raw, "://")
-		end := strings.IndexAny(rest, "/?#")
-		if end < 0 {
-			end = len(rest)
-		}
-		if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
-			rest = "<redacted>" + rest[at:]
-		}
-		base, query, ok := strings.Cut(rest, "?")
-		if !ok {
-			return scheme + "://" + rest
-		}
-		query, frag, hasFrag := strings.Cut(query, "#")
-		parts := strings.Split(query, "&")
-		for i, p := range parts {
-			if k, _, ok := strings.Cut(p, "="); ok {
-				parts[i] = k + "=<redacted>"
-			}
-		}
-		out := scheme + "://" + base + "?" + strings.Join(parts, "&")
-		if hasFrag {
-			out += "#" + frag
-		}
-		return out
+		trimmed := strings.TrimRight(raw, `\`)
+		return redactURL(trimmed) + raw[len(trimmed):]
 	})
+}
+
+// redactURL redacts one URL (as urlRE finds it).
+func redactURL(raw string) string {
+	scheme, rest, _ := strings.Cut(raw, "://")
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+		rest = "<redacted>" + rest[at:]
+	}
+	base, query, ok := strings.Cut(rest, "?")
+	if !ok {
+		return scheme + "://" + rest
+	}
+	query, frag, hasFrag := strings.Cut(query, "#")
+	parts := strings.Split(query, "&")
+	for i, p := range parts {
+		if k, v, ok := strings.Cut(p, "="); ok && v != "" {
+			parts[i] = k + "=<redacted>"
+		}
+	}
+	out := scheme + "://" + base + "?" + strings.Join(parts, "&")
+	if hasFrag {
+		out += "#" + frag
+	}
+	return out
 }
 
 // Writer wraps w so every write is redacted first.

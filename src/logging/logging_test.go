@@ -2,7 +2,9 @@ package logging
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -142,4 +144,50 @@ func TestConfigLevelsAreLoggerLevels(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A URL inside quoted text — a log value, a JSON string — is redacted
+// and the text still parses: the backslash escaping the closing quote
+// stays. And text redacted twice reads as text redacted once.
+func TestRedactURLsInQuotedText(t *testing.T) {
+	const msg = `Get "http://canary-user:canary-pass@gitea.example:3000/keep/this?token=canary-query&page=2": EOF`
+	const want = `Get "http://<redacted>@gitea.example:3000/keep/this?token=<redacted>&page=<redacted>": EOF`
+	var out bytes.Buffer
+	l, _ := New(boshlog.LevelInfo, &out)
+	Fields{Logger: l, Tag: "orchestrator"}.Warn("reconcile failed", "err", errors.New(msg), "group", "linux")
+	line := out.String()
+	_, v, _ := strings.Cut(line, " err=")
+	quoted, rest, err := cutQuoted(v)
+	if got, uerr := strconv.Unquote(quoted); err != nil || uerr != nil || got != want || strings.TrimSpace(rest) != "group=linux" {
+		t.Errorf("log line %q: err value %q (%v, %v), rest %q; want %q then group=linux", line, got, err, uerr, rest, want)
+	}
+	var js bytes.Buffer
+	enc := json.NewEncoder(&js)
+	enc.SetEscapeHTML(false) // as the daemon's API writes
+	enc.Encode(map[string]string{"last_error": msg})
+	b := js.Bytes()
+	var back map[string]string
+	if err := json.Unmarshal([]byte(RedactURLs(string(b))), &back); err != nil || back["last_error"] != want {
+		t.Errorf("JSON %s redacted: %q (%v); want %q", b, back["last_error"], err, want)
+	}
+	for _, s := range []string{msg, line, string(b), `see http://h/p?token=&x=1 and https://a:b@c/d`} {
+		once := RedactURLs(s)
+		if twice := RedactURLs(once); twice != once {
+			t.Errorf("redacted twice %q, once %q", twice, once)
+		}
+	}
+}
+
+// cutQuoted splits a Go-quoted string off the front of s.
+func cutQuoted(s string) (string, string, error) {
+	for i := 1; i < len(s); i++ {
+		if s[i] == '\\' {
+			i++
+			continue
+		}
+		if s[i] == '"' {
+			return s[:i+1], s[i+1:], nil
+		}
+	}
+	return "", s, errors.New("no closing quote")
 }
