@@ -8,10 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/runway-cpi/runway/src/clip"
+	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -70,7 +70,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		resp, err := t.Base.RoundTrip(r)
 		if err != nil {
-			return redactURLError(err)
+			return RedactError(err)
 		}
 		if t.Observe != nil {
 			status := resp.StatusCode
@@ -127,16 +127,31 @@ func Classify(err error) retry.Verdict {
 	return retry.Network(err)
 }
 
-// redactURLError drops the query string from a transport error's URL.
-func redactURLError(err error) error {
+// RedactError is err with every URL in it redacted by logging.RedactURLs
+// (user info and query values): a *url.Error's URL in place, and the
+// message of any other error naming one. net/http's errors carry the
+// whole request URL (a forge URL's user, and its query token, with it),
+// and go-github's name its base URL: every client's errors pass here.
+func RedactError(err error) error {
+	if err == nil {
+		return nil
+	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		if i := strings.IndexByte(ue.URL, '?'); i >= 0 {
-			ue.URL = ue.URL[:i]
-		}
+		ue.URL = logging.RedactURLs(ue.URL)
+	}
+	if msg := err.Error(); logging.RedactURLs(msg) != msg {
+		return redactedError{err}
 	}
 	return err
 }
+
+// redactedError says what err says, redacted; errors.Is and As still
+// see err.
+type redactedError struct{ err error }
+
+func (e redactedError) Error() string { return logging.RedactURLs(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }
 
 func message(b []byte) string {
 	var m struct {

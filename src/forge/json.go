@@ -27,7 +27,7 @@ func DoJSON(ctx context.Context, hc *http.Client, method, url string, in, out an
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
-		return err
+		return RedactError(err)
 	}
 	req.Header.Set("Accept", "application/json")
 	if in != nil {
@@ -35,7 +35,7 @@ func DoJSON(ctx context.Context, hc *http.Client, method, url string, in, out an
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return err
+		return RedactError(err)
 	}
 	defer resp.Body.Close()
 	dec := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer))

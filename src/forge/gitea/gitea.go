@@ -65,7 +65,7 @@ func apiErr(resp *sdk.Response, err error) error {
 	if resp != nil && resp.Response != nil && resp.StatusCode/100 != 2 {
 		return forge.ResponseError(resp.Response, err.Error())
 	}
-	return err
+	return forge.RedactError(err)
 }
 
 // scope is what the SDK's per-scope calls need.

@@ -32,7 +32,7 @@ func New(apiURL string, t *forge.Transport) (*Client, error) {
 	c := gh.NewClient(t.Client())
 	base, err := url.Parse(strings.TrimRight(apiURL, "/") + "/")
 	if err != nil {
-		return nil, fmt.Errorf("github: url: %v", err)
+		return nil, fmt.Errorf("github: url: %v", forge.RedactError(err))
 	}
 	c.BaseURL = base
 	return &Client{gh: c, RunnerGroupID: 1}, nil
@@ -52,7 +52,7 @@ func apiErr(err error) error {
 	case errors.As(err, &ab) && ab.Response != nil:
 		return forge.ResponseError(ab.Response, ab.Message)
 	}
-	return err
+	return forge.RedactError(err)
 }
 
 func checkScope(s forge.Scope) error {
