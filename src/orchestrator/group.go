@@ -127,7 +127,7 @@ func (g *group) loop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			g.backoff = min(max(g.backoff*2, minBackoff), maxBackoff)
 			next = g.backoff
-			g.status.LastError = err.Error()
+			g.status.LastError = g.o.redact.Redact(err.Error())
 			g.status.BackoffUntil = g.o.now().Add(next)
 			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg.Name).Inc()
 			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg.Name, "err", err, "retry_in", next)

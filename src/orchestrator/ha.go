@@ -111,7 +111,7 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 	ok, err := g.o.leader.Lead(ctx, g.cfg.Name)
 	msg := ""
 	if err != nil && ctx.Err() == nil {
-		msg = "leadership unknown (not acting): " + err.Error()
+		msg = "leadership unknown (not acting): " + g.o.redact.Redact(err.Error())
 	}
 	g.mu.Lock()
 	was := g.leadCancel != nil

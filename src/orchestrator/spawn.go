@@ -72,7 +72,7 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	start := time.Now()
 	reg, err := g.forge.client.Register(ctx, g.scope, r.Name, g.cfg.Labels)
 	if err != nil {
-		r.LastError = "registration: " + err.Error()
+		r.LastError = "registration: " + o.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("registering %s: %w", r.Name, err), g.destroy(ctx, r, "registration failed"))
 	}
 	if reg.RunnerID != 0 {
@@ -98,7 +98,7 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 		if ctx.Err() != nil {
 			return ctx.Err() // shutting down: recovered on the next start
 		}
-		r.LastError = err.Error()
+		r.LastError = o.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("create_vm for %s: %w", r.Name, err), g.destroy(ctx, r, "create_vm failed"))
 	}
 	cid, err := vmCID(resp.Result)

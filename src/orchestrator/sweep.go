@@ -236,7 +236,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 }
 
 func (g *group) keepError(r store.Runner, err error) error {
-	r.LastError = err.Error()
+	r.LastError = g.o.redact.Redact(err.Error())
 	if serr := g.o.store.Save(r); serr != nil {
 		return serr
 	}

@@ -6,6 +6,8 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/runway-cpi/runway/src/logging"
 )
 
 func usage() {
@@ -54,7 +56,8 @@ func main() {
 		os.Exit(2)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "runway:", err)
+		// A forge URL's user info or query may be in any error.
+		fmt.Fprintln(os.Stderr, "runway:", logging.RedactURLs(err.Error()))
 		os.Exit(1)
 	}
 }

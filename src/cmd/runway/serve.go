@@ -93,12 +93,13 @@ func checkCmd(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	fcs, err := forges(cfg, nil, &logging.Redactor{}, logging.Fields{Logger: logging.Discard()})
+	redact := &logging.Redactor{} // the tokens, once read
+	fcs, err := forges(cfg, nil, redact, logging.Fields{Logger: logging.Discard()})
 	if err != nil {
-		return fmt.Errorf("check failed:\n%w", err)
+		return fmt.Errorf("check failed:\n%s", redact.Redact(err.Error()))
 	}
 	if err := orchestrator.Check(ctx, cfg, orchestrator.Options{Forges: fcs}); err != nil {
-		return fmt.Errorf("check failed:\n%w", err)
+		return fmt.Errorf("check failed:\n%s", redact.Redact(err.Error()))
 	}
 	fmt.Printf("ok: %d groups on %d forges can list jobs and runners, register runners and check finished jobs\n", len(cfg.Groups), len(cfg.Forges))
 	return nil
@@ -214,7 +215,9 @@ func statusCmd(args []string) error {
 }
 
 // show GETs a list from the daemon and prints it: JSON with -json, else
-// a table of header and one row per element.
+// a table of header and one row per element. What it prints passes the
+// redactor too (the daemon's answer should be redacted already; an
+// older daemon's may not be).
 func show[T any](d *daemon, path string, asJSON bool, header string, row func(T) string) error {
 	var list []T
 	if err := d.do("GET", path, &list); err != nil {
@@ -226,7 +229,7 @@ func show[T any](d *daemon, path string, asJSON bool, header string, row func(T)
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, header)
 	for _, v := range list {
-		fmt.Fprintln(w, row(v))
+		fmt.Fprintln(w, logging.RedactURLs(row(v)))
 	}
 	return w.Flush()
 }
@@ -273,8 +276,11 @@ func drainCmd(args []string, drain bool) error {
 	return nil
 }
 
+// printJSON prints v redacted, '<' and '&' as they are (as the daemon
+// writes it).
 func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
+	enc := json.NewEncoder((&logging.Redactor{}).Writer(os.Stdout))
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }

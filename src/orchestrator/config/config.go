@@ -379,7 +379,7 @@ func (c *Config) validateForges(errs *fieldErrors) map[string]ForgeConfig {
 			errs.bad(p+".webhook_secret_file", "Forgejo sends no workflow_job webhook: Runway polls it (leave the webhook secret out)")
 		}
 		if !strings.HasPrefix(f.URL, "http://") && !strings.HasPrefix(f.URL, "https://") {
-			errs.bad(p+".url", "%q must be an http(s) URL", f.URL)
+			errs.bad(p+".url", "%q must be an http(s) URL", logging.RedactURLs(f.URL))
 		}
 		if (f.TokenFile == "") == (f.TokenEnv == "") {
 			errs.bad(p+".token_file", "set exactly one of token_file or token_env (tokens are never inline)")

@@ -43,6 +43,14 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
+// A forge URL refused is named without its user info or query values.
+func TestRefusedURLIsRedacted(t *testing.T) {
+	_, err := ParseConfig([]byte(strings.Replace(minimal, "https://gitea.example", "ftp://canary-user:canary-pass@gitea.example/keep-seg?token=canary-query", 1)))
+	if err == nil || strings.Contains(err.Error(), "canary") || !strings.Contains(err.Error(), "forges[0].url") || !strings.Contains(err.Error(), "/keep-seg?token=<redacted>") {
+		t.Errorf("error %v", err)
+	}
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	for _, c := range []struct{ from, to, field string }{
 		{"scope: org", "scope: team", "groups[0].scope"},

@@ -68,40 +68,25 @@ func Handler(o *orchestrator.Orchestrator, cfg *config.Config, log logging.Field
 	}
 	a := &api{o: o, cfg: cfg, log: log, redact: redact, now: now}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	// Every answer but /metrics (label values: configured names) passes
+	// through the one redactor: JSON and text here, the page in status.
+	mux.HandleFunc("GET /healthz", a.redacted(func(w http.ResponseWriter, r *http.Request) {
 		if err := o.Store().Check(); err != nil {
 			http.Error(w, err.Error()+": the daemon stopped acting; restore the file and restart", http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ok\n")
-	})
+	}))
 	mux.HandleFunc("GET /{$}", a.status)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Metrics().Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /api/v1/groups", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /api/v1/groups", a.redacted(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, o.Groups())
-	})
-	mux.HandleFunc("GET /api/v1/runners", func(w http.ResponseWriter, r *http.Request) {
-		var rows []store.Runner
-		var err error
-		if r.URL.Query().Get("all") == "true" {
-			rows, err = o.Store().All(1000)
-		} else {
-			rows, err = o.Store().Active(r.URL.Query().Get("group"))
-		}
-		if err != nil {
-			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
-			return
-		}
-		out := make([]RunnerView, 0, len(rows))
-		for _, x := range rows {
-			out = append(out, view(x))
-		}
-		writeJSON(w, http.StatusOK, out)
-	})
+	}))
+	mux.HandleFunc("GET /api/v1/runners", a.redacted(a.runners))
 	// Without an admin token, drain and resume are for the local host only.
 	openAdmin := admin == "" && loopbackListen(cfg.Listen)
 	drain := func(v bool) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
+		return a.redacted(func(w http.ResponseWriter, r *http.Request) {
 			if admin == "" && !openAdmin {
 				writeJSON(w, http.StatusForbidden, map[string]string{"error": "drain and resume need admin_token_file when listen (" + cfg.Listen + ") is not a loopback address"})
 				return
@@ -116,14 +101,51 @@ func Handler(o *orchestrator.Orchestrator, cfg *config.Config, log logging.Field
 				return
 			}
 			writeJSON(w, http.StatusOK, st)
-		}
+		})
 	}
 	mux.HandleFunc("POST /api/v1/groups/{name}/drain", drain(true))
 	mux.HandleFunc("POST /api/v1/groups/{name}/resume", drain(false))
-	mux.HandleFunc("POST /webhooks/gitea", a.webhook("gitea", "X-Gitea-Event", "X-Gitea-Delivery"))
-	mux.HandleFunc("POST /webhooks/github", a.webhook("github", "X-GitHub-Event", "X-GitHub-Delivery"))
+	mux.HandleFunc("POST /webhooks/gitea", a.redacted(a.webhook("gitea", "X-Gitea-Event", "X-Gitea-Delivery")))
+	mux.HandleFunc("POST /webhooks/github", a.redacted(a.webhook("github", "X-GitHub-Event", "X-GitHub-Delivery")))
 	return mux, nil
 }
+
+// runners serves /api/v1/runners: the live runners (?group=), or the
+// last 1000 with history (?all=true).
+func (a *api) runners(w http.ResponseWriter, r *http.Request) {
+	var rows []store.Runner
+	var err error
+	if r.URL.Query().Get("all") == "true" {
+		rows, err = a.o.Store().All(1000)
+	} else {
+		rows, err = a.o.Store().Active(r.URL.Query().Get("group"))
+	}
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		return
+	}
+	out := make([]RunnerView, 0, len(rows))
+	for _, x := range rows {
+		out = append(out, view(x))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// redacted passes every byte h writes through the redactor: every URL's
+// user info and query values, every registered secret — in any field,
+// now or added later. (Whole writes: writeJSON and http.Error write once.)
+func (a *api) redacted(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		h(redactingWriter{ResponseWriter: w, out: a.redact.Writer(w)}, r)
+	}
+}
+
+type redactingWriter struct {
+	http.ResponseWriter
+	out io.Writer
+}
+
+func (w redactingWriter) Write(p []byte) (int, error) { return w.out.Write(p) }
 
 func (a *api) webhook(kind, eventHeader, deliveryHeader string) http.HandlerFunc {
 	o, m := a.o, a.o.Metrics()
@@ -176,11 +198,14 @@ func (a *api) webhook(kind, eventHeader, deliveryHeader string) http.HandlerFunc
 	}
 }
 
+// writeJSON writes v in one write (what redacted needs), '<' and '&'
+// as they are: a redacted URL reads "?token=<redacted>".
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)
 }
 

@@ -34,20 +34,26 @@ const hookSecret = "hook-s3cret-for-tests"
 
 func testDaemon(t *testing.T, extra string) *daemon {
 	t.Helper()
+	return testDaemonAt(t, "http://127.0.0.1:1", extra)
+}
+
+// testDaemonAt is testDaemon with its forge at forgeURL.
+func testDaemonAt(t *testing.T, forgeURL, extra string) *daemon {
+	t.Helper()
 	dir := t.TempDir()
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
 cpi: {path: /nonexistent}
 forges:
-  - {name: gitea, type: gitea, url: "http://127.0.0.1:1", token_env: UNUSED, webhook_secret_env: UNUSED}
+  - {name: gitea, type: gitea, url: %q, token_env: UNUSED, webhook_secret_env: UNUSED}
 groups:
   - {name: g, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
-%s`, dir, extra)))
+%s`, dir, forgeURL, extra)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &daemon{cfg: cfg, redact: &logging.Redactor{}, now: time.Now}
-	client := gitea.New("http://127.0.0.1:1", forge.NewTransport(nil))
+	client := gitea.New(forgeURL, forge.NewTransport(nil))
 	d.o, err = orchestrator.New(cfg, orchestrator.Options{Logger: logging.Discard(), Redactor: d.redact,
 		Forges: map[string]orchestrator.Forge{"gitea": {Client: client, Secret: func() string { return hookSecret }}}, Now: func() time.Time { return d.now() }})
 	if err != nil {

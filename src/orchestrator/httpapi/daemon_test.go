@@ -23,6 +23,7 @@ import (
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
 	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
 )
@@ -43,7 +44,8 @@ type recordingCPI struct {
 	mu         sync.Mutex
 	created    chan time.Time
 	n          int
-	failCreate bool // answer create_vm with VMCreationFailed
+	failCreate bool   // answer create_vm with VMCreationFailed
+	failWith   string // answer create_vm and list_vms with a CloudError saying this
 }
 
 func (c *recordingCPI) creates() int {
@@ -53,6 +55,10 @@ func (c *recordingCPI) creates() int {
 }
 
 func (c *recordingCPI) Call(_ context.Context, method, _ string, _ ...any) (*cpiclient.Response, error) {
+	if c.failWith != "" && (method == "create_vm" || method == "list_vms") {
+		e := &rpc.Error{Type: rpc.TypeCloudError, Message: c.failWith}
+		return &cpiclient.Response{Reply: rpc.Reply{Error: e}}, e
+	}
 	switch method {
 	case "create_vm":
 		c.created <- time.Now()
@@ -294,5 +300,33 @@ func TestFailingCreateVMBacksOff(t *testing.T) {
 	}
 	if rs, _ := o.Store().Active("g"); len(rs) != 0 {
 		t.Errorf("failed spawns left rows: %+v", rs)
+	}
+}
+
+// A CPI error naming a URL with secrets (an IaaS endpoint with a token in
+// its query) is kept redacted wherever the daemon keeps it: the runner's
+// row in the store (the CPI's create_vm failed and so did its list_vms,
+// so the row keeps the error), the group's status, the recent errors.
+func TestCPIErrorsAreKeptRedacted(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	srv.AddJob("acme/app", "j", []string{"linux"}, forge.StatusQueued)
+	cpi := &recordingCPI{created: make(chan time.Time, 100000), failWith: `POST "` + canaryURL("nova.example") + `": 500`}
+	o, _, _, stop := benchOrchestrator(t, srv, 50*time.Millisecond, 50*time.Millisecond, cpi)
+	defer stop()
+	var rows []store.Runner
+	waitFor(t, 10*time.Second, "a runner row keeping the CPI's error", func() bool {
+		rows, _ = o.Store().All(10)
+		return len(rows) > 0 && rows[0].LastError != "" && status(o, "g").LastError != ""
+	})
+	kept := map[string]string{"the runner's row": rows[0].LastError, "the group's status": status(o, "g").LastError}
+	for _, e := range o.History().Errors() {
+		kept["the recent errors"] += e.Message + "\n"
+	}
+	for what, text := range kept {
+		noCanary(t, what, text)
+		if !strings.Contains(text, "nova.example/keep-this-segment?token=<redacted>") {
+			t.Errorf("%s lost where the error came from: %q", what, text)
+		}
 	}
 }

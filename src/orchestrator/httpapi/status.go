@@ -3,11 +3,13 @@ package httpapi
 import (
 	"fmt"
 	"html/template"
+	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/runway-cpi/runway/src/clip"
+	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 )
 
@@ -139,9 +141,21 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 		}
 		page.Runners = append(page.Runners, sr)
 	}
+	var b strings.Builder
+	if err := statusTemplate.Execute(&b, page); err != nil {
+		a.log.Warn("rendering the status page", "err", err)
+		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := statusTemplate.Execute(w, page); err != nil {
-		a.log.Warn("rendering the status page", "err", err)
-	}
+	io.WriteString(w, redactHTML(a.redact, b.String()))
+}
+
+// redactHTML passes a rendered page through the redactor, whatever field
+// a URL or secret came in; the marker it leaves is escaped for HTML (the
+// page's own text is escaped already, so a raw one is only the
+// redactor's).
+func redactHTML(r *logging.Redactor, page string) string {
+	return strings.ReplaceAll(r.Redact(page), "<redacted>", "&lt;redacted&gt;")
 }
