@@ -309,6 +309,9 @@ func TestContextCannotReconfigureTheHost(t *testing.T) {
 		{"director_uuid": "d", "local": map[string]any{"shell": "/tmp/x"}},
 		{"director_uuid": "d", "request_id": "cpi-2", "isolation": "process"},
 		{"director_uuid": "d", "container": map[string]any{"runtime": "/tmp/x"}},
+		// The agent profile's allow switch (issue 37): never from a context.
+		{"director_uuid": "d", "container": map[string]any{"bosh_agent": true}},
+		{"director_uuid": "d", "local": map[string]any{"container": map[string]any{"bosh_agent": true}}},
 		{"director_uuid": "d", "loopback_cidr": "127.1.0.0/16"},
 	} {
 		b, _ := json.Marshal(map[string]any{"method": "has_vm", "arguments": []any{"vm-1"}, "context": ctx})

@@ -68,7 +68,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		Expect(json.Unmarshal(call("create_vm", "agent-b", stemcell, map[string]any{"bosh_agent": true}, manual, []string{}, map[string]any{}), &res)).To(Succeed())
 		vm := asString(res[0])
 		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
-		root := filepath.Join(vmDir(vm), "rootfs")
+		root := vmRoot(vm)
 		// PID 1 is runsvdir over /etc/service: the agent's service runs
 		// (it waits for a binary in this stemcell).
 		Eventually(func() string {

@@ -38,7 +38,8 @@ func setupContainerMode(f *fixture, dir string, local map[string]any) {
 	f.VMProps = map[string]any{"ram": 256, "cpu": 1,
 		"command": "echo vm-output-on-stdout; echo vm-output-on-stderr >&2; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"}
 	local["isolation"] = "container"
-	ctr := map[string]any{"bridge": "rwit0", "cidr": "10.250.0.0/22"}
+	// The agent profile is allowed: a VM booting a stemcell's agent gets it.
+	ctr := map[string]any{"bridge": "rwit0", "cidr": "10.250.0.0/22", "bosh_agent": true}
 	if rt := os.Getenv("RUNWAY_IT_RUNTIME"); rt != "" { // runc (default) or crun
 		p, err := exec.LookPath(rt)
 		Expect(err).NotTo(HaveOccurred())
@@ -105,6 +106,16 @@ func httpGet(addr, path string) (string, error) {
 
 func vmDir(cid string) string { return filepath.Join(fx.StateDir, "vms", cid) }
 
+// vmRun is where a container VM's mount points are (its root file system,
+// its disks), outside the state dir.
+func vmRun(cid string) string {
+	sum := sha256.Sum256([]byte(fx.StateDir))
+	return filepath.Join("/run/runway", hex.EncodeToString(sum[:4]), cid)
+}
+
+// vmRoot is a container VM's root file system, seen from the host.
+func vmRoot(cid string) string { return filepath.Join(vmRun(cid), "rootfs") }
+
 func console(cid string) func() string {
 	return func() string { b, _ := os.ReadFile(filepath.Join(vmDir(cid), "console.log")); return string(b) }
 }
@@ -135,6 +146,8 @@ func expectNothingLeft() {
 	ExpectWithOffset(1, string(mi)).NotTo(ContainSubstring(fx.StateDir), "mounts under the state dir")
 	rt, _ := os.ReadDir(filepath.Join(fx.StateDir, "runtime"))
 	ExpectWithOffset(1, rt).To(BeEmpty(), "containers in the runtime's state")
+	runs, _ := os.ReadDir(filepath.Dir(vmRun("x")))
+	ExpectWithOffset(1, runs).To(BeEmpty(), "vms' mount point directories")
 	// The driver names its cgroups after a hash of the state dir.
 	sum := sha256.Sum256([]byte(fx.StateDir))
 	cg, _ := filepath.Glob("/sys/fs/cgroup/*/runway/" + hex.EncodeToString(sum[:4]) + "-*")
@@ -162,22 +175,27 @@ func expectNothingLeft() {
 type ownDriver struct {
 	state string
 	call  func(method string, args ...any) json.RawMessage
+	raw   func(method string, args ...any) Response
 	sc    string
 }
 
-func newOwnDriver(container map[string]any) *ownDriver {
+func newOwnDriver(container map[string]any) *ownDriver { return newOwnDriverWith(fx.Image, container) }
+
+// newOwnDriverWith is newOwnDriver with the stemcell made from image.
+func newOwnDriverWith(image string, container map[string]any) *ownDriver {
 	dir := GinkgoT().TempDir()
 	cfg := filepath.Join(dir, "cpi.json")
 	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
 		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2, "container": container}})
 	Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
 	o := &ownDriver{state: filepath.Join(dir, "state")}
+	o.raw = func(method string, args ...any) Response { return runWith(cfg, request(method, 2, args...)) }
 	o.call = func(method string, args ...any) json.RawMessage {
-		r := runWith(cfg, request(method, 2, args...))
+		r := o.raw(method, args...)
 		ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
 		return r.Result
 	}
-	o.sc = asString(o.call("create_stemcell", fx.Image, map[string]any{}))
+	o.sc = asString(o.call("create_stemcell", image, map[string]any{}))
 	DeferCleanup(func() { o.call("delete_stemcell", o.sc) })
 	return o
 }
@@ -227,7 +245,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		_, err := net.InterfaceByName("rwit0")
 		Expect(err).To(HaveOccurred(), "the bridge was made in the host's namespace")
 
-		b, err := os.ReadFile(filepath.Join(vmDir(web), "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
+		b, err := os.ReadFile(filepath.Join(vmRoot(web), "var/vcap/bosh/warden-cpi-agent-env.json"))
 		Expect(err).NotTo(HaveOccurred())
 		var settings struct {
 			AgentID  string `json:"agent_id"`
@@ -270,7 +288,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 			// Every VM's supervisor runs on the host with this variable.
 			"cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' ' ' | grep -q RUNWAY_SUPERVISE_VM && echo SEES-HOST",
 			"[ -e " + fx.StateDir + " ] && echo SEES-STATE",
-			"[ -e " + filepath.Join(vmDir(peer), "rootfs") + " ] && echo SEES-PEER-FILES",
+			"[ -e " + vmRoot(peer) + " ] && echo SEES-PEER-FILES",
 			"env | grep -q RUNWAY_IT_SECRET && echo SEES-HOST-ENV",
 			"grep CapEff /proc/self/status",
 			"echo probe-done",
@@ -416,7 +434,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		b, err := os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("data-from-vm\n"))
-		settings, err := os.ReadFile(filepath.Join(vmDir(a), "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
+		settings, err := os.ReadFile(filepath.Join(vmRoot(a), "var/vcap/bosh/warden-cpi-agent-env.json"))
 		if err == nil { // only when the caller gave settings
 			Expect(string(settings)).To(ContainSubstring(`"` + disk + `":"/warden-cpi-dev/` + disk + `"`))
 		}
@@ -447,10 +465,12 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		run("kill", "-9", "--", "-"+strings.TrimSpace(string(b)))
 		sum := sha256.Sum256([]byte(fx.StateDir))
 		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+hex.EncodeToString(sum[:4])+"-"+cid)
-		run("umount", "-R", filepath.Join(vmDir(cid), "devs"))
-		run("umount", "-R", filepath.Join(vmDir(cid), "rootfs"))
+		run("umount", "-R", filepath.Join(vmRun(cid), "devs"))
+		run("umount", "-R", vmRoot(cid))
+		run("umount", "-R", filepath.Join(vmRun(cid), "image"))
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		Expect(string(mi)).NotTo(ContainSubstring(vmDir(cid)))
+		Expect(string(mi)).NotTo(ContainSubstring(vmRun(cid)))
 
 		call("reboot_vm", cid)
 		Eventually(func() string { return strings.TrimSpace(console(cid)()) }, "10s", "20ms").Should(

@@ -1,6 +1,8 @@
 package release
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -36,7 +38,7 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	job := filepath.Join(inst, "jobs", "runway_cpi")
 	renderJobDir(t, src, map[string]any{
 		"runway": map[string]any{"driver": "local", "state_dir": state, "local": map[string]any{"isolation": "container",
-			"stop_grace_seconds": 2, "container": map[string]any{"bridge": "rwce0", "cidr": "10.244.0.0/16"}}},
+			"stop_grace_seconds": 2, "container": map[string]any{"bridge": "rwce0", "cidr": "10.244.0.0/16", "bosh_agent": true}}},
 		"agent":     map[string]any{"mbus": "https://mbus:pw@0.0.0.0:6868"},
 		"blobstore": map[string]any{"provider": "local", "path": "/var/vcap/micro_bosh/data/cache"},
 	}, job)
@@ -105,7 +107,7 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	}
 	vm := createVM()
 	settings := func(vm string) string {
-		return readFile(t, filepath.Join(state, "vms", vm, "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
+		return readFile(t, filepath.Join(vmRun(state, vm), "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
 	}
 	if s := settings(vm); !strings.Contains(s, `"blobstore_path":"/var/vcap/micro_bosh/data/cache"`) || !strings.Contains(s, `"preconfigured":true`) ||
 		!strings.Contains(s, `"mbus":"https://mbus:pw@0.0.0.0:6868"`) {
@@ -123,7 +125,7 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	if s := settings(vm); !strings.Contains(s, `"`+disk+`":"/warden-cpi-dev/`+disk+`"`) {
 		t.Errorf("the recreated VM's settings do not name its disk: %s", s)
 	}
-	if got := readFile(t, filepath.Join(state, "vms", vm, "devs", disk, "kept")); got != "data\n" {
+	if got := readFile(t, filepath.Join(vmRun(state, vm), "devs", disk, "kept")); got != "data\n" {
 		t.Errorf("the disk's data in the recreated VM: %q", got)
 	}
 	// delete-env.
@@ -141,4 +143,10 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	if out, _ := exec.Command("ip", "-n", ns, "-o", "link").Output(); regexp.MustCompile(`\d+: rw[0-9a-f]{12}@`).Match(out) {
 		t.Errorf("veths left: %s", out)
 	}
+}
+
+// vmRun is where the local driver keeps a container VM's mount points.
+func vmRun(state, vm string) string {
+	sum := sha256.Sum256([]byte(state))
+	return filepath.Join("/run/runway", hex.EncodeToString(sum[:4]), vm)
 }

@@ -71,9 +71,13 @@ type ContainerConfig struct {
 	// AllowVMToVM lets VMs on the bridge reach each other (a BOSH
 	// Director's VMs talk to it); by default each reaches the host only.
 	AllowVMToVM bool `json:"allow_vm_to_vm,omitempty"`
-	// BoshAgent gives every VM the agent profile (cloud properties'
-	// bosh_agent decide per VM).
+	// BoshAgent allows the agent profile: VMs that boot the stemcell's
+	// agent (no command) get it, and cloud properties may ask for it
+	// (bosh_agent: true) or turn it off; without it they may not.
 	BoshAgent bool `json:"bosh_agent,omitempty"`
+	// UIDBase is the first host uid (and gid) VMs' ids map onto: each
+	// VM's root is an unprivileged host id of its own, 65536 apart.
+	UIDBase uint32 `json:"uid_base,omitempty"`
 	// DefaultRAMMiB and DefaultCPU limit a VM whose cloud properties
 	// give no ram or cpu.
 	DefaultRAMMiB int `json:"default_ram_mib,omitempty"`
@@ -89,6 +93,8 @@ const (
 	DefaultPidsLimit   = 4096
 	DefaultRAMMiB      = 2048
 	DefaultCPU         = 2
+	// DefaultUIDBase: 2^30, far above any user a host's tools hand out.
+	DefaultUIDBase = 1 << 30
 	// maxHostname: HOST_NAME_MAX; the hostname is the CID.
 	maxHostname = 64
 )
@@ -133,6 +139,12 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 	}
 	if cc.DefaultCPU == 0 {
 		cc.DefaultCPU = DefaultCPU
+	}
+	if cc.UIDBase == 0 {
+		cc.UIDBase = DefaultUIDBase
+	}
+	if cc.UIDBase < 1<<17 || uint64(cc.UIDBase) > 1<<32-2*idsPerVM {
+		return netip.Prefix{}, fmt.Errorf("local: container.uid_base: must lie between %d and %d, above the host's own users, got %d", 1<<17, uint64(1<<32-2*idsPerVM), cc.UIDBase)
 	}
 	if cc.DefaultRAMMiB < 0 || cc.DefaultCPU < 0 {
 		return netip.Prefix{}, errors.New("local: container.default_ram_mib and default_cpu: must be positive")

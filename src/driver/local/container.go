@@ -35,9 +35,19 @@ type ctr struct {
 
 func (d *Driver) ctr(cid string) ctr { return ctr{d: d, cid: cid, dir: d.path(vms, cid)} }
 
+// runRoot holds each container VM's mount points, outside the state dir:
+// the VM's root user (an unprivileged host uid) must be able to reach its
+// root file system and disks directory, and a state dir's parents may
+// let no one but the host's root through.
+const runRoot = "/run/runway"
+
 func (c ctr) bundle() string { return filepath.Join(c.dir, "bundle") }
-func (c ctr) rootfs() string { return filepath.Join(c.dir, "rootfs") }
-func (c ctr) devs() string   { return filepath.Join(c.dir, "devs") }
+
+// run is the VM's directory of mount points: rootfs (the overlay), devs
+// (its disks), image (the stemcell image as the VM's ids see it).
+func (c ctr) run() string    { return filepath.Join(runRoot, c.d.stateKey(), c.cid) }
+func (c ctr) rootfs() string { return filepath.Join(c.run(), "rootfs") }
+func (c ctr) devs() string   { return filepath.Join(c.run(), "devs") }
 
 // stateKey tells apart the containers of different state dirs on one host
 // (two drivers may use the same VM name).
@@ -132,7 +142,7 @@ func (d *Driver) imageDir(stemcell string) string {
 // under the VM's directory, where teardown finds it.
 func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, settings []byte, userData string) error {
 	c := d.ctr(rec.CID)
-	for _, dir := range []string{c.bundle(), c.rootfs(), c.devs(), filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work")} {
+	for _, dir := range []string{c.bundle(), filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work")} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
@@ -150,8 +160,8 @@ func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, se
 	}
 	ram, cpu := d.limits(props)
 	spec, err := container.Spec(container.VM{CID: rec.CID, AgentID: rec.AgentID, Rootfs: c.rootfs(), Devs: c.devs(),
-		Cgroup: c.cgroup(), Argv: argv, Env: props.Env, Agent: d.agentProfile(props), RAMMiB: ram, CPU: cpu,
-		Pids: d.cfg.Container.PidsLimit})
+		Cgroup: c.cgroup(), Argv: argv, Env: props.Env, Agent: rec.Agent, RAMMiB: ram, CPU: cpu,
+		Pids: d.cfg.Container.PidsLimit, IDs: *rec.IDs})
 	if err != nil {
 		return err
 	}
@@ -175,35 +185,53 @@ func (d *Driver) limits(p vmProps) (ramMiB, cpu int) {
 	return ramMiB, cpu
 }
 
-// mountVM mounts the VM's root (an overlay on the stemcell's image) and
-// its disks directory, unless mounted: after the host restarted, a VM
-// starts again from its directory, with the disks attached to it.
+// errNoUserNS: a VM made before container VMs had user namespaces.
+func errNoUserNS(cid string) error {
+	return fmt.Errorf("vm %s was made by an earlier Runway, without a user namespace: delete it and make it again (bosh recreate) to start it", cid)
+}
+
+// mountVM mounts the VM's root (an overlay on the stemcell's image, seen
+// through the VM's id range) and its disks directory, unless mounted:
+// after the host restarted, a VM starts again from its directory, with
+// the disks attached to it.
 func (d *Driver) mountVM(rec vmRecord) error {
 	c := d.ctr(rec.CID)
+	if rec.IDs == nil {
+		return errNoUserNS(rec.CID)
+	}
 	if mps, _ := storage.MountsUnder(c.rootfs()); len(mps) > 0 {
 		return nil
 	}
 	image := d.imageDir(rec.StemcellCID)
-	for _, p := range []string{image, c.dir} {
+	for _, p := range []string{image, c.dir, c.run()} {
 		if strings.ContainsAny(p, ",:") {
 			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
 		}
 	}
+	run, err := c.mountPoints(*rec.IDs)
+	if err != nil {
+		return err
+	}
+	defer run.Close()
+	// The image, owned by the VM's ids; read-only, no devices.
+	if err := storage.BindIDMapped(image, run, "image", *rec.IDs, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NODEV); err != nil {
+		return fmt.Errorf("mounting the stemcell image for the vm: %w", err)
+	}
 	// The overlay's root takes the upper directory's owner and mode: the
-	// image root's, or every user but root is kept out of the VM's /.
+	// image root's, as the VM's ids see it.
 	upper := filepath.Join(c.dir, "upper")
 	if fi, err := os.Stat(image); err != nil {
 		return err
 	} else if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		if err := os.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+		if err := os.Chown(upper, int(rec.IDs.Base+st.Uid), int(rec.IDs.Base+st.Gid)); err != nil {
 			return err
 		}
 		if err := os.Chmod(upper, fi.Mode()&(os.ModePerm|os.ModeSticky)); err != nil {
 			return err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, upper, filepath.Join(c.dir, "work"))
-	if err := unix.Mount("overlay", c.rootfs(), "overlay", 0, opts); err != nil {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", filepath.Join(c.run(), "image"), upper, filepath.Join(c.dir, "work"))
+	if err := unix.Mount("overlay", c.rootfs(), "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting the vm's root file system: %w", err)
 	}
 	// Disks are mounted below devs on the host; being a shared mount, each
@@ -221,13 +249,46 @@ func (d *Driver) mountVM(rec vmRecord) error {
 				continue
 			}
 			if dr, err := d.loadDisk(l.Name()); err == nil && dr.AttachedTo == rec.CID {
-				if _, err := d.attachInside(rec.CID, l.Name()); err != nil {
+				if _, err := d.attachInside(rec, l.Name()); err != nil {
 					return err
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// mountPoints makes the VM's run directory and its mount points, and
+// answers it opened as a root. The run directory belongs to the VM's root
+// (it must pass through; no other host user can); devs belongs to the
+// host's root and is 0755: the VM sees its disks there and can put
+// nothing there.
+func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
+	for _, dir := range []string{runRoot, filepath.Dir(c.run())} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Mkdir(c.run(), 0o700); err != nil && !os.IsExist(err) {
+		return nil, err
+	}
+	if err := os.Lchown(c.run(), int(ids.Base), int(ids.Base)); err != nil {
+		return nil, err
+	}
+	run, err := os.OpenRoot(c.run())
+	if err != nil {
+		return nil, err
+	}
+	for name, mode := range map[string]os.FileMode{"rootfs": 0o755, "image": 0o700, "devs": 0o755} {
+		if err := storage.MkdirOwned(run, name, mode, 0, 0); err != nil {
+			run.Close()
+			return nil, err
+		}
+	}
+	return run, nil
 }
 
 // stop ends a container VM for certain: SIGTERM reaches the VM's PID 1
@@ -259,39 +320,28 @@ func (v containerVMs) teardown(rec *vmRecord) error {
 	if err := hostnet.DeleteLink(c.hostIf()); err != nil {
 		return err
 	}
-	if err := storage.UnmountAll(c.dir); err != nil {
-		return err
-	}
-	// Belt and braces before the directory is removed: a mount the
-	// mount table did not show under this path (a symlinked state dir)
-	// would have another device.
-	var top syscall.Stat_t
-	if err := syscall.Stat(c.dir, &top); err != nil {
-		return err
-	}
-	check := []string{c.rootfs(), c.devs()}
-	if ents, err := os.ReadDir(c.devs()); err == nil {
-		for _, e := range ents {
-			check = append(check, filepath.Join(c.devs(), e.Name()))
+	for _, dir := range []string{c.run(), c.dir} {
+		if err := storage.UnmountAll(dir); err != nil {
+			return err
+		}
+		// Belt and braces before the directory is removed: a mount the
+		// mount table did not show under this path (a symlinked state
+		// dir) would have another device.
+		if err := storage.NoMountsIn(dir, 2); err != nil {
+			return fmt.Errorf("not removing vm %s: %w", c.cid, err)
 		}
 	}
-	for _, p := range check {
-		var st syscall.Stat_t
-		if err := syscall.Lstat(p, &st); err == nil && st.Dev != top.Dev {
-			return fmt.Errorf("%s is still a mount point: not removing vm %s", p, c.cid)
-		}
-	}
-	return nil
+	return os.RemoveAll(c.run())
 }
 
 // attach mounts the disk into the running VM and records it in the agent
 // settings inside, as the warden CPI does.
 func (v containerVMs) attach(rec *vmRecord, disk string) (string, error) {
-	inside, err := v.d.attachInside(rec.CID, disk)
+	inside, err := v.d.attachInside(*rec, disk)
 	if err != nil {
 		return "", err
 	}
-	if err := v.d.updateDiskSettings(rec.CID, disk, inside); err != nil {
+	if err := v.d.updateDiskSettings(*rec, disk, inside); err != nil {
 		return "", fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, rec.CID, err)
 	}
 	return inside, nil
@@ -303,7 +353,7 @@ func (v containerVMs) detach(rec *vmRecord, disk string) error {
 	if err := v.d.detachInside(rec.CID, disk); err != nil {
 		return err
 	}
-	if err := v.d.updateDiskSettings(rec.CID, disk, ""); err != nil {
+	if err := v.d.updateDiskSettings(*rec, disk, ""); err != nil {
 		return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
 	}
 	return nil

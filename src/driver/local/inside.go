@@ -20,30 +20,73 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
-// writeInside puts the agent settings and user data where a warden
-// stemcell's bosh-agent reads them. The root is the VM's own file system,
-// so every path is resolved inside it (os.Root): a symlink the image (or
-// a running VM) planted cannot make bin/cpi write on the host.
-func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) error {
+// vmFS is a VM's root file system as bin/cpi writes into it: every path
+// resolved inside it (os.Root: a link the image or the running VM planted
+// cannot make bin/cpi write on the host), and everything made owned by
+// the VM's root (a file the host's root made would be nobody's inside).
+type vmFS struct {
+	root     *os.Root
+	uid, gid int
+}
+
+func (d *Driver) openVMFS(rec vmRecord) (*vmFS, error) {
+	if rec.IDs == nil {
+		return nil, errNoUserNS(rec.CID)
+	}
 	root, err := os.OpenRoot(d.ctr(rec.CID).rootfs())
+	if err != nil {
+		return nil, err
+	}
+	return &vmFS{root: root, uid: int(rec.IDs.Base), gid: int(rec.IDs.Base)}, nil
+}
+
+func (v *vmFS) Close() error { return v.root.Close() }
+
+// mkdirAll makes dir (absolute, inside the VM) and its missing parents.
+func (v *vmFS) mkdirAll(dir string) error {
+	p := ""
+	for _, part := range strings.Split(strings.Trim(dir, "/"), "/") {
+		p = filepath.Join(p, part)
+		if _, err := v.root.Lstat(p); err == nil {
+			continue
+		}
+		if err := v.root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("making %s in the vm: %w", dir, err)
+		}
+		if err := v.root.Lchown(p, v.uid, v.gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write replaces file path (absolute, inside the VM) with b.
+func (v *vmFS) write(path string, b []byte, mode os.FileMode) error {
+	name := strings.TrimPrefix(path, "/")
+	if err := v.root.WriteFile(name, b, mode); err != nil {
+		return fmt.Errorf("writing %s in the vm: %w", path, err)
+	}
+	if err := v.root.Lchown(name, v.uid, v.gid); err != nil {
+		return fmt.Errorf("writing %s in the vm: %w", path, err)
+	}
+	return nil
+}
+
+// writeInside puts the agent settings and user data where a warden
+// stemcell's bosh-agent reads them.
+func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) error {
+	v, err := d.openVMFS(rec)
 	if err != nil {
 		return err
 	}
-	defer root.Close()
-	if err := root.MkdirAll(strings.TrimPrefix(filepath.Dir(container.AgentSettingsPath), "/"), 0o755); err != nil {
-		return fmt.Errorf("making %s in the vm: %w", filepath.Dir(container.AgentSettingsPath), err)
-	}
-	if err := root.MkdirAll(strings.TrimPrefix(container.DisksDir, "/"), 0o755); err != nil {
-		return fmt.Errorf("making %s in the vm: %w", container.DisksDir, err)
-	}
-	write := func(path string, b []byte, mode os.FileMode) error {
-		if err := root.WriteFile(strings.TrimPrefix(path, "/"), b, mode); err != nil {
-			return fmt.Errorf("writing %s in the vm: %w", path, err)
+	defer v.Close()
+	for _, dir := range []string{filepath.Dir(container.AgentSettingsPath), container.DisksDir, "/etc"} {
+		if err := v.mkdirAll(dir); err != nil {
+			return err
 		}
-		return nil
 	}
 	if settings != nil {
-		if err := write(container.AgentSettingsPath, settings, 0o600); err != nil {
+		if err := v.write(container.AgentSettingsPath, settings, 0o600); err != nil {
 			return err
 		}
 	}
@@ -52,26 +95,50 @@ func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) err
 		"registry": map[string]string{"endpoint": container.AgentSettingsPath},
 	})
 	md, _ := json.Marshal(map[string]any{"instance-id": rec.CID, "hostname": rec.CID})
-	if err := write(container.UserDataJSONPath, ud, 0o600); err != nil {
+	if err := v.write(container.UserDataJSONPath, ud, 0o600); err != nil {
 		return err
 	}
-	if err := write(container.MetadataJSONPath, md, 0o600); err != nil {
+	if err := v.write(container.MetadataJSONPath, md, 0o600); err != nil {
 		return err
 	}
 	// The VM's resolver: its networks' DNS, else the host's (a link the
 	// image has there, into a resolver daemon's runtime dir, is replaced).
-	if fi, err := root.Lstat("etc/resolv.conf"); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if err := root.Remove("etc/resolv.conf"); err != nil {
+	if fi, err := v.root.Lstat("etc/resolv.conf"); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if err := v.root.Remove("etc/resolv.conf"); err != nil {
 			return fmt.Errorf("replacing /etc/resolv.conf in the vm: %w", err)
 		}
 	}
-	if err := write("/etc/resolv.conf", resolvConf(rec.Networks), 0o644); err != nil {
+	if err := v.write("/etc/resolv.conf", resolvConf(rec.Networks), 0o644); err != nil {
+		return err
+	}
+	if err := v.shmInFstab(); err != nil {
 		return err
 	}
 	if userData != "" {
-		return write(container.UserDataPath, []byte(userData), 0o700)
+		return v.write(container.UserDataPath, []byte(userData), 0o700)
 	}
 	return nil
+}
+
+// shmInFstab gives /dev/shm a line in the VM's /etc/fstab unless it has
+// one. The agent remounts /dev/shm (mount -o remount,noexec,nodev,nosuid):
+// without a line util-linux passes back the options the mount table shows,
+// and tmpfs shows its owner as the host's uid, which the VM's user
+// namespace refuses (EINVAL); with one, it passes the line's options.
+func (v *vmFS) shmInFstab() error {
+	b, err := v.root.ReadFile("etc/fstab")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("reading /etc/fstab in the vm: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "/dev/shm" && !strings.HasPrefix(f[0], "#") {
+			return nil
+		}
+	}
+	if len(b) > 0 && !strings.HasSuffix(string(b), "\n") {
+		b = append(b, '\n')
+	}
+	return v.write("/etc/fstab", append(b, "tmpfs /dev/shm tmpfs defaults 0 0\n"...), 0o644)
 }
 
 // resolvConf is /etc/resolv.conf for a VM on nets: the DNS servers of the
@@ -131,29 +198,49 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 	return b
 }
 
-// attachInside mounts a disk's data directory where the VM sees it.
-func (d *Driver) attachInside(vm, disk string) (string, error) {
-	c := d.ctr(vm)
-	target := filepath.Join(c.devs(), disk)
-	if mps, _ := storage.MountsUnder(target); len(mps) > 0 {
-		return container.DisksDir + "/" + disk, nil // attached before
+// attachInside mounts a disk's data where the VM sees it, owned by the
+// VM's ids (the disk keeps its own ids 0..65535, so it moves between
+// VMs). devs belongs to the host's root; the mount point is made and the
+// disk mounted on it without following any link.
+func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
+	if rec.IDs == nil {
+		return "", errNoUserNS(rec.CID)
 	}
-	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	c := d.ctr(rec.CID)
+	inside := container.DisksDir + "/" + disk
+	if mps, _ := storage.MountsUnder(filepath.Join(c.devs(), disk)); len(mps) > 0 {
+		return inside, nil // attached before
+	}
+	devs, err := os.OpenRoot(c.devs())
+	if err != nil {
 		return "", err
 	}
-	if err := unix.Mount(filepath.Join(d.path(disks, disk), "data"), target, "", unix.MS_BIND, ""); err != nil {
-		return "", fmt.Errorf("mounting disk %s into vm %s: %w", disk, vm, err)
+	defer devs.Close()
+	if err := storage.MkdirOwned(devs, disk, 0o700, 0, 0); err != nil {
+		return "", err
 	}
-	return container.DisksDir + "/" + disk, nil
+	src := filepath.Join(d.path(disks, disk), "data")
+	if err := storage.BindIDMapped(src, devs, disk, *rec.IDs, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
+		return "", fmt.Errorf("mounting disk %s into vm %s: %w", disk, rec.CID, err)
+	}
+	return inside, nil
 }
 
 // detachInside unmounts a disk from the VM (it disappears inside at once).
 func (d *Driver) detachInside(vm, disk string) error {
-	target := filepath.Join(d.ctr(vm).devs(), disk)
-	if err := storage.UnmountAll(target); err != nil {
+	c := d.ctr(vm)
+	if err := storage.UnmountAll(filepath.Join(c.devs(), disk)); err != nil {
 		return err
 	}
-	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	devs, err := os.OpenRoot(c.devs())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer devs.Close()
+	if err := devs.Remove(disk); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return nil
@@ -161,12 +248,13 @@ func (d *Driver) detachInside(vm, disk string) error {
 
 // updateDiskSettings records an attached (path) or detached ("") disk in
 // the agent settings inside the VM, as the warden CPI does.
-func (d *Driver) updateDiskSettings(vm, disk, path string) error {
-	root, err := os.OpenRoot(d.ctr(vm).rootfs())
+func (d *Driver) updateDiskSettings(rec vmRecord, disk, path string) error {
+	v, err := d.openVMFS(rec)
 	if err != nil {
 		return err
 	}
-	defer root.Close()
+	defer v.Close()
+	root := v.root
 	name := strings.TrimPrefix(container.AgentSettingsPath, "/")
 	b, err := root.ReadFile(name)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -198,7 +286,7 @@ func (d *Driver) updateDiskSettings(vm, disk, path string) error {
 	if err != nil {
 		return err
 	}
-	return root.WriteFile(name, out, 0o600)
+	return v.write(container.AgentSettingsPath, out, 0o600)
 }
 
 // findExecutableIn checks the command exists in the VM's image.

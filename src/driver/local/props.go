@@ -13,8 +13,9 @@ type vmProps struct {
 	UserData *string           `json:"user_data,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	// BoshAgent: the VM hosts a BOSH agent (container mode): it gets the
-	// agent profile's capabilities (container.go) and, with no command,
-	// the stemcell's agent is started. Unset: container.bosh_agent.
+	// agent profile's capabilities, where local.container.bosh_agent
+	// allows it. Unset: a VM booting the stemcell's agent (no command)
+	// gets the profile when it is allowed.
 	BoshAgent *bool `json:"bosh_agent,omitempty"`
 	// What calculate_vm_cloud_properties answers comes back here: recorded.
 	CPU               int `json:"cpu,omitempty"`

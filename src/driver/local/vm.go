@@ -10,6 +10,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 // vmRecord is vms/<cid>/vm.json. The environment is not kept here: it may
@@ -26,6 +27,10 @@ type vmRecord struct {
 	// Isolation is "container" for a container VM (the config may change
 	// while it lives; deleting it must still undo what made it).
 	Isolation string `json:"isolation,omitempty"`
+	// IDs is a container VM's range of host ids (its user namespace).
+	IDs *storage.IDRange `json:"ids,omitempty"`
+	// Agent: the VM has the BOSH agent profile.
+	Agent     bool   `json:"agent,omitempty"`
 	Stopped   bool   `json:"stopped,omitempty"`
 	CreatedAt string `json:"created_at"`
 }
@@ -89,6 +94,9 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 		}
 	}
 	d.release(ctx, cid)
+	if rec.IDs != nil {
+		d.releaseIDs(ctx, cid)
+	}
 	if err := d.remove(vms, cid); err != nil {
 		return fmt.Errorf("removing vm %s: %w", cid, err)
 	}

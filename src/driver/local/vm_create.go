@@ -30,6 +30,7 @@ type vmPlan struct {
 	argv      []string // nil: nothing runs (no command, or run_processes off)
 	userData  string
 	container bool // runs in a container (container mode, processes on)
+	agent     bool // with the BOSH agent profile
 }
 
 // planVM checks the request: names, the stemcell, disks, cloud
@@ -75,11 +76,19 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	agent := false
+	if d.containers() {
+		// No command and no user data: the stemcell's init boots its agent.
+		bootsAgent := (len(props.Command) == 0 || string(props.Command) == "null") && userData == ""
+		if agent, err = d.agentProfile(props, bootsAgent); err != nil {
+			return nil, err
+		}
+	}
 	run := d.cfg.RunProcesses == nil || *d.cfg.RunProcesses
 	if !run {
 		argv = nil
 	}
-	return &vmPlan{spec: spec, cid: cid, props: props, argv: argv, userData: userData, container: d.containers() && run}, nil
+	return &vmPlan{spec: spec, cid: cid, props: props, argv: argv, userData: userData, agent: agent, container: d.containers() && run}, nil
 }
 
 // applyVM builds the VM out of view, publishes it with one rename and
@@ -98,10 +107,13 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	if err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
-	allocated := false
+	allocated, ranged := false, false
 	fail := func(err error) (driver.VM, error) {
 		if allocated {
 			d.release(ctx, cid)
+		}
+		if ranged {
+			d.releaseIDs(ctx, cid)
 		}
 		_ = os.RemoveAll(tmp)
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
@@ -123,7 +135,12 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	}
 	settings := spec.AgentSettings
 	if pl.container {
-		rec.Isolation = IsolationContainer
+		ids, err := d.allocateIDs(ctx, cid)
+		if err != nil {
+			return fail(err)
+		}
+		ranged = true
+		rec.Isolation, rec.IDs, rec.Agent = IsolationContainer, &ids, pl.agent
 		settings = withAddresses(settings, nets)
 	}
 	if settings != nil {
@@ -204,12 +221,18 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 	return argv, "", err
 }
 
-// agentProfile: whether a VM gets the BOSH agent's capabilities.
-func (d *Driver) agentProfile(p vmProps) bool {
-	if p.BoshAgent != nil {
-		return *p.BoshAgent
+// agentProfile: whether a VM gets the BOSH agent's capabilities. Only
+// the driver's config can allow them (a request's context cannot set
+// local keys); cloud properties asking without it are refused by name.
+func (d *Driver) agentProfile(p vmProps, bootsAgent bool) (bool, error) {
+	allowed := d.cfg.Container.BoshAgent
+	switch {
+	case p.BoshAgent == nil:
+		return allowed && bootsAgent, nil
+	case *p.BoshAgent && !allowed:
+		return false, driver.Invalid("cloud_properties.bosh_agent: the agent profile is not allowed here: the driver's config must allow it (local.container.bosh_agent: true)")
 	}
-	return d.cfg.Container.BoshAgent
+	return *p.BoshAgent, nil
 }
 
 // processEnv is the VM process's whole environment: nothing of bin/cpi's

@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 // Where a warden stemcell's bosh-agent looks (agent.json's File settings
@@ -45,6 +46,8 @@ type VM struct {
 	Agent       bool
 	RAMMiB, CPU int
 	Pids        int64
+	// IDs: the VM's user namespace maps its ids onto these host ids.
+	IDs storage.IDRange
 }
 
 // ociVersion: the spec version written; Debian 12's crun 1.8 refuses the
@@ -112,17 +115,25 @@ func Spec(v VM) (*specs.Spec, error) {
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			// rslave: disks mounted below devs later appear inside.
-			{Destination: DisksDir, Type: "bind", Source: v.Devs, Options: []string{"rbind", "rslave"}},
+			// rslave: disks mounted below devs later appear inside. The
+			// directory itself is read-only and the host root's.
+			{Destination: DisksDir, Type: "bind", Source: v.Devs, Options: []string{"rbind", "rslave", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath:       v.Cgroup,
 			Resources:         res,
 			RootfsPropagation: "rslave",
+			// A user namespace: root in the VM is an unprivileged host id,
+			// and every capability the VM holds is the namespace's. A
+			// cgroup namespace: its cgroups are its root, no hierarchy can
+			// be made (no release_agent), no other VM's is in sight.
 			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.UserNamespace}, {Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace},
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.CgroupNamespace},
 			},
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: v.IDs.Base, Size: v.IDs.Size}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: v.IDs.Base, Size: v.IDs.Size}},
 			MaskedPaths: []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"},
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},

@@ -6,13 +6,15 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
 func TestOCISpecHoldsTheVMAndNothingOfTheHost(t *testing.T) {
 	t.Setenv("RUNWAY_TEST_HOST_SECRET", "s3cret")
 	root, devs := "/var/lib/runway/vms/vm-1/rootfs", "/var/lib/runway/vms/vm-1/devs"
 	s, err := Spec(VM{CID: "vm-1", AgentID: "ag", Rootfs: root, Devs: devs, Cgroup: "/runway/x-vm-1", RAMMiB: 512, CPU: 2, Pids: 100,
-		Env: map[string]string{"A": "b", EnvMarker: "spoof"}, Argv: []string{"/bin/true"}})
+		Env: map[string]string{"A": "b", EnvMarker: "spoof"}, Argv: []string{"/bin/true"}, IDs: storage.IDRange{Base: 1 << 30, Size: 1 << 16}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,10 +37,16 @@ func TestOCISpecHoldsTheVMAndNothingOfTheHost(t *testing.T) {
 	for _, n := range s.Linux.Namespaces {
 		ns = append(ns, n.Type)
 	}
-	for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.NetworkNamespace, specs.IPCNamespace, specs.UTSNamespace, specs.MountNamespace} {
+	for _, want := range []specs.LinuxNamespaceType{specs.UserNamespace, specs.PIDNamespace, specs.NetworkNamespace,
+		specs.IPCNamespace, specs.UTSNamespace, specs.MountNamespace, specs.CgroupNamespace} {
 		if !slices.Contains(ns, want) {
 			t.Errorf("no %s namespace", want)
 		}
+	}
+	// Root in the VM is host uid 2^30 (and the 65535 after it), never 0.
+	want := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 1 << 30, Size: 1 << 16}}
+	if !slices.Equal(s.Linux.UIDMappings, want) || !slices.Equal(s.Linux.GIDMappings, want) {
+		t.Errorf("id mappings %v %v", s.Linux.UIDMappings, s.Linux.GIDMappings)
 	}
 	if len(s.Process.Capabilities.Bounding) != 3 || !s.Process.NoNewPrivileges {
 		t.Errorf("capabilities %v, no_new_privileges %v", s.Process.Capabilities.Bounding, s.Process.NoNewPrivileges)

@@ -73,3 +73,40 @@ func UnmountAll(dir string) error {
 	}
 	return nil
 }
+
+// NoMountsIn checks, by device, that nothing within depth levels below
+// dir is a mount point (the mount table lists resolved paths only); a dir
+// that is gone holds none.
+func NoMountsIn(dir string, depth int) error {
+	var top unix.Stat_t
+	if err := unix.Lstat(dir, &top); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	var walk func(p string, left int) error
+	walk = func(p string, left int) error {
+		ents, err := os.ReadDir(p)
+		if err != nil {
+			return nil // not a directory, or gone
+		}
+		for _, e := range ents {
+			q := p + "/" + e.Name()
+			var st unix.Stat_t
+			if unix.Lstat(q, &st) != nil {
+				continue
+			}
+			if st.Dev != top.Dev {
+				return fmt.Errorf("%s is still a mount point", q)
+			}
+			if left > 1 && e.IsDir() {
+				if err := walk(q, left-1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(dir, depth)
+}

@@ -1,0 +1,104 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// IDRange is the host ids a VM's user namespace maps its ids 0..Size-1
+// to: root in the VM is host uid (and gid) Base.
+type IDRange struct {
+	Base, Size uint32
+}
+
+// userNS holds a user namespace with r's mapping open: a process made in
+// it (the kernel makes a user namespace only with a process), killed once
+// the namespace's file is open.
+func (r IDRange) userNS() (*os.File, error) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		return nil, fmt.Errorf("a user namespace needs a process to hold it: %w", err)
+	}
+	cmd := exec.Command(sleep, "infinity")
+	cmd.Env = []string{}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.Base), Size: int(r.Size)}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, UidMappings: m, GidMappings: m,
+		Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("making a user namespace: %w", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	return os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
+}
+
+// BindIDMapped mounts a copy of directory src at name under dir (a
+// directory the caller made, opened as dir), its owners seen through r:
+// a file of uid u under src is uid r.Base+u under name. The mount point
+// is reached without following a link (a VM may have planted one). attrs
+// are further MOUNT_ATTR_ flags (read-only, nosuid, nodev).
+func BindIDMapped(src string, dir *os.Root, name string, r IDRange, attrs uint64) error {
+	ns, err := r.userNS()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+	if err != nil {
+		return fmt.Errorf("cloning %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | attrs, Userns_fd: uint64(ns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("mapping the owners of %s: %w", src, err)
+	}
+	return moveInto(fd, dir, name)
+}
+
+// moveInto attaches the detached mount fd at name under dir; the target
+// is resolved with no link followed.
+func moveInto(fd int, dir *os.Root, name string) error {
+	d, err := dir.Open(".")
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	fi, err := dir.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("mount point %s is not a directory (%s)", name, fi.Mode().Type())
+	}
+	if err := unix.MoveMount(fd, "", int(d.Fd()), name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mounting at %s: %w", name, err)
+	}
+	return nil
+}
+
+// MkdirOwned makes directory name under root (no link followed) owned by
+// uid:gid with mode, or checks that it is a directory when it exists; a
+// link or file there is replaced.
+func MkdirOwned(root *os.Root, name string, mode os.FileMode, uid, gid int) error {
+	if fi, err := root.Lstat(name); err == nil {
+		if fi.IsDir() {
+			return root.Lchown(name, uid, gid)
+		}
+		if err := root.Remove(name); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := root.Mkdir(name, mode); err != nil {
+		return err
+	}
+	if err := root.Chmod(name, mode); err != nil { // past the umask
+		return err
+	}
+	return root.Lchown(name, uid, gid)
+}

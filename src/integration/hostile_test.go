@@ -1,0 +1,169 @@
+package integration_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/testkit/hostile"
+)
+
+// The attacker's side (issue 37): each spec's VM runs an attack as its
+// own command, made through bin/cpi as the Director makes VMs, and the
+// host is then checked for what the attack was after. The image holds
+// busybox and vmprobe (src/testkit/hostile).
+
+// hostileDriver is a container-mode driver of its own whose stemcell is
+// the hostile image.
+type hostileDriver struct {
+	*ownDriver
+	key string // the state dir's key in cgroup and container names
+}
+
+func newHostileDriver(container map[string]any) *hostileDriver {
+	img, err := hostile.Image(GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	o := newOwnDriverWith(img, container)
+	sum := sha256.Sum256([]byte(o.state))
+	return &hostileDriver{ownDriver: o, key: hex.EncodeToString(sum[:4])}
+}
+
+// vmWith makes a VM with cloud properties props (and a dynamic network).
+func (h *hostileDriver) vmWith(props map[string]any) string {
+	var res []json.RawMessage
+	ExpectWithOffset(1, json.Unmarshal(h.call("create_vm", "agent-hostile", h.sc, props, dynamic, []string{}, map[string]any{}), &res)).To(Succeed())
+	cid := asString(res[0])
+	DeferCleanup(func() {
+		if r := h.raw("delete_vm", cid); r.Error != nil {
+			Expect(r.Error.Type).To(Equal("Bosh::Clouds::VMNotFound"), r.Error.Message)
+		}
+	})
+	return cid
+}
+
+// cgroupFile is a file of the VM's cgroup under a v1 controller, on the host.
+func (h *hostileDriver) cgroupFile(controller, cid, file string) string {
+	return filepath.Join("/sys/fs/cgroup", controller, "runway", h.key+"-"+cid, file)
+}
+
+func readTrim(path string) string {
+	b, err := os.ReadFile(path)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return strings.TrimSpace(string(b))
+}
+
+// idle ends a hostile script: PID 1 waits for SIGTERM.
+const idle = "; echo PROBE-END; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
+
+var _ = describeContainer("a hostile VM", Ordered, func() {
+	It("with the agent profile, reaches nothing of the host or other VMs through cgroups, /proc, /sys or keys", func() {
+		h := newHostileDriver(map[string]any{"bridge": "rwhost0", "cidr": "10.250.20.0/24", "bosh_agent": true})
+		n := rand.Int64()
+		// A key of the host's root stands for another VM's and the host's
+		// keyrings (the default seccomp profile keeps VMs from adding keys).
+		keyDesc := fmt.Sprintf("runway-victim-%d", n)
+		key, err := unix.AddKey("user", keyDesc, []byte("the host's secret"), unix.KEY_SPEC_USER_KEYRING)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _, _ = unix.KeyctlInt(unix.KEYCTL_REVOKE, key, 0, 0, 0) })
+		victim := h.vmWith(map[string]any{"command": "echo victim-up" + idle})
+		Eventually(h.console(victim), "15s", "50ms").Should(ContainSubstring("victim-up"))
+
+		// What the host must still hold afterwards.
+		const sysfsFile = "/sys/kernel/mm/ksm/sleep_millisecs"
+		corePattern, sysfsValue := readTrim("/proc/sys/kernel/core_pattern"), readTrim(sysfsFile)
+		DeferCleanup(func() {
+			_ = os.WriteFile("/proc/sys/kernel/core_pattern", []byte(corePattern), 0o644)
+			_ = os.WriteFile(sysfsFile, []byte(sysfsValue), 0o644)
+			_ = os.WriteFile(h.cgroupFile("freezer", victim, "freezer.state"), []byte("THAWED"), 0o644)
+		})
+		mark := filepath.Join(os.TempDir(), fmt.Sprintf("runway-hostile-%d", n))
+		DeferCleanup(func() { os.Remove(mark) })
+		victimCG := "/runway/" + h.key + "-" + victim
+
+		script := strings.Join([]string{
+			`report() { if [ "$2" = 0 ]; then echo "$1-BROKE"; else echo "$1-HELD"; fi; }`,
+			// The host path of the VM's writable layer: a script there is a
+			// host path to execute, if anything on the host runs it.
+			`U=$(sed -n 's/.*upperdir=\([^,]*\).*/\1/p' /proc/mounts | head -1)`,
+			`printf '#!/bin/sh\ntouch ` + mark + `\n' > /evil.sh; chmod +x /evil.sh`,
+			// The cgroup v1 release_agent of a named hierarchy it mounts.
+			`(mkdir -p /cg1 && mount -t cgroup -o none,name=rwevil cgroup /cg1 && mkdir -p /cg1/x && echo 1 > /cg1/x/notify_on_release && echo "$U/evil.sh" > /cg1/release_agent && sh -c 'echo $$ > /cg1/x/cgroup.procs') 2>/dev/null; report RELEASE-AGENT $?`,
+			// core_pattern, with /proc/sys unmasked and rw.
+			`(umount /proc/sys; mount -o remount,rw /proc/sys; echo "|$U/evil.sh" > /proc/sys/kernel/core_pattern) 2>/dev/null; report CORE-PATTERN $?`,
+			// A host tunable under /sys, remounted rw.
+			`(mount -o remount,rw /sys; echo 4242 > ` + sysfsFile + `) 2>/dev/null; report SYSFS $?`,
+			// Another VM's key, with /proc/keys unmasked.
+			`umount /proc/keys 2>/dev/null; grep -q ` + keyDesc + ` /proc/keys; report KEYS $?`,
+			// Its own memory limit, and the host's root pids cgroup.
+			`cg=$(sed -n 's/^[0-9]*:memory:\(.*\)/\1/p' /proc/self/cgroup)`,
+			`(mkdir -p /cgm && mount -t cgroup -o memory cgroup /cgm && { echo -1 > /cgm$cg/memory.memsw.limit_in_bytes; echo -1 > /cgm$cg/memory.limit_in_bytes; }) 2>/dev/null; report MEMLIMIT $?`,
+			`(mkdir -p /cgp && mount -t cgroup -o pids cgroup /cgp && echo $$ > /cgp/cgroup.procs) 2>/dev/null; report PIDS $?`,
+			// Another VM frozen.
+			`(mkdir -p /cgf && mount -t cgroup -o freezer cgroup /cgf && echo FROZEN > /cgf` + victimCG + `/freezer.state) 2>/dev/null; report FREEZE $?`,
+		}, "\n") + idle
+		attacker := h.vmWith(map[string]any{"bosh_agent": true, "ram": 256, "command": []string{"/bin/sh", "-c", script}})
+		Eventually(h.console(attacker), "30s", "50ms").Should(ContainSubstring("PROBE-END"))
+		out := h.console(attacker)()
+		for _, attack := range []string{"RELEASE-AGENT", "CORE-PATTERN", "SYSFS", "KEYS", "MEMLIMIT", "FREEZE"} {
+			Expect(out).To(ContainSubstring(attack+"-HELD"), "attack %s:\n%s", attack, out)
+		}
+		Expect(readTrim("/proc/sys/kernel/core_pattern")).To(Equal(corePattern))
+		Expect(readTrim(sysfsFile)).To(Equal(sysfsValue))
+		Expect(mark).NotTo(BeAnExistingFile(), "the release agent ran on the host")
+		Expect(readTrim(h.cgroupFile("memory", attacker, "memory.limit_in_bytes"))).To(Equal(fmt.Sprint(256 << 20)))
+		Expect(readTrim(h.cgroupFile("freezer", victim, "freezer.state"))).To(Equal("THAWED"))
+		// Every process of the attacker is still in its own pids cgroup.
+		procs := readTrim(h.cgroupFile("pids", attacker, "cgroup.procs"))
+		Expect(procs).NotTo(BeEmpty())
+		rootProcs, err := os.ReadFile("/sys/fs/cgroup/pids/cgroup.procs")
+		Expect(err).NotTo(HaveOccurred())
+		pid1 := readTrim(filepath.Join(h.state, "vms", attacker, "container.pid"))
+		Expect(strings.Fields(string(rootProcs))).NotTo(ContainElement(pid1), "the VM's init moved into the host's root pids cgroup")
+	})
+
+	It("cannot ask for the agent profile where the driver's config does not allow it", func() {
+		h := newHostileDriver(map[string]any{"bridge": "rwhost2", "cidr": "10.250.22.0/24"})
+		r := h.raw("create_vm", "agent-hostile", h.sc, map[string]any{"bosh_agent": true, "command": "sleep 600"}, dynamic, []string{}, map[string]any{})
+		Expect(r.Error).NotTo(BeNil(), "an agent VM was made without the config allowing it")
+		Expect(r.Error.Message).To(ContainSubstring("cloud_properties.bosh_agent"))
+		Expect(r.Error.Message).To(ContainSubstring("local.container.bosh_agent"))
+		entries, _ := os.ReadDir(filepath.Join(h.state, "vms"))
+		Expect(entries).To(BeEmpty(), "the refused VM left something")
+	})
+
+	It("cannot make the host mount a disk over a host directory by planting a link where disks appear", func() {
+		h := newHostileDriver(map[string]any{"bridge": "rwhost1", "cidr": "10.250.21.0/24"})
+		target := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(target, "host-file"), []byte("host"), 0o600)).To(Succeed())
+		disk := asString(h.call("create_disk", 16, map[string]any{}, nil))
+		DeferCleanup(func() { h.call("delete_disk", disk) })
+		// The VM plants a link to the host directory where the disk
+		// appeared, each time it is gone (after a detach).
+		plant := `d=/warden-cpi-dev/` + disk + `; said=; while :; do ` +
+			`if [ ! -e $d ] && [ ! -L $d ]; then if ln -s ` + target + ` $d 2>/dev/null; then echo PLANTED; else [ -n "$said" ] || echo PLANT-FAILED; said=1; fi; fi; ` +
+			`sleep 0.05; done`
+		vm := h.vmWith(map[string]any{"command": []string{"/bin/sh", "-c", plant}})
+		h.call("attach_disk", vm, disk)
+		h.call("detach_disk", vm, disk)
+		Eventually(h.console(vm), "15s", "20ms").Should(Or(ContainSubstring("PLANTED"), ContainSubstring("PLANT-FAILED")))
+		h.call("attach_disk", vm, disk)
+		covered := func() bool {
+			mi, _ := os.ReadFile("/proc/self/mountinfo")
+			return strings.Contains(string(mi), " "+target+" ")
+		}
+		Expect(covered()).To(BeFalse(), "the host directory was covered by the disk")
+		Expect(filepath.Join(target, "host-file")).To(BeAnExistingFile())
+		h.call("detach_disk", vm, disk)
+		h.call("delete_vm", vm)
+		Expect(covered()).To(BeFalse(), "a mount over the host directory outlived the VM")
+	})
+})
