@@ -150,6 +150,9 @@ func expectNothingLeft() {
 	ExpectWithOffset(1, runs).To(BeEmpty(), "vms' mount point directories")
 	// The driver names its cgroups after a hash of the state dir.
 	sum := sha256.Sum256([]byte(fx.StateDir))
+	// The bridge ports' guard holds no element of a VM that is gone.
+	guard := run("nsenter", "--net=/run/netns/"+fx.NetNS, "nft", "list", "table", "bridge", "runway_"+hex.EncodeToString(sum[:4]))
+	ExpectWithOffset(1, guard).NotTo(ContainSubstring("elements"), "the ports' guard")
 	cg, _ := filepath.Glob("/sys/fs/cgroup/*/runway/" + hex.EncodeToString(sum[:4]) + "-*")
 	ExpectWithOffset(1, cg).To(BeEmpty(), "cgroups left")
 	// The host ends of VMs' veths are named rw<12 hex digits>.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -48,6 +49,19 @@ func (h *hostileDriver) vmWith(props map[string]any) string {
 		}
 	})
 	return cid
+}
+
+// address is a VM's address on the bridge (from the driver's record).
+func (h *hostileDriver) address(cid string) string {
+	var rec struct {
+		Networks map[string]struct {
+			IP string `json:"ip"`
+		} `json:"networks"`
+	}
+	b, err := os.ReadFile(filepath.Join(h.state, "vms", cid, "vm.json"))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	ExpectWithOffset(1, json.Unmarshal(b, &rec)).To(Succeed())
+	return rec.Networks["default"].IP
 }
 
 // cgroupFile is a file of the VM's cgroup under a v1 controller, on the host.
@@ -128,6 +142,37 @@ var _ = describeContainer("a hostile VM", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		pid1 := readTrim(filepath.Join(h.state, "vms", attacker, "container.pid"))
 		Expect(strings.Fields(string(rootProcs))).NotTo(ContainElement(pid1), "the VM's init moved into the host's root pids cgroup")
+	})
+
+	It("with the agent profile, cannot take another VM's address: its port sends only its own IP and MAC", func() {
+		h := newHostileDriver(map[string]any{"bridge": "rwhost3", "cidr": "10.250.23.0/24", "bosh_agent": true, "allow_vm_to_vm": true})
+		serve := func(name string) string {
+			return "mkdir -p /www && echo " + name + " > /www/who && busybox httpd -p 8080 -h /www && " +
+				"echo MAC=$(cat /sys/class/net/eth0/address)"
+		}
+		victim := h.vmWith(map[string]any{"command": serve("victim") + idle})
+		Eventually(h.console(victim), "15s", "50ms").Should(ContainSubstring("PROBE-END"))
+		victimIP, victimMAC := h.address(victim), strings.TrimPrefix(regexp.MustCompile(`MAC=\S+`).FindString(h.console(victim)()), "MAC=")
+		Expect(victimMAC).NotTo(BeEmpty())
+		who := func() (string, error) { return httpGet(victimIP+":8080", "/who") }
+		Eventually(who, "10s", "50ms").Should(HaveSuffix("victim\n"))
+		// The attacker wears the victim's address and hardware address,
+		// then talks to the host: the host learns the victim's address
+		// from its ARP request.
+		attack := strings.Join([]string{
+			serve("attacker"),
+			"ip link set eth0 down; ip link set eth0 address " + victimMAC + "; ip link set eth0 up",
+			"ip addr flush dev eth0; ip addr add " + victimIP + "/24 dev eth0; ip route add default via 10.250.23.1",
+			"for i in 1 2 3 4 5; do busybox nc -w 1 10.250.23.1 9 </dev/null; done; echo SPOOFED",
+		}, "; ") + idle
+		attacker := h.vmWith(map[string]any{"bosh_agent": true, "command": []string{"/bin/sh", "-c", attack}})
+		Eventually(h.console(attacker), "30s", "50ms").Should(ContainSubstring("PROBE-END"))
+		Expect(h.console(attacker)()).To(ContainSubstring("SPOOFED"))
+		for range 5 {
+			Expect(who()).To(HaveSuffix("victim\n"), "the host's traffic for the victim reached the attacker")
+		}
+		neigh := run("ip", "-n", fx.NetNS, "neigh", "show", victimIP)
+		Expect(neigh).To(ContainSubstring(victimMAC), "the host's neighbour entry for the victim")
 	})
 
 	It("cannot ask for the agent profile where the driver's config does not allow it", func() {

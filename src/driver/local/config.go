@@ -154,6 +154,9 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		return netip.Prefix{}, errors.New(`local: isolation "container" needs iptables for the firewall that keeps VMs in (Debian's iptables package); none on PATH`)
 	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return netip.Prefix{}, errors.New(`local: isolation "container" needs nft for the guard that keeps each VM to its own addresses on the bridge (Debian's nftables package); none on PATH`)
+	}
 	return p.Masked(), nil
 }
 

@@ -75,7 +75,7 @@ func (d *Driver) runtime() container.Runtime {
 func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 	ram, _ := c.d.limits(props)
 	return container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
-		RAM: ram, Net: c.d.bridge.Plan(c.hostIf(), rec.Networks)}
+		RAM: ram, Net: c.d.bridge.Plan(rec.CID, c.hostIf(), rec.Networks)}
 }
 
 func (v containerVMs) check(cid string, _ vmProps) error {
@@ -319,6 +319,16 @@ func (v containerVMs) teardown(rec *vmRecord) error {
 	c := v.d.ctr(rec.CID)
 	if err := hostnet.DeleteLink(c.hostIf()); err != nil {
 		return err
+	}
+	var addrs []string
+	for _, n := range rec.Networks {
+		if n.IP != "" {
+			addrs = append(addrs, n.IP)
+		}
+	}
+	key := v.d.stateKey()
+	if err := hostnet.Unguard(context.Background(), hostnet.GuardTable(key), c.hostIf(), hostnet.VMMAC(key, rec.CID), addrs); err != nil {
+		return fmt.Errorf("removing vm %s from the bridge ports' guard: %w", rec.CID, err)
 	}
 	for _, dir := range []string{c.run(), c.dir} {
 		if err := storage.UnmountAll(dir); err != nil {

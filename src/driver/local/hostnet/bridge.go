@@ -156,6 +156,9 @@ func (b *Bridge) Ensure(ctx context.Context) error {
 		if err := b.firewall(ctx); err != nil {
 			return fmt.Errorf("bridge %s: %w", br, err)
 		}
+		if err := ensureGuard(ctx, GuardTable(b.Key)); err != nil {
+			return fmt.Errorf("bridge %s: the ports' guard: %w", br, err)
+		}
 		if err := ip(ctx, "link", "set", br, "up"); err != nil {
 			return err
 		}

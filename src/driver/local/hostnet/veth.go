@@ -16,8 +16,11 @@ import (
 // Plan is what the supervisor configures between the runtime's create
 // and start: written by create_vm, read by the supervisor.
 type Plan struct {
-	Bridge  string   `json:"bridge"`
-	HostIf  string   `json:"host_if"`
+	Bridge string `json:"bridge"`
+	HostIf string `json:"host_if"`
+	// MAC is eth0's hardware address; Table the port guard's table.
+	MAC     string   `json:"mac"`
+	Table   string   `json:"table"`
 	Addrs   []string `json:"addrs"` // CIDR notation, on eth0
 	Gateway string   `json:"gateway"`
 	// Isolated: the VM's bridge port talks to the host only, not to the
@@ -25,9 +28,10 @@ type Plan struct {
 	Isolated bool `json:"isolated"`
 }
 
-// Plan is how a VM whose host end is hostIf joins the bridge with nets.
-func (b *Bridge) Plan(hostIf string, nets driver.Networks) Plan {
-	p := Plan{Bridge: b.Name, HostIf: hostIf, Gateway: b.Gateway().String(), Isolated: !b.AllowVMToVM}
+// Plan is how VM cid, whose host end is hostIf, joins the bridge with nets.
+func (b *Bridge) Plan(cid, hostIf string, nets driver.Networks) Plan {
+	p := Plan{Bridge: b.Name, HostIf: hostIf, Gateway: b.Gateway().String(), Isolated: !b.AllowVMToVM,
+		MAC: VMMAC(b.Key, cid).String(), Table: GuardTable(b.Key)}
 	names := make([]string, 0, len(nets))
 	for name := range nets {
 		names = append(names, name)
@@ -50,7 +54,15 @@ func (b *Bridge) Plan(hostIf string, nets driver.Networks) Plan {
 // Connect plugs the container whose init is pid into the bridge.
 func (p Plan) Connect(ctx context.Context, pid int) error {
 	_ = DeleteLink(p.HostIf) // left by an earlier run of this VM
-	if err := ip(ctx, "link", "add", p.HostIf, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(pid)); err != nil {
+	mac, err := net.ParseMAC(p.MAC)
+	if err != nil {
+		return fmt.Errorf("the vm's hardware address: %w", err)
+	}
+	if err := ip(ctx, "link", "add", p.HostIf, "type", "veth", "peer", "name", "eth0", "address", mac.String(), "netns", strconv.Itoa(pid)); err != nil {
+		return err
+	}
+	// Guarded before it joins the bridge: no frame of it passes unchecked.
+	if err := guard(ctx, p.Table, p.HostIf, mac, p.Addrs); err != nil {
 		return err
 	}
 	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge); err != nil {
