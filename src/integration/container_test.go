@@ -186,10 +186,18 @@ func newOwnDriver(container map[string]any) *ownDriver { return newOwnDriverWith
 
 // newOwnDriverWith is newOwnDriver with the stemcell made from image.
 func newOwnDriverWith(image string, container map[string]any) *ownDriver {
+	return newOwnDriverFull(image, container, nil)
+}
+
+// newOwnDriverFull is newOwnDriverWith with more local keys.
+func newOwnDriverFull(image string, container, more map[string]any) *ownDriver {
 	dir := GinkgoT().TempDir()
 	cfg := filepath.Join(dir, "cpi.json")
-	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
-		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 2, "container": container}})
+	local := map[string]any{"isolation": "container", "stop_grace_seconds": 2, "container": container}
+	for k, v := range more {
+		local[k] = v
+	}
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"), "local": local})
 	Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
 	o := &ownDriver{state: filepath.Join(dir, "state")}
 	o.raw = func(method string, args ...any) Response { return runWith(cfg, request(method, 2, args...)) }

@@ -30,10 +30,13 @@ type hostileDriver struct {
 	key string // the state dir's key in cgroup and container names
 }
 
-func newHostileDriver(container map[string]any) *hostileDriver {
+func newHostileDriver(container map[string]any) *hostileDriver { return newHostileDriverWith(container, nil) }
+
+// newHostileDriverWith is newHostileDriver with more local keys.
+func newHostileDriverWith(container, local map[string]any) *hostileDriver {
 	img, err := hostile.Image(GinkgoT().TempDir())
 	Expect(err).NotTo(HaveOccurred())
-	o := newOwnDriverWith(img, container)
+	o := newOwnDriverFull(img, container, local)
 	sum := sha256.Sum256([]byte(o.state))
 	return &hostileDriver{ownDriver: o, key: hex.EncodeToString(sum[:4])}
 }
@@ -210,5 +213,54 @@ var _ = describeContainer("a hostile VM", Ordered, func() {
 		h.call("detach_disk", vm, disk)
 		h.call("delete_vm", vm)
 		Expect(covered()).To(BeFalse(), "a mount over the host directory outlived the VM")
+	})
+})
+
+// consoleFlood writes 3 MiB to the console, fast, then says CONSOLE-END.
+const consoleFlood = "yes 'runway console flood' | head -c 3145728; echo CONSOLE-END"
+
+// expectConsoleCapped: the VM's console.log and console.log.1 each hold at
+// most cap bytes, and the newest output is in console.log.
+func expectConsoleCapped(vmDir string, cap int) {
+	cur, err := os.ReadFile(filepath.Join(vmDir, "console.log"))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	old, err := os.ReadFile(filepath.Join(vmDir, "console.log.1"))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "no rotated console.log.1")
+	ExpectWithOffset(1, len(cur)).To(BeNumerically("<=", cap), "console.log")
+	ExpectWithOffset(1, len(old)).To(BeNumerically("<=", cap), "console.log.1")
+	ExpectWithOffset(1, string(cur)).To(ContainSubstring("CONSOLE-END"))
+}
+
+var _ = describeContainer("a VM flooding its console", func() {
+	It("fills no more than its capped, rotated console.log", func() {
+		h := newHostileDriverWith(map[string]any{"bridge": "rwhost4", "cidr": "10.250.24.0/24"}, map[string]any{"console_max_kib": 64})
+		vm := h.vmWith(map[string]any{"command": consoleFlood + idle})
+		Eventually(h.console(vm), "30s", "50ms").Should(ContainSubstring("PROBE-END"))
+		expectConsoleCapped(filepath.Join(h.state, "vms", vm), 64<<10)
+	})
+})
+
+var _ = describeLocal("a process VM flooding its console", func() {
+	It("fills no more than its capped, rotated console.log", func() {
+		dir := GinkgoT().TempDir()
+		cfg := filepath.Join(dir, "cpi.json")
+		b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
+			"local": map[string]any{"stop_grace_seconds": 1, "console_max_kib": 64}})
+		Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
+		call := func(method string, args ...any) json.RawMessage {
+			r := runWith(cfg, request(method, 2, args...))
+			ExpectWithOffset(1, r.Error).To(BeNil(), "%s: %+v", method, r.Error)
+			return r.Result
+		}
+		sc := asString(call("create_stemcell", fx.Image, map[string]any{}))
+		DeferCleanup(func() { call("delete_stemcell", sc) })
+		var res []json.RawMessage
+		Expect(json.Unmarshal(call("create_vm", "agent-flood", sc, map[string]any{"command": consoleFlood + "; exec sleep 600"},
+			map[string]any{}, []string{}, map[string]any{}), &res)).To(Succeed())
+		vm := asString(res[0])
+		DeferCleanup(func() { call("delete_vm", vm) })
+		vmDir := filepath.Join(dir, "state", "vms", vm)
+		Eventually(func() string { b, _ := os.ReadFile(filepath.Join(vmDir, "console.log")); return string(b) }, "30s", "50ms").Should(ContainSubstring("CONSOLE-END"))
+		expectConsoleCapped(vmDir, 64<<10)
 	})
 })

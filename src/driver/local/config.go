@@ -29,6 +29,9 @@ type Config struct {
 	// MaxImageEntries caps the files one stemcell image may hold (empty
 	// files cost inodes, not bytes).
 	MaxImageEntries int `json:"max_image_entries,omitempty"`
+	// ConsoleMaxKiB caps a VM's console.log; past it the log becomes
+	// console.log.1 and a new one starts.
+	ConsoleMaxKiB int `json:"console_max_kib,omitempty"`
 	// Isolation: "process" (VMs are process groups on the host, the
 	// default) or "container" (each VM an OCI container made from a rootfs
 	// stemcell, with its own address on a bridge; needs root and runc).
@@ -50,6 +53,9 @@ const (
 	// DefaultMaxImageEntries: a stemcell's root file system holds tens of
 	// thousands of files.
 	DefaultMaxImageEntries = 150000
+	// DefaultConsoleMaxKiB: 10 MiB of console, twice (a day of an agent
+	// writing ~1.4 KB/s fills ~120 MB).
+	DefaultConsoleMaxKiB = 10 << 10
 )
 
 // ContainerConfig is the "local.container" section: how container-mode
@@ -222,6 +228,12 @@ func (c *Config) complete(stateDir string) (netip.Prefix, string, error) {
 	}
 	if c.MaxImageMiB < 0 {
 		return netip.Prefix{}, "", errors.New("local: max_image_mib: must be positive")
+	}
+	if c.ConsoleMaxKiB == 0 {
+		c.ConsoleMaxKiB = DefaultConsoleMaxKiB
+	}
+	if c.ConsoleMaxKiB < 0 {
+		return netip.Prefix{}, "", errors.New("local: console_max_kib: must be positive")
 	}
 	if c.MaxImageEntries == 0 {
 		c.MaxImageEntries = DefaultMaxImageEntries

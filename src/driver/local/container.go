@@ -75,7 +75,7 @@ func (d *Driver) runtime() container.Runtime {
 func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 	ram, _ := c.d.limits(props)
 	return container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
-		RAM: ram, Net: c.d.bridge.Plan(rec.CID, c.hostIf(), rec.Networks)}
+		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(), rec.Networks)}
 }
 
 func (v containerVMs) check(cid string, _ vmProps) error {

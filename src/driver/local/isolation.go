@@ -73,7 +73,7 @@ func (p processVMs) start(_ context.Context, rec vmRecord, props vmProps, _ []by
 	if len(rec.Command) == 0 {
 		return nil
 	}
-	if err := startProcess(p.d.path(vms, rec.CID), rec.Command, p.d.processEnv(rec, props)); err != nil {
+	if err := startProcess(p.d.path(vms, rec.CID), rec.Command, p.d.processEnv(rec, props), p.d.self, p.d.consoleMax()); err != nil {
 		return err
 	}
 	p.d.log.Info("vm started", "vm", rec.CID, "command", strings.Join(redactArgv(rec.Command), " "))
@@ -93,7 +93,7 @@ func (p processVMs) restart(ctx context.Context, rec *vmRecord, props vmProps) e
 	if len(rec.Command) == 0 {
 		return nil
 	}
-	if err := startProcess(p.d.path(vms, rec.CID), rec.Command, p.d.processEnv(*rec, props)); err != nil {
+	if err := startProcess(p.d.path(vms, rec.CID), rec.Command, p.d.processEnv(*rec, props), p.d.self, p.d.consoleMax()); err != nil {
 		return err
 	}
 	p.d.log.Info("vm restarted", "vm", rec.CID)

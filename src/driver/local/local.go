@@ -31,6 +31,9 @@ type Driver struct {
 	// the address table of both modes.
 	bridge *hostnet.Bridge
 	ipam   *hostnet.IPAM
+	// self is the driver's executable: a process VM's console writer and
+	// a container VM's supervisor (console.Served, container.Supervised).
+	self string
 }
 
 var _ driver.Complete = (*Driver)(nil)
@@ -57,7 +60,11 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	if log == nil {
 		log = logging.Discard()
 	}
-	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "local"}}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("local: the driver's own executable: %w", err)
+	}
+	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "local"}, self: self}
 	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: d.ownerAlive}
 	if d.containers() {
 		cc := c.Container
@@ -103,6 +110,9 @@ func (d *Driver) ownerAlive(cid string) bool {
 	}
 	return false
 }
+
+// consoleMax is the cap of a VM's console.log (and of console.log.1).
+func (d *Driver) consoleMax() int64 { return int64(d.cfg.ConsoleMaxKiB) << 10 }
 
 // release frees a VM's addresses.
 func (d *Driver) release(ctx context.Context, cid string) {

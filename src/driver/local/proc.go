@@ -24,18 +24,22 @@ const envMarker = container.EnvMarker
 
 // wrapper runs the VM's command detached: sh leads its own session and
 // group, starts the command only if the VM still exists, records its exit
-// status, and exits at once. Shell builtins only: nothing on the VM's PATH
-// runs before the command.
+// status, and exits at once. Its first two arguments are the console
+// writer (the driver's executable: console.Served) and the console's cap;
+// the VM's output goes through it into console.log, capped and rotated.
+// Shell builtins only: nothing on the VM's PATH runs before the command.
 const wrapper = `[ -f "$RUNWAY_VM_DIR/vm.json" ] || exit 1
-( "$@"; echo $? > "$RUNWAY_VM_DIR/exit_status" ) </dev/null >>"$RUNWAY_VM_DIR/console.log" 2>&1 &
+w=$1 m=$2; shift 2
+( ( "$@"; echo $? > "$RUNWAY_VM_DIR/exit_status" ) </dev/null 2>&1 | RUNWAY_CONSOLE_LOG="$RUNWAY_VM_DIR/console.log" RUNWAY_CONSOLE_MAX="$m" "$w" ) &
 `
 
 // startProcess launches argv for the VM in vmDir with env and records its
 // process group (the wrapper's pid) itself, at once: if bin/cpi is killed
-// before that, the VM's processes are still found by their marker.
-func startProcess(vmDir string, argv, env []string) error {
+// before that, the VM's processes are still found by their marker. Its
+// output reaches console.log through writer, capped at max bytes.
+func startProcess(vmDir string, argv, env []string, writer string, max int64) error {
 	_ = os.Remove(filepath.Join(vmDir, "exit_status"))
-	cmd := exec.Command("/bin/sh", append([]string{"-c", wrapper, "runway-vm"}, argv...)...)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", wrapper, "runway-vm", writer, strconv.FormatInt(max, 10)}, argv...)...)
 	cmd.Dir = vmDir
 	cmd.Env = env
 	// Pdeathsig: a bin/cpi killed while the wrapper is between fork and

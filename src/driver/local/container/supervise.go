@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
@@ -52,6 +53,7 @@ type superviseSpec struct {
 	RuntimeRoot string       `json:"runtime_root"`
 	Cgroup      string       `json:"cgroup"`
 	RAM         int          `json:"ram,omitempty"`
+	ConsoleMax  int64        `json:"console_max"`
 	Net         hostnet.Plan `json:"net"`
 }
 
@@ -62,14 +64,16 @@ type Start struct {
 	CID, Dir, ID, Cgroup string
 	Runtime              Runtime
 	RAM                  int
-	Net                  hostnet.Plan
+	// ConsoleMax caps console.log (bytes).
+	ConsoleMax int64
+	Net        hostnet.Plan
 }
 
 // Run starts the VM's supervisor and returns once the VM runs (or failed
 // to start: then nothing of it runs).
 func (st Start) Run(ctx context.Context) error {
 	spec := superviseSpec{CID: st.CID, ID: st.ID, Runtime: st.Runtime.Path, RuntimeRoot: st.Runtime.Root,
-		Cgroup: st.Cgroup, RAM: st.RAM, Net: st.Net}
+		Cgroup: st.Cgroup, RAM: st.RAM, ConsoleMax: st.ConsoleMax, Net: st.Net}
 	if err := storage.WriteJSON(filepath.Join(st.Dir, "supervise.json"), spec); err != nil {
 		return err
 	}
@@ -159,7 +163,12 @@ func supervise(dir string) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	v := supervised{dir: dir, spec: s}
+	log, err := console.Open(filepath.Join(dir, "console.log"), s.ConsoleMax)
+	if err != nil {
+		return fail(fmt.Errorf("supervisor: %w", err))
+	}
+	defer log.Close()
+	v := supervised{dir: dir, spec: s, console: log, drained: make(chan struct{})}
 	pid, err := v.start(sigs)
 	if err != nil {
 		return fail(err)
@@ -179,6 +188,10 @@ func supervise(dir string) int {
 type supervised struct {
 	dir  string
 	spec superviseSpec
+	// console is the VM's console log; drained is closed once the VM's
+	// output pipe has nothing more.
+	console *console.Log
+	drained chan struct{}
 }
 
 // command is the runtime with its state root and log; it runs with the
@@ -207,15 +220,21 @@ func (v supervised) start(sigs chan os.Signal) (int, error) {
 	s, dir := v.spec, v.dir
 	_ = os.Remove(filepath.Join(dir, "exit_status"))
 	_ = os.Remove(filepath.Join(dir, "container.pid"))
-	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	// The runtime hands its stdio to the VM's init: a pipe into the
+	// console log, capped and rotated.
+	pr, pw, err := os.Pipe()
 	if err != nil {
 		return 0, err
 	}
-	// The runtime hands its stdio to the VM's init: the console.
+	go func() {
+		_, _ = io.Copy(v.console, pr)
+		pr.Close()
+		close(v.drained)
+	}()
 	create := v.command("create", "--bundle", filepath.Join(dir, "bundle"), "--pid-file", filepath.Join(dir, "container.pid"), s.ID)
-	create.Stdout, create.Stderr = console, console
+	create.Stdout, create.Stderr = pw, pw
 	err = create.Run()
-	console.Close()
+	pw.Close() // the VM's processes hold the write end now
 	if err != nil {
 		_ = v.rt("delete", "--force", s.ID)
 		return 0, fmt.Errorf("%s create: %w%s", filepath.Base(s.Runtime), err, lastLine(filepath.Join(dir, "runtime.log")))
@@ -246,6 +265,16 @@ func (v supervised) start(sigs chan os.Signal) (int, error) {
 	return pid, nil
 }
 
+// afterOutput waits for the VM's output to reach its console: once its
+// PID 1 is gone the kernel ends every process of its PID namespace, and
+// with them the pipe's write ends.
+func (v supervised) afterOutput() {
+	select {
+	case <-v.drained:
+	case <-time.After(5 * time.Second):
+	}
+}
+
 // finish records how the VM's init ended (an OOM kill said on the
 // console) and deletes the container.
 func (v supervised) finish(status int) {
@@ -255,10 +284,8 @@ func (v supervised) finish(status int) {
 		if s.RAM > 0 {
 			msg += fmt.Sprintf(" of %d MiB (cloud_properties.ram)", s.RAM)
 		}
-		if f, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_APPEND, 0); err == nil {
-			_, _ = f.WriteString(msg + "\n")
-			f.Close()
-		}
+		v.afterOutput()
+		_, _ = v.console.Write([]byte(msg + "\n"))
 	}
 	_ = storage.WriteFileAtomic(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
 	_ = v.rt("delete", "--force", s.ID)
