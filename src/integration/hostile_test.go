@@ -178,6 +178,24 @@ var _ = describeContainer("a hostile VM", Ordered, func() {
 		Expect(neigh).To(ContainSubstring(victimMAC), "the host's neighbour entry for the victim")
 	})
 
+	It("cannot ask for more memory or CPUs than the operator allows (the host's own by default)", func() {
+		h := newHostileDriver(map[string]any{"bridge": "rwhost5", "cidr": "10.250.25.0/24", "max_ram_mib": 512, "max_cpu": 1})
+		for props, want := range map[string]map[string]any{
+			"local.container.max_ram_mib: 512": {"ram": 1024, "command": "sleep 600"},
+			"local.container.max_cpu: 1":       {"cpu": 2, "command": "sleep 600"},
+		} {
+			r := h.raw("create_vm", "agent-hostile", h.sc, want, dynamic, []string{}, map[string]any{})
+			Expect(r.Error).NotTo(BeNil(), "a vm past %s was made", props)
+			Expect(r.Error.Message).To(ContainSubstring(props))
+		}
+		byDefault := newHostileDriver(map[string]any{"bridge": "rwhost6", "cidr": "10.250.26.0/24"})
+		r := byDefault.raw("create_vm", "agent-hostile", byDefault.sc, map[string]any{"ram": 1 << 30, "cpu": 1 << 20, "command": "sleep 600"}, dynamic, []string{}, map[string]any{})
+		Expect(r.Error).NotTo(BeNil(), "a vm with 1 PiB of memory was made")
+		Expect(r.Error.Message).To(ContainSubstring("local.container.max_ram_mib"))
+		entries, _ := os.ReadDir(filepath.Join(h.state, "vms"))
+		Expect(entries).To(BeEmpty(), "a refused VM left something")
+	})
+
 	It("cannot ask for the agent profile where the driver's config does not allow it", func() {
 		h := newHostileDriver(map[string]any{"bridge": "rwhost2", "cidr": "10.250.22.0/24"})
 		r := h.raw("create_vm", "agent-hostile", h.sc, map[string]any{"bosh_agent": true, "command": "sleep 600"}, dynamic, []string{}, map[string]any{})

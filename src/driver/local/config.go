@@ -3,10 +3,13 @@ package local
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"syscall"
 
 	"github.com/runway-cpi/runway/src/driver/catalog"
 )
@@ -88,6 +91,10 @@ type ContainerConfig struct {
 	// give no ram or cpu.
 	DefaultRAMMiB int `json:"default_ram_mib,omitempty"`
 	DefaultCPU    int `json:"default_cpu,omitempty"`
+	// MaxRAMMiB and MaxCPU bound what a VM's cloud properties may ask
+	// for; default: the host's own memory and CPUs.
+	MaxRAMMiB int `json:"max_ram_mib,omitempty"`
+	MaxCPU    int `json:"max_cpu,omitempty"`
 }
 
 // Container-mode defaults.
@@ -155,6 +162,15 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 	if cc.DefaultRAMMiB < 0 || cc.DefaultCPU < 0 {
 		return netip.Prefix{}, errors.New("local: container.default_ram_mib and default_cpu: must be positive")
 	}
+	if cc.MaxRAMMiB == 0 {
+		cc.MaxRAMMiB = hostMemMiB()
+	}
+	if cc.MaxCPU == 0 {
+		cc.MaxCPU = runtime.NumCPU()
+	}
+	if cc.MaxRAMMiB < 0 || cc.MaxCPU < 0 {
+		return netip.Prefix{}, errors.New("local: container.max_ram_mib and max_cpu: must be positive")
+	}
 	// The firewall is what keeps VMs from reaching beyond the host and
 	// each other: no firewall, no container mode.
 	if _, err := exec.LookPath("iptables"); err != nil {
@@ -164,6 +180,15 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 		return netip.Prefix{}, errors.New(`local: isolation "container" needs nft for the guard that keeps each VM to its own addresses on the bridge (Debian's nftables package); none on PATH`)
 	}
 	return p.Masked(), nil
+}
+
+// hostMemMiB is the host's memory (MemTotal), or no bound when unknown.
+func hostMemMiB() int {
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil {
+		return math.MaxInt32
+	}
+	return int(uint64(si.Totalram) * uint64(si.Unit) >> 20)
 }
 
 func ifName(s string) bool {

@@ -78,9 +78,19 @@ func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(), rec.Networks)}
 }
 
-func (v containerVMs) check(cid string, _ vmProps) error {
+func (v containerVMs) check(cid string, props vmProps) error {
 	if len(cid) >= maxHostname {
 		return driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
+	}
+	cc := v.d.cfg.Container
+	if props.RAM > cc.MaxRAMMiB {
+		return driver.Invalid("cloud_properties.ram: %d MiB is more than a vm may have here (local.container.max_ram_mib: %d)", props.RAM, cc.MaxRAMMiB)
+	}
+	if props.CPU > cc.MaxCPU {
+		return driver.Invalid("cloud_properties.cpu: %d is more than a vm may have here (local.container.max_cpu: %d)", props.CPU, cc.MaxCPU)
+	}
+	if props.RAM < 0 || props.CPU < 0 {
+		return driver.Invalid("cloud_properties.ram and cpu: must not be negative")
 	}
 	return nil
 }
