@@ -16,13 +16,14 @@ import (
 func BenchmarkReconcilePass(b *testing.B) {
 	const nGroups, nJobs = 100, 10000
 	o := &Orchestrator{}
-	fv := &forgeView{cfg: config.ForgeConfig{Name: "f"}}
+	fv := &forgeView{name: "f"}
 	for i := 0; i < nGroups; i++ {
 		labels := []string{fmt.Sprintf("pool-%d", i), "linux:host"}
 		scope := forge.Scope{Kind: "org", Owner: fmt.Sprintf("org%d", i%10)}
-		o.groups = append(o.groups, &group{o: o, index: i, scope: scope, labels: forge.NewLabelSet(labels),
-			cfg: config.GroupConfig{Name: fmt.Sprintf("g%d", i), Forge: "f", Labels: labels, MaxActiveRunners: 50,
-				Timeouts: config.Timeouts{Idle: config.Duration{Duration: time.Hour}, MaxLifetime: config.Duration{Duration: time.Hour}}}})
+		g := &group{o: o, scope: scope}
+		g.setConf(config.GroupConfig{Name: fmt.Sprintf("g%d", i), Forge: "f", Labels: labels, MaxActiveRunners: 50,
+			Timeouts: config.Timeouts{Idle: config.Duration{Duration: time.Hour}, MaxLifetime: config.Duration{Duration: time.Hour}}})
+		o.groups = append(o.groups, g)
 	}
 	jobs := map[int64]forge.Job{}
 	for i := 0; i < nJobs; i++ {
@@ -37,7 +38,8 @@ func BenchmarkReconcilePass(b *testing.B) {
 		l := o.partition(fv, sj)
 		spawns := 0
 		for _, g := range o.groups {
-			d := plan(&g.cfg, now, l, l.owned[g.cfg.Name], nil, nil, nil, false)
+			c := g.cfg()
+			d := plan(&c.GroupConfig, now, l, l.owned[c.Name], nil, nil, nil, false)
 			spawns += len(d.spawn)
 		}
 		if spawns != nGroups*50 {

@@ -15,7 +15,7 @@ import (
 // call runs one CPI method, with metrics.
 func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclient.Response, error) {
 	start := time.Now()
-	resp, err := g.cpi.Call(ctx, method, "runway-"+g.cfg.Name+"-"+randHex(4), args...)
+	resp, err := g.cpi.Call(ctx, method, "runway-"+g.cfg().Name+"-"+randHex(4), args...)
 	g.o.metrics.cpiDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	if err != nil {
 		kind := "transport"
@@ -25,7 +25,7 @@ func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclien
 		}
 		g.o.metrics.cpiErrors.WithLabelValues(method, kind).Inc()
 		if kind != rpc.TypeVMNotFound {
-			g.o.Failure(g.cfg.Name, "cpi "+method, err)
+			g.o.Failure(g.cfg().Name, "cpi "+method, err)
 		}
 	}
 	return resp, err
@@ -40,7 +40,7 @@ func (g *group) findVMs(ctx context.Context, agentID string) ([]listedVM, error)
 		return nil, err
 	}
 	if vms == nil {
-		g.o.log.Warn("the CPI cannot list VMs: a VM whose create_vm was interrupted cannot be found", "group", g.cfg.Name)
+		g.o.log.Warn("the CPI cannot list VMs: a VM whose create_vm was interrupted cannot be found", "group", g.cfg().Name)
 	}
 	var out []listedVM
 	for _, v := range vms {
@@ -73,7 +73,7 @@ func (g *group) hasVM(ctx context.Context, cid string) (bool, error) {
 // listVMs lists this orchestrator's VMs of the group (nil when the CPI
 // has no list_vms).
 func (g *group) listVMs(ctx context.Context) ([]listedVM, error) {
-	resp, err := g.call(ctx, "list_vms", map[string]string{"director": g.o.cfg.CPI.DirectorUUID, "runway_group": g.cfg.Name})
+	resp, err := g.call(ctx, "list_vms", map[string]string{"director": g.o.cfg.CPI.DirectorUUID, "runway_group": g.cfg().Name})
 	var ce *rpc.Error
 	if errors.As(err, &ce) && ce.Type == rpc.TypeNotImplemented {
 		return nil, nil

@@ -39,7 +39,7 @@ func Check(ctx context.Context, cfg *config.Config, opt Options) error {
 		if fv == nil {
 			continue
 		}
-		if err := checkGroup(ctx, fv.client, gc.ForgeScope()); err != nil {
+		if err := checkGroup(ctx, fv.api(), gc.ForgeScope()); err != nil {
 			errs = append(errs, fmt.Errorf("group %s (forge %s, %s): %w", gc.Name, gc.Forge, gc.ForgeScope(), err))
 		}
 	}
@@ -61,10 +61,10 @@ func checkGroup(ctx context.Context, c forge.Client, s forge.Scope) error {
 // what is refused: the daemon still starts (a token may be fixed in its
 // file, which is read again), but the operator sees why at once.
 func (o *Orchestrator) checkAccess(ctx context.Context) {
-	for _, g := range o.groups {
-		if err := checkGroup(ctx, g.forge.client, g.scope); err != nil {
-			o.log.Error("the forge refuses what this group needs (runway check lists it)", "group", g.cfg.Name, "forge", g.cfg.Forge, "err", err)
-			o.Failure(g.cfg.Name, "forge", err)
+	for _, g := range o.groupList() {
+		if err := checkGroup(ctx, g.forge.api(), g.scope); err != nil {
+			o.log.Error("the forge refuses what this group needs (runway check lists it)", "group", g.cfg().Name, "forge", g.cfg().Forge, "err", err)
+			o.Failure(g.cfg().Name, "forge", err)
 		}
 	}
 }

@@ -11,14 +11,17 @@ import (
 // SignedBy returns the forge of forgeType whose webhook secret signed
 // body ("" when none did).
 func (o *Orchestrator) SignedBy(forgeType string, body []byte, h http.Header) string {
-	names := make([]string, 0, len(o.forges))
-	for n := range o.forges {
+	forges := o.forgeMap()
+	names := make([]string, 0, len(forges))
+	for n := range forges {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if fv := o.forges[n]; fv.cfg.Type == forgeType && fv.client.VerifyDelivery([]byte(fv.secret()), body, h) {
-			return n
+		if fv := forges[n]; fv.kind == forgeType {
+			if cur := fv.cur.Load(); cur.client.VerifyDelivery([]byte(cur.secret()), body, h) {
+				return n
+			}
 		}
 	}
 	return ""
@@ -40,7 +43,9 @@ func (o *Orchestrator) Webhook(forgeType, delivery string, body []byte, h http.H
 	if err != nil {
 		return n, ev, err
 	}
-	o.forges[n].apply(ev)
+	if fv := o.forgeMap()[n]; fv != nil {
+		fv.apply(ev)
+	}
 	j := ev.Job
 	j.Status = ev.Action
 	o.observeJob(j)

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
@@ -17,12 +18,14 @@ import (
 
 // owner picks the one group that claims a job among those able to run it:
 // the most specific scope (repo, then org/user, then global), then the
-// fewest labels (the tightest fit), then the earliest in the config file.
-// Drained groups claim nothing, so their jobs fall to the next group.
+// fewest labels (the tightest fit), then the higher priority, then the
+// name. Drained and retiring groups claim nothing, so their jobs fall to
+// the next group.
 func (o *Orchestrator) owner(forgeName string, j forge.Job, cands []*group) *group {
 	var best *group
 	for _, g := range cands {
-		if g.cfg.Forge != forgeName || g.isDrained() || !g.scope.Covers(j.Repo) || !forge.Match(j.Labels, g.labels) {
+		c := g.cfg()
+		if c.Forge != forgeName || c.Retire || g.isDrained() || !g.scope.Covers(j.Repo) || !forge.Match(j.Labels, c.labels) {
 			continue
 		}
 		if best == nil || better(g, best) {
@@ -36,19 +39,22 @@ func better(a, b *group) bool {
 	if sa, sb := a.scope.Specificity(), b.scope.Specificity(); sa != sb {
 		return sa > sb
 	}
-	if la, lb := len(a.cfg.Labels), len(b.cfg.Labels); la != lb {
+	ca, cb := a.cfg(), b.cfg()
+	if la, lb := len(ca.Labels), len(cb.Labels); la != lb {
 		return la < lb
 	}
-	return a.index < b.index
+	if ca.Priority != cb.Priority {
+		return ca.Priority > cb.Priority
+	}
+	return ca.Name < cb.Name
 }
 
 // forgeView is one forge: its client and a short-lived cache of each
 // scope's job listing, shared by the groups that watch the same scope, and
 // kept current between polls by webhook deliveries.
 type forgeView struct {
-	cfg    config.ForgeConfig
-	client forge.Client
-	secret func() string // the webhook secret's current value
+	name, kind string // fixed: the forge's name and type
+	cur        atomic.Pointer[forgeConf]
 
 	mu     sync.Mutex
 	scopes map[string]*scopeJobs
@@ -56,9 +62,32 @@ type forgeView struct {
 	// an ephemeral runner with it), until a pass reaps them.
 	finished map[string]time.Time
 	observe  func(forge.Job) // a job's dates, for the timings
-	budget   *forge.RateBudget
-	lowUntil time.Time // the reset the last "budget low" was logged for
+	lowUntil time.Time       // the reset the last "budget low" was logged for
 	log      func(msg string, kv ...any)
+}
+
+// forgeConf is one version of a forge's config and the client built for
+// it (Orchestrator.Replace swaps both when the config changes).
+type forgeConf struct {
+	cfg    config.ForgeConfig
+	client forge.Client
+	secret func() string // the webhook secret's current value
+	budget *forge.RateBudget
+}
+
+// api is the forge's current client.
+func (fv *forgeView) api() forge.Client { return fv.cur.Load().client }
+
+// conf is the forge's current config.
+func (fv *forgeView) conf() config.ForgeConfig { return fv.cur.Load().cfg }
+
+// set makes f (built for fc) the forge's client.
+func (fv *forgeView) set(fc config.ForgeConfig, f Forge) {
+	secret := f.Secret
+	if secret == nil {
+		secret = func() string { return "" }
+	}
+	fv.cur.Store(&forgeConf{cfg: fc, client: f.Client, secret: secret, budget: f.Budget})
 }
 
 // finishedRunners are the runners whose job a delivery said is done.
@@ -88,14 +117,14 @@ func (fv *forgeView) forgetRunner(name string) {
 // request per page (Gitea; Forgejo's is one request), listed again
 // whenever it may be out of date; GitHub's (runs, then their jobs, under
 // a rate limit) is polled slowly and lives on webhook deltas between.
-func (fv *forgeView) cheapListing() bool { return fv.cfg.Type == "gitea" || fv.cfg.Type == "forgejo" }
+func (fv *forgeView) cheapListing() bool { return fv.kind == "gitea" || fv.kind == "forgejo" }
 
 // removesFinishedRunners: the forge removes an ephemeral runner's
 // registration itself once its job is done (Gitea's ephemeral runners,
 // GitHub's JIT runners); Forgejo keeps it. Where it does, Runway does not
 // spend a request removing it again: a runner that ended without a job
 // leaves an offline registration, which the sweep removes.
-func (fv *forgeView) removesFinishedRunners() bool { return fv.cfg.Type != "forgejo" }
+func (fv *forgeView) removesFinishedRunners() bool { return fv.kind != "forgejo" }
 
 // markStale makes the next pass list scope afresh (deliveries may have
 // been missed: a restart, a new leader).
@@ -132,12 +161,10 @@ type listing struct {
 }
 
 func newForgeView(fc config.ForgeConfig, f Forge, observe func(forge.Job)) *forgeView {
-	secret := f.Secret
-	if secret == nil {
-		secret = func() string { return "" }
-	}
-	return &forgeView{cfg: fc, client: f.Client, secret: secret, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{},
-		observe: observe, budget: f.Budget, log: func(string, ...any) {}}
+	fv := &forgeView{name: fc.Name, kind: fc.Type, scopes: map[string]*scopeJobs{}, finished: map[string]time.Time{},
+		observe: observe, log: func(string, ...any) {}}
+	fv.set(fc, f)
+	return fv
 }
 
 // pollReserve is the share of a forge's rate limit kept for making and
@@ -147,10 +174,11 @@ const pollReserve = 0.2
 // budgetLow reports whether the forge's rate limit is under pollReserve
 // (logged once per reset).
 func (fv *forgeView) budgetLow(now time.Time) bool {
-	if fv.budget == nil {
+	budget := fv.cur.Load().budget
+	if budget == nil {
 		return false
 	}
-	low, reset := fv.budget.Low(pollReserve, now)
+	low, reset := budget.Low(pollReserve, now)
 	if low {
 		fv.mu.Lock()
 		first := !fv.lowUntil.Equal(reset)
@@ -158,7 +186,7 @@ func (fv *forgeView) budgetLow(now time.Time) bool {
 		fv.mu.Unlock()
 		if first {
 			fv.log("forge rate limit low: listings wait for its reset; runners are still made and removed",
-				"forge", fv.cfg.Name, "reset", reset)
+				"forge", fv.name, "reset", reset)
 		}
 	}
 	return low
@@ -191,7 +219,7 @@ func (fv *forgeView) jobs(ctx context.Context, s forge.Scope, maxAge time.Durati
 		// Deliveries keep the listing current meanwhile.
 		return sj, nil
 	}
-	list, err := fv.client.Jobs(ctx, s)
+	list, err := fv.api().Jobs(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -283,11 +311,11 @@ func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) listing {
 		}
 		g, ok := memo[key.String()]
 		if !ok {
-			g = o.owner(fv.cfg.Name, j, o.groups)
+			g = o.owner(fv.name, j, o.groupList())
 			memo[key.String()] = g
 		}
 		if g != nil {
-			owned[g.cfg.Name] = append(owned[g.cfg.Name], j)
+			owned[g.cfg().Name] = append(owned[g.cfg().Name], j)
 		}
 	}
 	for _, js := range owned {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
@@ -13,16 +13,18 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
-// group is one runner group and its reconcile loop.
+// group is one runner group and its reconcile loop. Its name, forge,
+// scope and CPI are fixed; the rest of its config may be replaced while
+// it runs (Orchestrator.Replace), read through cfg.
 type group struct {
-	o      *Orchestrator
-	cfg    config.GroupConfig
-	index  int
-	forge  *forgeView
-	cpi    CPI
-	scope  forge.Scope
-	labels forge.LabelSet
-	kick   chan struct{}
+	o     *Orchestrator
+	conf  atomic.Pointer[groupConf]
+	forge *forgeView
+	cpi   CPI
+	scope forge.Scope
+	kick  chan struct{}
+	// done is closed when the group's loop has ended after retiring.
+	done chan struct{}
 
 	mu       sync.Mutex
 	inflight map[string]bool // runners whose spawn runs in this process
@@ -47,6 +49,28 @@ type group struct {
 	leadCtx    context.Context
 	leadCancel context.CancelFunc
 	leadErr    string // the last leadership error logged
+	// retired: every runner, VM and registration of a retiring group is
+	// gone.
+	retired bool
+	// dropping: the group was left out of the engine's set: once
+	// retired, its loop drops it and ends.
+	dropping     atomic.Bool
+	spawnCancels map[string]context.CancelFunc // spawns in flight (stopSpawns)
+}
+
+// groupConf is one version of a group's config, with what is derived
+// from it.
+type groupConf struct {
+	config.GroupConfig
+	labels forge.LabelSet
+}
+
+// cfg is the group's current config: read it once per step that needs
+// its parts to agree.
+func (g *group) cfg() *groupConf { return g.conf.Load() }
+
+func (g *group) setConf(c config.GroupConfig) {
+	g.conf.Store(&groupConf{GroupConfig: c, labels: forge.NewLabelSet(c.Labels)})
 }
 
 // GroupStatus is what /api/v1/groups shows (seed 001's status, and more).
@@ -71,6 +95,11 @@ type GroupStatus struct {
 	// PostgreSQL, exactly one does; the others keep Acting false).
 	Acting      bool      `json:"acting"`
 	ActingSince time.Time `json:"acting_since,omitzero"`
+	// Retiring: the group is being removed (its runners, VMs and
+	// registrations deleted, none made); Retired: that is done.
+	Retiring bool `json:"retiring,omitempty"`
+	Retired  bool `json:"retired,omitempty"`
+	Priority int  `json:"priority"`
 }
 
 func (g *group) wake() {
@@ -91,17 +120,19 @@ func (g *group) Status() GroupStatus {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	s := g.status
-	s.Name, s.Forge, s.Scope, s.Labels = g.cfg.Name, g.cfg.Forge, g.scope.String(), g.cfg.Labels
-	s.MaxActiveRunners, s.MinIdle, s.Drained = g.cfg.MaxActiveRunners, g.cfg.MinIdle, g.drained
+	c := g.cfg()
+	s.Name, s.Forge, s.Scope, s.Labels, s.Priority = c.Name, c.Forge, g.scope.String(), c.Labels, c.Priority
+	s.MaxActiveRunners, s.MinIdle, s.Drained = c.MaxActiveRunners, c.MinIdle, g.drained
+	s.Retiring, s.Retired = c.Retire, g.retired
 	return s
 }
 
 // pollInterval is how old the group's queue listing may be.
 func (g *group) pollInterval() time.Duration {
-	if g.cfg.PollInterval.Duration != 0 {
-		return g.cfg.PollInterval.Duration
+	if g.cfg().PollInterval.Duration != 0 {
+		return g.cfg().PollInterval.Duration
 	}
-	return g.forge.cfg.PollInterval.Duration
+	return g.forge.conf().PollInterval.Duration
 }
 
 const (
@@ -110,17 +141,25 @@ const (
 )
 
 func (g *group) loop(ctx context.Context) {
-	g.spawnSem = make(chan struct{}, g.cfg.SpawnConcurrency)
+	g.spawnSem = make(chan struct{}, g.cfg().SpawnConcurrency)
 	defer g.spawns.Wait()
 	// Passes also pace the sweep; between forge polls they use the cached
 	// listing, so a long poll interval costs no forge requests.
 	poll := min(g.pollInterval(), g.o.cfg.SweepInterval.Duration)
 	for ctx.Err() == nil {
 		var err error
-		if lctx, acting := g.lead(ctx); acting {
+		if lctx, acting := g.lead(ctx); acting && g.cfg().Retire {
+			var done bool
+			if done, err = g.retirePass(lctx); done && g.dropping.Load() {
+				g.o.dropGroup(g)
+				return
+			}
+		} else if acting {
 			err = g.pass(lctx)
-		} else {
-			g.standby()
+		} else if g.standby(); g.dropping.Load() && g.Status().ActiveRunners == 0 {
+			// Another replica acts for it and has removed every runner.
+			g.o.dropGroup(g)
+			return
 		}
 		g.mu.Lock()
 		next := poll
@@ -129,8 +168,8 @@ func (g *group) loop(ctx context.Context) {
 			next = g.backoff
 			g.status.LastError = g.o.redact.Redact(err.Error())
 			g.status.BackoffUntil = g.o.now().Add(next)
-			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg.Name).Inc()
-			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg.Name, "err", err, "retry_in", next)
+			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
+			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
 		} else {
 			g.backoff = 0
 			g.status.LastError = g.leadErr // "" unless leadership is unknown
@@ -195,13 +234,14 @@ func (g *group) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	runners, err := o.store.Active(g.cfg.Name)
+	runners, err := o.store.Active(g.cfg().Name)
 	if err != nil {
 		return err
 	}
 	inflight := g.inflightNow()
-	d := plan(&g.cfg, now, l, l.owned[g.cfg.Name], runners, inflight, finished, drained)
-	o.metrics.queued.WithLabelValues(g.cfg.Name).Set(float64(d.queued))
+	c := g.cfg()
+	d := plan(&c.GroupConfig, now, l, l.owned[c.Name], runners, inflight, finished, drained)
+	o.metrics.queued.WithLabelValues(g.cfg().Name).Set(float64(d.queued))
 	removed, sweepNow, errs, err := g.act(ctx, d, runners, now)
 	if err != nil {
 		return err
@@ -230,8 +270,8 @@ func (g *group) pass(ctx context.Context) error {
 	if removed && !drained {
 		// Demand after the removals: a runner reaped in this pass (its job
 		// done) no longer covers a job queued meanwhile.
-		if fresh, err := o.store.Active(g.cfg.Name); err == nil {
-			d.spawn = plan(&g.cfg, now, l, l.owned[g.cfg.Name], fresh, inflight, nil, drained).spawn
+		if fresh, err := o.store.Active(g.cfg().Name); err == nil {
+			d.spawn = plan(&c.GroupConfig, now, l, l.owned[c.Name], fresh, inflight, nil, drained).spawn
 		} else {
 			errs = append(errs, err)
 			d.spawn = nil
@@ -253,8 +293,8 @@ func (g *group) listing(ctx context.Context, now time.Time) (listing, error) {
 	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
 	g.setForgeDown(err != nil)
 	if err != nil {
-		err = fmt.Errorf("forge %s: %w", g.cfg.Forge, err)
-		g.o.Failure(g.cfg.Name, "forge", err)
+		err = fmt.Errorf("forge %s: %w", g.cfg().Forge, err)
+		g.o.Failure(g.cfg().Name, "forge", err)
 		return listing{}, err
 	}
 	return g.o.partition(g.forge, sj), nil
@@ -288,7 +328,7 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 		if err := o.store.Save(r); err != nil {
 			return false, false, nil, err
 		}
-		o.log.Info("runner took a job", "group", g.cfg.Name, "runner", name, "job", j.ID, "repo", j.Repo)
+		o.log.Info("runner took a job", "group", g.cfg().Name, "runner", name, "job", j.ID, "repo", j.Repo)
 	}
 	removed = len(d.reap) > 0
 	for _, r := range d.recover {
@@ -333,134 +373,10 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 	return removed, sweepNow, errs, nil
 }
 
-// retireIdle makes reaping an idle runner safe: the plan read a listing,
-// and the runner may have taken a job since. The forge's runner list
-// first: a busy runner is kept. Then, where the forge can (Gitea), the
-// runner is disabled — it takes no new job — and a fresh job listing
-// shows whether it took one before that: kept if so. Only then is its
-// registration removed, before its VM goes (GitHub, which cannot
-// disable, refuses that removal for a runner running a job: kept too).
-// A forge that cannot be read keeps them all. Runners whose job is done
-// are not asked about.
-func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName map[string]store.Runner) error {
-	var idle []string
-	for name, reason := range reap {
-		if r := byName[name]; r.State == store.Idle && reason != reasonJobFinished {
-			idle = append(idle, name)
-		}
-	}
-	if len(idle) == 0 {
-		return nil
-	}
-	keep := func(name, why string) {
-		g.o.log.Info("kept a runner about to be retired", "group", g.cfg.Name, "runner", name, "reason", reap[name], "why", why)
-		delete(reap, name)
-	}
-	keepAll := func(err error) error {
-		for _, name := range idle {
-			delete(reap, name)
-		}
-		g.setForgeDown(true)
-		return fmt.Errorf("forge %s, before retiring idle runners (kept): %w", g.cfg.Forge, err)
-	}
-	registered, err := g.forge.client.Runners(ctx, g.scope)
-	if err != nil {
-		return keepAll(err)
-	}
-	at := map[string]forge.Runner{}
-	for _, fr := range registered {
-		at[fr.Name] = fr
-	}
-	var errs []error
-	var retiring []string
-	disabled := false
-	for _, name := range idle {
-		fr, ok := at[name]
-		switch {
-		case !ok:
-			continue // never registered, or the forge removed it already
-		case fr.Busy:
-			keep(name, "the forge shows it busy")
-			continue
-		}
-		did, err := g.forge.client.DisableRunner(ctx, g.scope, fr.ID)
-		if err != nil {
-			keep(name, "disabling failed")
-			errs = append(errs, fmt.Errorf("disabling idle runner %s: %w", name, err))
-			continue
-		}
-		disabled = disabled || did
-		retiring = append(retiring, name)
-	}
-	if disabled {
-		g.forge.markStale(g.scope)
-		l, err := g.listing(ctx, g.o.now())
-		if err != nil {
-			return errors.Join(append(errs, keepAll(err))...)
-		}
-		for _, name := range retiring {
-			if j, ok := l.running[name]; ok && j.ID != 0 {
-				keep(name, fmt.Sprintf("it took job %d", j.ID))
-			}
-		}
-	}
-	for _, name := range retiring {
-		if _, ok := reap[name]; !ok {
-			continue
-		}
-		if err := g.forge.client.DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
-			var ae *forge.APIError
-			if errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity {
-				// GitHub: "is still running a job". Not a failure.
-				keep(name, "the forge says it runs a job")
-				continue
-			}
-			keep(name, "removing its registration failed")
-			errs = append(errs, fmt.Errorf("removing the registration of idle runner %s: %w", name, err))
-			continue
-		}
-		r := byName[name]
-		r.ForgeRunnerID = 0 // removed: destroy has nothing left there
-		byName[name] = r
-	}
-	return errors.Join(errs...)
-}
-
-// tookJob marks a runner busy with job j (its start-up time is known now
-// unless it was seen online before).
-func (g *group) tookJob(r *store.Runner, j forge.Job, now time.Time) {
-	r.State, r.StateAt, r.JobID, r.JobRepo = store.Busy, now, j.ID, j.Repo
-	g.cameOnline(r, now)
-}
-
-// cameOnline records the first time a runner is seen online (or busy):
-// from then on idle time counts, and its start-up time is known.
-func (g *group) cameOnline(r *store.Runner, now time.Time) {
-	if r.OnlineAt.IsZero() {
-		r.OnlineAt = now
-		if g.o.firstStart(r.Name) {
-			g.observe(RunnerStartup, now.Sub(g.spawnStart(*r)))
-		}
-	}
-}
-
-// spawnStart is when the runner's create_vm was begun (its row's creation
-// when this process did not spawn it), forgotten once asked for.
-func (g *group) spawnStart(r store.Runner) time.Time {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	at, ok := g.spawnedAt[r.Name]
-	delete(g.spawnedAt, r.Name)
-	if !ok {
-		return r.CreatedAt
-	}
-	return at
-}
-
 // refreshStatus recounts the group's runners for status and metrics
 // (queued < 0: not known, as on a replica not acting for the group).
 func (g *group) refreshStatus(queued int) {
-	runners, err := g.o.store.Active(g.cfg.Name)
+	runners, err := g.o.store.Active(g.cfg().Name)
 	if err != nil {
 		return
 	}
@@ -476,9 +392,9 @@ func (g *group) refreshStatus(queued int) {
 	}
 	g.mu.Unlock()
 	if queued >= 0 {
-		g.o.hist.Record(g.cfg.Name, g.o.now(), queued, len(runners))
+		g.o.hist.Record(g.cfg().Name, g.o.now(), queued, len(runners))
 	}
 	for _, s := range []string{store.Spawning, store.Idle, store.Busy, store.Deleting} {
-		g.o.metrics.runners.WithLabelValues(g.cfg.Name, s).Set(float64(c[s]))
+		g.o.metrics.runners.WithLabelValues(g.cfg().Name, s).Set(float64(c[s]))
 	}
 }

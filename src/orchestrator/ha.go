@@ -96,7 +96,7 @@ func (o *Orchestrator) listen(ctx context.Context) {
 				g.wake()
 			}
 		}
-		if fv := o.forges[r.Forge]; fv != nil && r.Job != nil {
+		if fv := o.forgeMap()[r.Forge]; fv != nil && r.Job != nil {
 			fv.apply(forge.WorkflowJobEvent{Action: r.Action, Job: *r.Job, Repo: r.Job.Repo})
 			o.Kick(r.Forge, r.Job.Repo)
 		}
@@ -108,7 +108,7 @@ func (o *Orchestrator) listen(ctx context.Context) {
 // group's work; losing the lead cancels it (in-flight spawns end, their
 // rows left for the new leader to recover) and waits for it to stop.
 func (g *group) lead(ctx context.Context) (context.Context, bool) {
-	ok, err := g.o.leader.Lead(ctx, g.cfg.Name)
+	ok, err := g.o.leader.Lead(ctx, g.cfg().Name)
 	msg := ""
 	if err != nil && ctx.Err() == nil {
 		msg = "leadership unknown (not acting): " + g.o.redact.Redact(err.Error())
@@ -120,9 +120,9 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 	g.leadErr = msg
 	g.mu.Unlock()
 	if logIt && msg != "" {
-		g.o.log.Warn(msg, "group", g.cfg.Name)
+		g.o.log.Warn(msg, "group", g.cfg().Name)
 	} else if logIt {
-		g.o.log.Info("leadership known again", "group", g.cfg.Name)
+		g.o.log.Info("leadership known again", "group", g.cfg().Name)
 	}
 	switch {
 	case ok && !was:
@@ -130,8 +130,8 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 		g.mu.Lock()
 		g.leadCtx, g.leadCancel, g.status.Acting, g.status.ActingSince = lctx, cancel, true, time.Now()
 		g.mu.Unlock()
-		g.o.metrics.acting.WithLabelValues(g.cfg.Name).Set(1)
-		g.o.log.Info("acting for the group", "group", g.cfg.Name, "replica", g.o.replica)
+		g.o.metrics.acting.WithLabelValues(g.cfg().Name).Set(1)
+		g.o.log.Info("acting for the group", "group", g.cfg().Name, "replica", g.o.replica)
 		// Deliveries may have been missed while no one acted (a restart,
 		// a crashed leader): the first pass lists the queue afresh.
 		g.forge.markStale(g.scope)
@@ -142,8 +142,8 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 		g.mu.Unlock()
 		cancel()
 		g.spawns.Wait()
-		g.o.metrics.acting.WithLabelValues(g.cfg.Name).Set(0)
-		g.o.log.Warn("no longer acting for the group", "group", g.cfg.Name, "replica", g.o.replica)
+		g.o.metrics.acting.WithLabelValues(g.cfg().Name).Set(0)
+		g.o.log.Warn("no longer acting for the group", "group", g.cfg().Name, "replica", g.o.replica)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -157,7 +157,7 @@ func (g *group) standby() {
 	g.status.LastCheckTime = g.o.now()
 	g.mu.Unlock()
 	if _, err := g.syncDrained(); err != nil {
-		g.o.log.Warn("standby", "group", g.cfg.Name, "err", err)
+		g.o.log.Warn("standby", "group", g.cfg().Name, "err", err)
 	}
 	g.refreshStatus(-1)
 }
@@ -165,7 +165,7 @@ func (g *group) standby() {
 // syncDrained takes the group's drain flag from the store: another
 // replica may have changed it.
 func (g *group) syncDrained() (bool, error) {
-	d, err := g.o.store.Drained(g.cfg.Name)
+	d, err := g.o.store.Drained(g.cfg().Name)
 	if err != nil {
 		return false, fmt.Errorf("reading the drain flag: %w", err)
 	}

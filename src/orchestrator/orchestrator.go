@@ -7,6 +7,7 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,12 +35,21 @@ type Orchestrator struct {
 	log     logging.Fields
 	redact  *logging.Redactor
 	metrics *Metrics
-	forges  map[string]*forgeView
-	groups  []*group
 	now     func() time.Time
 	lock    *flock.Flock
 	leader  leader // who acts for each group
 	replica string // this process, in notifications to the others
+
+	// The forges and groups, replaced at run time by Replace: read them
+	// with forgeMap and groupList.
+	setMu    sync.RWMutex
+	forges   map[string]*forgeView
+	groups   []*group
+	newForge func(config.ForgeConfig) (Forge, error)
+	cpiOpt   CPI               // Options.CPI (tests)
+	events   func(RunnerEvent) // Options.Events
+	runCtx   context.Context   // set by Run: new groups' loops start under it
+	loops    sync.WaitGroup    // the groups' loops
 
 	stemcellMu  sync.Mutex           // one upload per image
 	imageHashes map[string]imageHash // by image path, under stemcellMu
@@ -82,6 +92,11 @@ type Options struct {
 	// Metrics, when set, are the series the forges' transports report to.
 	Metrics *Metrics
 	Now     func() time.Time
+	// NewForge builds the client of a forge Forges lacks: a forge that
+	// Replace adds or changes.
+	NewForge func(config.ForgeConfig) (Forge, error)
+	// Events, when set, hears of each runner made, deleted or failed.
+	Events func(RunnerEvent)
 }
 
 // New opens the state store (taking the state dir's lock, so two daemons
@@ -122,33 +137,83 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 		lk.Unlock()
 		return nil, err
 	}
-	st := o.store
+	o.newForge, o.cpiOpt, o.events = opt.NewForge, opt.CPI, opt.Events
 	for _, fc := range cfg.Forges {
 		f, ok := opt.Forges[fc.Name]
 		if !ok || f.Client == nil {
-			o.Close()
-			return nil, fmt.Errorf("forge %s: no client", fc.Name)
+			var err error
+			if f, err = o.buildForge(fc); err != nil {
+				o.Close()
+				return nil, err
+			}
 		}
-		fv := newForgeView(fc, f, o.observeJob)
-		fv.log = o.log.Warn
-		o.forges[fc.Name] = fv
+		o.forges[fc.Name] = o.forgeView(fc, f)
 	}
-	for i := range cfg.Groups {
-		gc := cfg.Groups[i]
-		drained, err := st.Drained(gc.Name)
+	for _, gc := range cfg.Groups {
+		g, err := o.newGroup(gc)
 		if err != nil {
 			o.Close()
 			return nil, err
 		}
-		var cpi CPI = cpiFor(gc.EffectiveCPI(cfg.CPI))
-		if opt.CPI != nil {
-			cpi = opt.CPI
-		}
-		o.groups = append(o.groups, &group{o: o, cfg: gc, index: i, forge: o.forges[gc.Forge], cpi: cpi,
-			scope: gc.ForgeScope(), labels: forge.NewLabelSet(gc.Labels), kick: make(chan struct{}, 1),
-			inflight: map[string]bool{}, spawnedAt: map[string]time.Time{}, drained: drained})
+		o.groups = append(o.groups, g)
 	}
 	return o, nil
+}
+
+// buildForge makes a forge's client with Options.NewForge.
+func (o *Orchestrator) buildForge(fc config.ForgeConfig) (Forge, error) {
+	if o.newForge == nil {
+		return Forge{}, fmt.Errorf("forge %s: no client", fc.Name)
+	}
+	f, err := o.newForge(fc)
+	if err == nil && f.Client == nil {
+		err = errors.New("no client")
+	}
+	if err != nil {
+		return Forge{}, fmt.Errorf("forge %s: %w", fc.Name, err)
+	}
+	return f, nil
+}
+
+func (o *Orchestrator) forgeView(fc config.ForgeConfig, f Forge) *forgeView {
+	fv := newForgeView(fc, f, o.observeJob)
+	fv.log = o.log.Warn
+	return fv
+}
+
+// newGroup makes a group of this orchestrator (its forge must be in
+// o.forges), its drain flag read from the store.
+func (o *Orchestrator) newGroup(gc config.GroupConfig) (*group, error) {
+	drained, err := o.store.Drained(gc.Name)
+	if err != nil {
+		return nil, err
+	}
+	var cpi CPI = cpiFor(gc.EffectiveCPI(o.cfg.CPI))
+	if o.cpiOpt != nil {
+		cpi = o.cpiOpt
+	}
+	g := &group{o: o, forge: o.forges[gc.Forge], cpi: cpi, scope: gc.ForgeScope(), kick: make(chan struct{}, 1),
+		done: make(chan struct{}), inflight: map[string]bool{}, spawnedAt: map[string]time.Time{}, drained: drained}
+	g.setConf(gc)
+	return g, nil
+}
+
+// groupList is the current groups.
+func (o *Orchestrator) groupList() []*group {
+	o.setMu.RLock()
+	defer o.setMu.RUnlock()
+	return append([]*group(nil), o.groups...)
+}
+
+// forgeMap is the current forges by name.
+func (o *Orchestrator) forgeMap() map[string]*forgeView {
+	o.setMu.RLock()
+	defer o.setMu.RUnlock()
+	m := make(map[string]*forgeView, len(o.forges))
+	for n, fv := range o.forges {
+		m[n] = fv
+	}
+	return m
 }
 
 func cpiFor(c config.CPIConfig) *cpiclient.Client {
@@ -173,10 +238,13 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); o.checkAccess(ctx) }()
+	o.setMu.Lock()
+	o.runCtx = ctx
 	for _, g := range o.groups {
-		wg.Add(1)
-		go func() { defer wg.Done(); g.loop(ctx) }()
+		o.startLoop(g)
 	}
+	o.setMu.Unlock()
+	defer o.loops.Wait()
 	wg.Add(1)
 	go func() { defer wg.Done(); o.sweepLoop(ctx) }()
 	wg.Add(1)
@@ -191,8 +259,8 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 // because the forge failed stops waiting too.
 func (o *Orchestrator) Kick(forgeName, repo string) int {
 	n := 0
-	for _, g := range o.groups {
-		if g.cfg.Forge == forgeName && (repo == "" || g.scope.Covers(repo)) {
+	for _, g := range o.groupList() {
+		if g.cfg().Forge == forgeName && (repo == "" || g.scope.Covers(repo)) {
 			g.wake()
 			n++
 		}
@@ -202,8 +270,8 @@ func (o *Orchestrator) Kick(forgeName, repo string) int {
 
 // group looks a group up by name.
 func (o *Orchestrator) group(name string) *group {
-	for _, g := range o.groups {
-		if g.cfg.Name == name {
+	for _, g := range o.groupList() {
+		if g.cfg().Name == name {
 			return g
 		}
 	}
@@ -233,8 +301,9 @@ func (o *Orchestrator) SetDrained(name string, drained bool) (GroupStatus, error
 
 // Groups returns every group's status.
 func (o *Orchestrator) Groups() []GroupStatus {
-	out := make([]GroupStatus, 0, len(o.groups))
-	for _, g := range o.groups {
+	groups := o.groupList()
+	out := make([]GroupStatus, 0, len(groups))
+	for _, g := range groups {
 		out = append(out, g.Status())
 	}
 	return out

@@ -163,8 +163,10 @@ func TestPlanSparesBootingRunners(t *testing.T) {
 }
 
 func TestOwnerIsDeterministic(t *testing.T) {
-	mk := func(name string, idx int, scope forge.Scope, labels ...string) *group {
-		return &group{cfg: config.GroupConfig{Name: name, Forge: "f", Labels: labels}, index: idx, scope: scope, labels: forge.NewLabelSet(labels)}
+	mk := func(name string, priority int, scope forge.Scope, labels ...string) *group {
+		g := &group{scope: scope}
+		g.setConf(config.GroupConfig{Name: name, Forge: "f", Labels: labels, Priority: priority})
+		return g
 	}
 	o := &Orchestrator{}
 	global := mk("global", 0, forge.Scope{Kind: "global"}, "linux")
@@ -186,7 +188,7 @@ func TestOwnerIsDeterministic(t *testing.T) {
 		g := o.owner("f", forge.Job{Repo: c.repo, Labels: c.labels}, all)
 		got := ""
 		if g != nil {
-			got = g.cfg.Name
+			got = g.cfg().Name
 		}
 		if got != c.want {
 			t.Errorf("%s %v claimed by %q, want %q", c.repo, c.labels, got, c.want)
@@ -195,6 +197,21 @@ func TestOwnerIsDeterministic(t *testing.T) {
 	repo.drained = true
 	if g := o.owner("f", forge.Job{Repo: "acme/app", Labels: []string{"linux"}}, all); g != orgTight {
 		t.Errorf("with the repo group drained, the job falls to %v", g)
+	}
+	// Equal scope and labels: the higher priority, then the name, whatever
+	// the order the groups are listed in.
+	low, high, twin := mk("b-low", 0, forge.Scope{Kind: "org", Owner: "acme"}, "arm"),
+		mk("z-high", 5, forge.Scope{Kind: "org", Owner: "acme"}, "arm"), mk("a-low", 0, forge.Scope{Kind: "org", Owner: "acme"}, "arm")
+	job := forge.Job{Repo: "acme/app", Labels: []string{"arm"}}
+	for _, order := range [][]*group{{low, high, twin}, {twin, high, low}} {
+		if g := o.owner("f", job, order); g != high {
+			t.Errorf("priority 5 against 0: claimed by %s", g.cfg().Name)
+		}
+	}
+	for _, order := range [][]*group{{low, twin}, {twin, low}} {
+		if g := o.owner("f", job, order); g != twin {
+			t.Errorf("equal priorities: claimed by %s, want a-low (by name)", g.cfg().Name)
+		}
 	}
 }
 

@@ -25,8 +25,8 @@ import (
 func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 	o := g.o
 	now := o.now()
-	name := g.cfg.Name + "-" + randHex(5)
-	r := store.Runner{Name: name, Group: g.cfg.Name, AgentID: name, State: store.Spawning, TriggerJob: trigger,
+	name := g.cfg().Name + "-" + randHex(5)
+	r := store.Runner{Name: name, Group: g.cfg().Name, AgentID: name, State: store.Spawning, TriggerJob: trigger,
 		JobRepo: repo, CreatedAt: now, StateAt: now}
 	g.mu.Lock()
 	g.inflight[name] = true
@@ -35,12 +35,27 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 		g.mu.Lock()
 		delete(g.inflight, name)
 		g.mu.Unlock()
-		o.log.Error("recording a runner", "group", g.cfg.Name, "err", err)
+		o.log.Error("recording a runner", "group", g.cfg().Name, "err", err)
 		return
 	}
+	// A retiring group stops its spawns in flight (stopSpawns).
+	sctx, cancel := context.WithCancel(ctx)
+	g.mu.Lock()
+	if g.spawnCancels == nil {
+		g.spawnCancels = map[string]context.CancelFunc{}
+	}
+	g.spawnCancels[name] = cancel
+	g.mu.Unlock()
 	g.spawns.Add(1)
 	go func() {
 		defer g.spawns.Done()
+		defer func() {
+			g.mu.Lock()
+			delete(g.spawnCancels, name)
+			g.mu.Unlock()
+			cancel()
+		}()
+		ctx := sctx
 		select {
 		case g.spawnSem <- struct{}{}:
 		case <-ctx.Done():
@@ -57,7 +72,8 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 		if err != nil && ctx.Err() == nil {
 			// The next pass reports it, so the group backs off instead of
 			// trying again at once.
-			o.log.Warn("spawn failed", "group", g.cfg.Name, "runner", name, "err", err)
+			o.log.Warn("spawn failed", "group", g.cfg().Name, "runner", name, "err", err)
+			o.event(g.cfg().Name, name, RunnerFailed, err.Error())
 			g.mu.Lock()
 			g.spawnErr = errors.Join(g.spawnErr, err)
 			g.mu.Unlock()
@@ -69,8 +85,9 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 
 func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	o := g.o
+	c := g.cfg()
 	start := time.Now()
-	reg, err := g.forge.client.Register(ctx, g.scope, r.Name, g.cfg.Labels)
+	reg, err := g.forge.api().Register(ctx, g.scope, r.Name, c.Labels)
 	if err != nil {
 		r.LastError = "registration: " + o.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("registering %s: %w", r.Name, err), g.destroy(ctx, r, "registration failed"))
@@ -81,19 +98,19 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 			return err
 		}
 	}
-	stemcell, err := g.stemcell(ctx)
+	stemcell, err := g.stemcell(ctx, c.Stemcell)
 	if err != nil {
 		return errors.Join(err, g.destroy(ctx, r, "no stemcell"))
 	}
 	env := map[string]any{
-		"user_data": bootstrap(g.cfg, g.forge.cfg, r.Name, reg),
-		"bosh": map[string]any{"tags": map[string]any{"runway_group": g.cfg.Name, "runway_runner": r.Name,
+		"user_data": bootstrap(c.GroupConfig, g.forge.conf(), r.Name, reg),
+		"bosh": map[string]any{"tags": map[string]any{"runway_group": c.Name, "runway_runner": r.Name,
 			"runway_store": o.store.ID()}},
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	resp, err := g.call(ctx, "create_vm", r.AgentID, stemcell, g.cfg.CloudProperties, g.cfg.Networks, nil, env)
+	resp, err := g.call(ctx, "create_vm", r.AgentID, stemcell, c.CloudProperties, c.Networks, nil, env)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err() // shutting down: recovered on the next start
@@ -109,9 +126,10 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	if err := o.store.Save(r); err != nil {
 		return err
 	}
-	o.metrics.spawnLatency.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
-	o.log.Info("runner created", "group", g.cfg.Name, "runner", r.Name, "vm", cid, "for_job", r.TriggerJob,
+	o.metrics.spawnLatency.WithLabelValues(g.cfg().Name).Observe(time.Since(start).Seconds())
+	o.log.Info("runner created", "group", c.Name, "runner", r.Name, "vm", cid, "for_job", r.TriggerJob,
 		"took", time.Since(start).Round(time.Millisecond))
+	o.event(c.Name, r.Name, RunnerCreated, "VM "+cid+" made for job "+fmt.Sprint(r.TriggerJob))
 	return nil
 }
 
@@ -137,14 +155,13 @@ func vmCID(raw json.RawMessage) (string, error) {
 // stemcell returns the group's stemcell CID, uploading the image once and
 // remembering its CID in the store (keyed by image content and cloud
 // properties).
-func (g *group) stemcell(ctx context.Context) (string, error) {
-	sc := g.cfg.Stemcell
+func (g *group) stemcell(ctx context.Context, sc config.StemcellConfig) (string, error) {
 	if sc.CID != "" {
 		return sc.CID, nil
 	}
 	g.o.stemcellMu.Lock()
 	defer g.o.stemcellMu.Unlock()
-	cpi := g.cfg.EffectiveCPI(g.o.cfg.CPI)
+	cpi := g.cfg().EffectiveCPI(g.o.cfg.CPI)
 	key, err := g.o.stemcellKey(cpi.Path+"|"+cpi.Config, sc)
 	if err != nil {
 		return "", err
@@ -240,7 +257,7 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		id = r.TriggerJob
 	}
 	repo := r.JobRepo
-	j, err := g.forge.client.Job(ctx, forge.Job{ID: id, Repo: repo})
+	j, err := g.forge.api().Job(ctx, forge.Job{ID: id, Repo: repo})
 	if errors.Is(err, forge.ErrNotFound) {
 		j, err = forge.Job{ID: id, Status: forge.StatusCompleted}, nil
 	}
@@ -280,7 +297,7 @@ func (g *group) recover(ctx context.Context, r store.Runner) (gone bool, err err
 	}
 	if len(mine) == 1 && mine[0].State == "running" {
 		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.o.now()
-		g.o.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg.Name, "runner", r.Name, "vm", r.VMCID)
+		g.o.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg().Name, "runner", r.Name, "vm", r.VMCID)
 		return false, g.o.store.Save(r)
 	}
 	return true, g.destroy(ctx, r, "spawn interrupted")

@@ -20,7 +20,7 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 	if err := o.store.Check(); err != nil {
 		return 0, err
 	}
-	runners, err := o.store.Active(g.cfg.Name)
+	runners, err := o.store.Active(g.cfg().Name)
 	if err != nil {
 		return 0, err
 	}
@@ -96,10 +96,10 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 // (removed there).
 func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Runner, reaped map[string]bool) error {
 	o := g.o
-	registered, err := g.forge.client.Runners(ctx, g.scope)
+	registered, err := g.forge.api().Runners(ctx, g.scope)
 	if err != nil {
 		g.setForgeDown(true)
-		return fmt.Errorf("forge %s runners: %w", g.cfg.Forge, err)
+		return fmt.Errorf("forge %s runners: %w", g.cfg().Forge, err)
 	}
 	var errs []error
 	atForge := map[string]forge.Runner{}
@@ -109,11 +109,11 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 			continue
 		}
 		// Only registrations this orchestrator made and already retired.
-		if row, err := o.store.Get(fr.Name); err == nil && row.Group == g.cfg.Name && row.State == store.Deleted {
-			if err := g.forge.client.DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+		if row, err := o.store.Get(fr.Name); err == nil && row.Group == g.cfg().Name && row.State == store.Deleted {
+			if err := g.forge.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, err)
 			} else {
-				o.log.Info("removed offline registration", "group", g.cfg.Name, "runner", fr.Name, "id", fr.ID)
+				o.log.Info("removed offline registration", "group", g.cfg().Name, "runner", fr.Name, "id", fr.ID)
 			}
 		}
 	}
@@ -157,7 +157,7 @@ func (g *group) sweepStrays(ctx context.Context, vms []listedVM, live map[string
 			foreign++
 			if g.reportForeign(vm.CID) {
 				o.log.Warn("a VM of this group was made by another state store: left alone (delete it with runway call delete_vm if it is not in use)",
-					"group", g.cfg.Name, "vm", vm.CID, "agent_id", vm.AgentID, "store", vm.Tags["runway_store"])
+					"group", g.cfg().Name, "vm", vm.CID, "agent_id", vm.AgentID, "store", vm.Tags["runway_store"])
 			}
 			continue
 		}
@@ -167,14 +167,14 @@ func (g *group) sweepStrays(ctx context.Context, vms []listedVM, live map[string
 		if flying {
 			continue
 		}
-		o.log.Warn("deleting a VM no runner accounts for", "group", g.cfg.Name, "vm", vm.CID, "agent_id", vm.AgentID)
+		o.log.Warn("deleting a VM no runner accounts for", "group", g.cfg().Name, "vm", vm.CID, "agent_id", vm.AgentID)
 		_, err := g.call(ctx, "delete_vm", vm.CID)
 		var ce *rpc.Error
 		if err != nil && !(errors.As(err, &ce) && ce.Type == rpc.TypeVMNotFound) {
 			errs = append(errs, err)
 		}
 	}
-	o.metrics.foreignVMs.WithLabelValues(g.cfg.Name).Set(float64(foreign))
+	o.metrics.foreignVMs.WithLabelValues(g.cfg().Name).Set(float64(foreign))
 	return errors.Join(errs...)
 }
 
@@ -204,7 +204,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 			return err
 		}
 	}
-	o.log.Info("deleting runner", "group", g.cfg.Name, "runner", r.Name, "vm", r.VMCID, "reason", reason)
+	o.log.Info("deleting runner", "group", g.cfg().Name, "runner", r.Name, "vm", r.VMCID, "reason", reason)
 	cids := []string{}
 	if r.VMCID != "" {
 		cids = append(cids, r.VMCID)
@@ -225,14 +225,18 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 		}
 	}
 	if r.ForgeRunnerID != 0 && !(endedByItself(reason) && g.forge.removesFinishedRunners()) {
-		if err := g.forge.client.DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
+		if err := g.forge.api().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
 			// The sweep retries: the row says deleted, the registration
 			// stays ours to remove.
 			o.log.Warn("removing runner registration", "runner", r.Name, "err", err)
 		}
 	}
 	r.State, r.StateAt, r.LastError = store.Deleted, o.now(), ""
-	return o.store.Save(r)
+	if err := o.store.Save(r); err != nil {
+		return err
+	}
+	o.event(g.cfg().Name, r.Name, RunnerDeleted, reason)
+	return nil
 }
 
 func (g *group) keepError(r store.Runner, err error) error {

@@ -19,8 +19,8 @@ func (g *group) observe(kind string, d time.Duration) {
 	case RunnerStartup:
 		h = g.o.metrics.runnerStartup
 	}
-	h.WithLabelValues(g.cfg.Name).Observe(d.Seconds())
-	g.o.hist.RecordDuration(g.cfg.Name, kind, g.o.now(), d)
+	h.WithLabelValues(g.cfg().Name).Observe(d.Seconds())
+	g.o.hist.RecordDuration(g.cfg().Name, kind, g.o.now(), d)
 }
 
 // observeJob records a job's queue time (created → started) and run time
@@ -53,8 +53,8 @@ func (o *Orchestrator) observeJob(j forge.Job) {
 	if err != nil {
 		return // not a runner of this store's
 	}
-	for _, g := range o.groups {
-		if g.cfg.Name != r.Group {
+	for _, g := range o.groupList() {
+		if g.cfg().Name != r.Group {
 			continue
 		}
 		if queue {
