@@ -10,11 +10,11 @@ import (
 // forge and the scope cannot change once made (its runners were
 // registered there): delete the group and make it anew.
 //
-// +kubebuilder:validation:XValidation:rule="self.scope != 'org' || (has(self.org) && self.org != '')",message="org is required for scope org",fieldPath=".org",reason=FieldValueRequired
-// +kubebuilder:validation:XValidation:rule="self.scope != 'user' || (has(self.user) && self.user != '')",message="user is required for scope user",fieldPath=".user",reason=FieldValueRequired
-// +kubebuilder:validation:XValidation:rule="self.scope != 'repo' || (has(self.repo) && (self.repo.contains('/') || (has(self.org) && self.org != '') || (has(self.user) && self.user != '')))",message="repo is required for scope repo: owner/name, or name with org or user as its owner",fieldPath=".repo",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.scope != 'org' || (has(self.org) && size(self.org) > 0)",message="org is required for scope org",fieldPath=".org",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.scope != 'user' || (has(self.user) && size(self.user) > 0)",message="user is required for scope user",fieldPath=".user",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.scope != 'repo' || (has(self.repo) && (self.repo.contains('/') || (has(self.org) && size(self.org) > 0) || (has(self.user) && size(self.user) > 0)))",message="repo is required for scope repo: owner/name, or name with org or user as its owner",fieldPath=".repo",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="has(self.gitea) != has(self.giteaURL)",message="set gitea.url (or giteaURL, gitea-runner-operator's name for it), not both",fieldPath=".gitea",reason=FieldValueRequired
-// +kubebuilder:validation:XValidation:rule="oldSelf.scope == self.scope && (has(oldSelf.org) ? oldSelf.org : '') == (has(self.org) ? self.org : '') && (has(oldSelf.user) ? oldSelf.user : '') == (has(self.user) ? self.user : '') && (has(oldSelf.repo) ? oldSelf.repo : '') == (has(self.repo) ? self.repo : '')",message="scope, org, user and repo cannot change: delete the group and make it anew",fieldPath=".scope"
+// +kubebuilder:validation:XValidation:rule="oldSelf.scope == self.scope && has(oldSelf.org) == has(self.org) && (!has(self.org) || oldSelf.org == self.org) && has(oldSelf.user) == has(self.user) && (!has(self.user) || oldSelf.user == self.user) && has(oldSelf.repo) == has(self.repo) && (!has(self.repo) || oldSelf.repo == self.repo)",message="scope, org, user and repo cannot change: delete the group and make it anew",fieldPath=".scope"
 type RunnerGroupSpec struct {
 	// Scope of the runners: global (a Gitea admin's token), org, user or
 	// repo.

@@ -8,12 +8,12 @@ import (
 // RunnerGroupSpec is one pool of runners: runway.yml's groups[], its
 // forge a Forge of the same namespace.
 //
-// +kubebuilder:validation:XValidation:rule="self.scope != 'org' || (has(self.org) && self.org != '')",message="org is required for scope org",fieldPath=".org",reason=FieldValueRequired
-// +kubebuilder:validation:XValidation:rule="self.scope != 'user' || (has(self.user) && self.user != '')",message="user is required for scope user",fieldPath=".user",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.scope != 'org' || (has(self.org) && size(self.org) > 0)",message="org is required for scope org",fieldPath=".org",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.scope != 'user' || (has(self.user) && size(self.user) > 0)",message="user is required for scope user",fieldPath=".user",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="self.scope != 'repo' || (has(self.repo) && self.repo.matches('^[^/]+/[^/]+$'))",message="repo must be owner/name for scope repo",fieldPath=".repo",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.minIdle) || self.minIdle <= self.maxActiveRunners",message="minIdle must be at most maxActiveRunners",fieldPath=".minIdle"
 // +kubebuilder:validation:XValidation:rule="has(self.image) != has(self.stemcellCID)",message="set exactly one of image or stemcellCID",fieldPath=".image",reason=FieldValueRequired
-// +kubebuilder:validation:XValidation:rule="oldSelf.forge == self.forge && oldSelf.scope == self.scope && (has(oldSelf.org) ? oldSelf.org : '') == (has(self.org) ? self.org : '') && (has(oldSelf.user) ? oldSelf.user : '') == (has(self.user) ? self.user : '') && (has(oldSelf.repo) ? oldSelf.repo : '') == (has(self.repo) ? self.repo : '')",message="forge, scope, org, user and repo cannot change: delete the group and make it anew",fieldPath=".scope"
+// +kubebuilder:validation:XValidation:rule="oldSelf.forge == self.forge && oldSelf.scope == self.scope && has(oldSelf.org) == has(self.org) && (!has(self.org) || oldSelf.org == self.org) && has(oldSelf.user) == has(self.user) && (!has(self.user) || oldSelf.user == self.user) && has(oldSelf.repo) == has(self.repo) && (!has(self.repo) || oldSelf.repo == self.repo)",message="forge, scope, org, user and repo cannot change: delete the group and make it anew",fieldPath=".scope"
 type RunnerGroupSpec struct {
 	// Forge is the name of a Forge in the group's namespace.
 	// +kubebuilder:validation:MinLength=1
