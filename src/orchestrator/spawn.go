@@ -203,6 +203,15 @@ func (g *group) stemcell(ctx context.Context, sc config.StemcellConfig) (string,
 // 50 MB rootfs under stemcellMu once capped spawns near 20 a second.
 // The caller holds stemcellMu.
 func (o *Orchestrator) stemcellKey(cpi string, sc config.StemcellConfig) (string, error) {
+	if sc.Image == "" {
+		// A light stemcell: its cloud properties name the image.
+		h := sha256.New()
+		props, _ := json.Marshal(sc.CloudProperties)
+		h.Write([]byte("light\x00"))
+		h.Write(props)
+		h.Write([]byte(cpi))
+		return hex.EncodeToString(h.Sum(nil)), nil
+	}
 	f, err := os.Open(sc.Image)
 	if err != nil {
 		return "", fmt.Errorf("stemcell image: %w", err)

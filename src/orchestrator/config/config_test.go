@@ -58,6 +58,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"labels: [linux]", "labels: []", "groups[0].labels"},
 		{"max_active_runners: 2", "max_active_runners: 0", "groups[0].max_active_runners"},
 		{"stemcell: {cid: sc-1}", "stemcell: {cid: sc-1, image: /x.tgz}", "groups[0].stemcell"},
+		{"stemcell: {cid: sc-1}", "stemcell: {}", "groups[0].stemcell: set exactly one of cid or image, or cloud_properties alone"},
 		{"token_file: /etc/token", "token_file: /etc/token, token_env: T", "forges[0].token_file"},
 		{"type: gitea", "type: gitlab", "forges[0].type"},
 		{"type: gitea, url", "type: forgejo, webhook_secret_env: S, url", "forges[0].webhook_secret_file: Forgejo sends no workflow_job webhook"},
@@ -83,6 +84,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s → %s: error %v does not name %s", c.from, c.to, err, c.field)
 		}
+	}
+	light := strings.Replace(minimal, "stemcell: {cid: sc-1}", "stemcell: {cloud_properties: {image: registry.example/runner:1}}", 1)
+	if _, err := ParseConfig([]byte(light)); err != nil {
+		t.Errorf("a light stemcell (cloud properties only): %v", err)
 	}
 	if _, err := ParseConfig([]byte(strings.Replace(minimal, "type: gitea", "type: forgejo", 1))); err != nil {
 		t.Errorf("a forgejo forge: %v", err)

@@ -152,8 +152,11 @@ func (g GroupConfig) validate(errs *fieldErrors, p string, forges map[string]For
 	if g.MinIdle < 0 || g.MinIdle > g.MaxActiveRunners {
 		errs.bad(p+".min_idle", "must be between 0 and max_active_runners")
 	}
-	if (g.Stemcell.CID == "") == (g.Stemcell.Image == "") {
+	switch {
+	case g.Stemcell.CID != "" && g.Stemcell.Image != "":
 		errs.bad(p+".stemcell", "set exactly one of cid or image")
+	case g.Stemcell.CID == "" && g.Stemcell.Image == "" && len(g.Stemcell.CloudProperties) == 0:
+		errs.bad(p+".stemcell", "set exactly one of cid or image, or cloud_properties alone for a light stemcell (its image named there)")
 	}
 	if g.Runner.Command == "" {
 		errs.bad(p+".runner.command", "required (the runner or its bootstrap, as a path on the VM)")
