@@ -217,8 +217,15 @@ func (o *Orchestrator) forgeMap() map[string]*forgeView {
 }
 
 func cpiFor(c config.CPIConfig) *cpiclient.Client {
-	return &cpiclient.Client{Path: c.Path, ConfigPath: c.Config, DirectorUUID: c.DirectorUUID, APIVersion: 2,
+	cl := &cpiclient.Client{Path: c.Path, ConfigPath: c.Config, DirectorUUID: c.DirectorUUID, APIVersion: 2,
 		StemcellAPIVersion: c.StemcellAPIVersion, Timeout: c.Timeout.Duration}
+	if h, p := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT"); h != "" && p != "" {
+		// In a pod: the Director's cleared environment, plus the API's
+		// address the Kubernetes driver's in-cluster config reads.
+		cl.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TMPDIR=" + os.TempDir(), "HOME=" + os.Getenv("HOME"),
+			"KUBERNETES_SERVICE_HOST=" + h, "KUBERNETES_SERVICE_PORT=" + p}
+	}
+	return cl
 }
 
 // Close releases the store, the groups' leadership and the lock.

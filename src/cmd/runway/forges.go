@@ -21,45 +21,62 @@ import (
 func forges(cfg *config.Config, m *orchestrator.Metrics, redact *logging.Redactor, log logging.Fields) (map[string]orchestrator.Forge, error) {
 	out := map[string]orchestrator.Forge{}
 	for _, fc := range cfg.Forges {
-		token, err := secret.New(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token", redact, log)
+		f, err := buildForge(fc, m, redact, log)
 		if err != nil {
 			return nil, err
-		}
-		hook, err := secret.New(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret", redact, log)
-		if err != nil {
-			return nil, err
-		}
-		tr := forge.NewTransport(nil)
-		budget := &forge.RateBudget{}
-		tr.Observe = func(method string, status int, h http.Header) { budget.Observe(h) }
-		if m != nil {
-			metric := m.ObserveForge(fc.Name)
-			tr.Observe = func(method string, status int, h http.Header) {
-				metric(method, status, h)
-				budget.Observe(h)
-			}
-		}
-		f := orchestrator.Forge{Secret: hook.Get, Budget: budget}
-		switch fc.Type {
-		case "gitea":
-			tr.AuthFunc = func() string { return "token " + token.Get() }
-			f.Client = gitea.New(fc.URL, tr)
-		case "forgejo":
-			tr.AuthFunc = func() string { return "token " + token.Get() }
-			f.Client = forgejo.New(fc.URL, tr)
-		case "github":
-			tr.AuthFunc = func() string { return "Bearer " + token.Get() }
-			tr.Headers = map[string]string{"X-GitHub-Api-Version": "2022-11-28"}
-			c, err := github.New(fc.URL, tr)
-			if err != nil {
-				return nil, fmt.Errorf("forge %s: %w", fc.Name, err)
-			}
-			c.RunnerGroupID = fc.RunnerGroupID
-			f.Client = c
-		default:
-			return nil, fmt.Errorf("forge %s: unknown type %q", fc.Name, fc.Type)
 		}
 		out[fc.Name] = f
 	}
 	return out, nil
+}
+
+// buildForge builds one forge's client. Its token and webhook secret come
+// from its file or variable (read again when the file changes), or from
+// memory (fc.Secrets, kept current by the Kubernetes controller).
+func buildForge(fc config.ForgeConfig, m *orchestrator.Metrics, redact *logging.Redactor, log logging.Fields) (orchestrator.Forge, error) {
+	tokenOf, hookOf := func() string { return "" }, func() string { return "" }
+	if fc.Secrets != nil {
+		tokenOf, hookOf = fc.Secrets.Token, fc.Secrets.WebhookSecret
+	} else {
+		token, err := secret.New(fc.TokenFile, fc.TokenEnv, "forge "+fc.Name+" token", redact, log)
+		if err != nil {
+			return orchestrator.Forge{}, err
+		}
+		hook, err := secret.New(fc.WebhookSecretFile, fc.WebhookSecretEnv, "forge "+fc.Name+" webhook secret", redact, log)
+		if err != nil {
+			return orchestrator.Forge{}, err
+		}
+		tokenOf, hookOf = token.Get, hook.Get
+	}
+	tr := forge.NewTransport(nil)
+	budget := &forge.RateBudget{}
+	tr.Observe = func(method string, status int, h http.Header) { budget.Observe(h) }
+	if m != nil {
+		metric := m.ObserveForge(fc.Name)
+		tr.Observe = func(method string, status int, h http.Header) {
+			metric(method, status, h)
+			budget.Observe(h)
+		}
+	}
+	f := orchestrator.Forge{Secret: hookOf, Budget: budget}
+	switch fc.Type {
+	case "gitea":
+		tr.AuthFunc = func() string { return "token " + tokenOf() }
+		f.Client = gitea.New(fc.URL, tr)
+	case "forgejo":
+		tr.AuthFunc = func() string { return "token " + tokenOf() }
+		f.Client = forgejo.New(fc.URL, tr)
+	case "github":
+		tr.AuthFunc = func() string { return "Bearer " + tokenOf() }
+		tr.Headers = map[string]string{"X-GitHub-Api-Version": "2022-11-28"}
+		c, err := github.New(fc.URL, tr)
+		if err != nil {
+			return orchestrator.Forge{}, fmt.Errorf("forge %s: %w", fc.Name, err)
+		}
+		c.RunnerGroupID = fc.RunnerGroupID
+		f.Client = c
+	default:
+		return orchestrator.Forge{}, fmt.Errorf("forge %s: unknown type %q", fc.Name, fc.Type)
+	}
+	return f, nil
 }

@@ -15,6 +15,7 @@ func usage() {
 
 commands:
   serve -config runway.yml       run the runner orchestrator daemon
+  controller -config runway.yml  run it with its forges and groups from Kubernetes resources (in a pod)
   check -config runway.yml       ask each forge for every endpoint the groups need; name missing token scopes
   status                         groups: demand, runners, last check (from the daemon)
   runners [-all]                 runners and their state (from the daemon)
@@ -34,6 +35,8 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serveCmd(os.Args[2:])
+	case "controller":
+		err = controllerCmd(os.Args[2:])
 	case "check":
 		err = checkCmd(os.Args[2:])
 	case "status":

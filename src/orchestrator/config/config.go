@@ -235,6 +235,28 @@ func ParseConfig(b []byte) (*Config, error) {
 	return &c, nil
 }
 
+// LoadControllerConfig reads the config of `runway controller`, whose
+// forges and groups come from Kubernetes resources: the daemon's keys,
+// with forges and groups allowed to be empty.
+func LoadControllerConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	var c Config
+	if err := strictyaml.Decode("", b, &c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	c.defaults()
+	var errs fieldErrors
+	c.validateDaemon(&errs)
+	validateSet(&errs, c.Forges, c.Groups)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return &c, nil
+}
+
 func def(d *Duration, v time.Duration) {
 	if d.Duration == 0 {
 		d.Duration = v

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/runway-cpi/runway/src/controller"
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
+)
+
+// controllerFlags are `runway controller`'s flags.
+type controllerFlags struct {
+	cfgPath, kubeconfig, namespace      string
+	leaderElect                         bool
+	leaseName, leaseNamespace, identity string
+	seedImage, seedCommand, seedArgs    string
+	seedPoll                            time.Duration
+}
+
+func parseControllerFlags(args []string) (*controllerFlags, error) {
+	f := &controllerFlags{}
+	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
+	fs.StringVar(&f.cfgPath, "config", "runway.yml", "the daemon's config (YAML; forges and groups come from resources)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: the pod's service account)")
+	fs.StringVar(&f.namespace, "namespace", "", "namespace whose resources are watched (default: every namespace)")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "act only while holding the Lease (replicas)")
+	fs.StringVar(&f.leaseName, "lease-name", "runway-controller", "the Lease's name")
+	fs.StringVar(&f.leaseNamespace, "lease-namespace", "", "the Lease's namespace (default: the pod's)")
+	host, _ := os.Hostname()
+	fs.StringVar(&f.identity, "identity", host, "this replica's name in the Lease")
+	fs.StringVar(&f.seedImage, "seed-image", "gitea/act_runner:nightly-dind-rootless", "the runner image of seed 001's RunnerGroups")
+	fs.StringVar(&f.seedCommand, "seed-command", "/usr/bin/supervisord", "what their runner pods run (the bootstrap execs it)")
+	fs.StringVar(&f.seedArgs, "seed-args", "-c,/etc/supervisord.conf", "its arguments, comma-separated")
+	fs.DurationVar(&f.seedPoll, "seed-poll-interval", 10*time.Second, "how often their Gitea queues are read (they have no webhook)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.leaseNamespace == "" {
+		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+		f.leaseNamespace = strings.TrimSpace(string(b))
+		if err != nil || f.leaseNamespace == "" {
+			f.leaseNamespace = f.namespace
+		}
+	}
+	return f, nil
+}
+
+// controllerCmd runs the engine with its groups from Kubernetes
+// resources: `runway controller`, the chart's Deployment.
+func controllerCmd(args []string) error {
+	f, err := parseControllerFlags(args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.LoadControllerConfig(f.cfgPath)
+	if err != nil {
+		return err
+	}
+	level, err := logging.Level(cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	logger, redact := logging.New(level, os.Stderr)
+	log := logging.Fields{Logger: logger, Tag: "runway"}
+	rc, err := restConfig(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	metrics := orchestrator.NewMetrics()
+	var active atomic.Pointer[http.Handler]
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- httpapi.Serve(ctx, cfg.HTTP, ln, standbyHandler(&active), metrics); stop() }()
+	run := func(ctx context.Context) error {
+		return runController(ctx, cfg, f, kube, dyn, metrics, &active, logger, redact)
+	}
+	if !f.leaderElect {
+		err = run(ctx)
+	} else {
+		err = leadThenRun(ctx, f, kube, log, run)
+	}
+	stop()
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = fmt.Errorf("http server: %w", serr)
+	}
+	return err
+}
+
+// leadThenRun runs run while this replica holds the Lease. Losing it
+// ends the process's work (the pod restarts as a standby): the engine's
+// runner rows are in the shared store for the next leader.
+func leadThenRun(ctx context.Context, f *controllerFlags, kube kubernetes.Interface, log logging.Fields, run func(context.Context) error) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var runErr error
+	var started atomic.Bool
+	finished := make(chan struct{})
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{LeaseMeta: metav1ObjectMeta(f.leaseName, f.leaseNamespace), Client: kube.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: f.identity}},
+		// A replica that dies leaves the Lease to expire: the other takes
+		// it within LeaseDuration + RetryPeriod (9 s).
+		LeaseDuration: 8 * time.Second, RenewDeadline: 6 * time.Second, RetryPeriod: time.Second,
+		ReleaseOnCancel: true, Name: f.leaseName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				started.Store(true)
+				defer close(finished)
+				log.Info("leading: running the engine and the controller", "identity", f.identity)
+				runErr = run(ctx)
+				cancel() // the engine stopped: give up the Lease
+			},
+			OnStoppedLeading: func() { log.Info("not leading", "identity", f.identity) },
+			OnNewLeader: func(id string) {
+				if id != f.identity {
+					log.Info("standing by", "leader", id)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	le.Run(lctx)
+	if !started.Load() {
+		return nil // stopped while standing by
+	}
+	<-finished
+	if runErr == nil && ctx.Err() == nil {
+		// The Lease was lost while the engine ran: stop here (the pod
+		// restarts as a standby; the rows are in the shared store).
+		return errors.New("lost the Lease")
+	}
+	return runErr
+}
+
+// runController is the leader's work: the engine, its HTTP interface and
+// the controller feeding it.
+func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, kube kubernetes.Interface, dyn dynamic.Interface,
+	metrics *orchestrator.Metrics, active *atomic.Pointer[http.Handler], logger logging.Logger, redact *logging.Redactor) error {
+	olog := logging.Fields{Logger: logger, Tag: "orchestrator"}
+	var ctl atomic.Pointer[controller.Controller]
+	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact, Metrics: metrics,
+		NewForge: func(fc config.ForgeConfig) (orchestrator.Forge, error) { return buildForge(fc, metrics, redact, olog) },
+		Events: func(ev orchestrator.RunnerEvent) {
+			if c := ctl.Load(); c != nil {
+				c.RunnerEvent(ev.Group, ev.Runner, ev.Type, ev.Message)
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	defer o.Close()
+	h, err := httpapi.Handler(o, cfg, olog, redact, nil)
+	if err != nil {
+		return err
+	}
+	active.Store(&h)
+	defer active.Store(nil)
+	var args []string
+	if f.seedArgs != "" {
+		args = strings.Split(f.seedArgs, ",")
+	}
+	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespace: f.namespace, Engine: engine{o, redact, olog},
+		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll},
+		Log:  logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})
+	ctl.Store(c)
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx) }()
+	err = c.Run(ctx)
+	<-done
+	return err
+}
+
+// standbyHandler answers for the engine once this replica leads; until
+// then /healthz is 200 (alive) and everything else, /readyz included, 503
+// (the webhook Service sends deliveries to the leader only).
+func standbyHandler(active *atomic.Pointer[http.Handler]) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := active.Load()
+		switch {
+		case r.URL.Path == "/readyz" && h != nil:
+			fmt.Fprintln(w, "leading")
+		case h != nil:
+			(*h).ServeHTTP(w, r)
+		case r.URL.Path == "/healthz":
+			fmt.Fprintln(w, "standing by")
+		default:
+			http.Error(w, "standing by: another replica leads", http.StatusServiceUnavailable)
+		}
+	})
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return rest.InClusterConfig()
+}
+
+// engine adapts the orchestrator to what the controller needs of it.
+type engine struct {
+	o      *orchestrator.Orchestrator
+	redact *logging.Redactor
+	log    logging.Fields
+}
+
+func (e engine) Replace(forges []config.ForgeConfig, groups []config.GroupConfig) error {
+	return e.o.Replace(forges, groups)
+}
+
+func (e engine) State(name string) (controller.GroupState, bool) {
+	for _, s := range e.o.Groups() {
+		if s.Name == name {
+			return controller.GroupState{ActiveRunners: s.ActiveRunners, QueuedJobs: s.QueuedJobs, Idle: s.Idle, Busy: s.Busy,
+				LastCheckTime: s.LastCheckTime, LastError: s.LastError, Retired: s.Retired}, true
+		}
+	}
+	return controller.GroupState{}, false
+}
+
+func (e engine) Check(ctx context.Context, fc config.ForgeConfig, gc config.GroupConfig) error {
+	f, err := buildForge(fc, nil, e.redact, e.log)
+	if err != nil {
+		return err
+	}
+	err = orchestrator.Check(ctx, &config.Config{Forges: []config.ForgeConfig{fc}, Groups: []config.GroupConfig{gc}},
+		orchestrator.Options{Forges: map[string]orchestrator.Forge{fc.Name: f}, Redactor: e.redact})
+	if err == nil {
+		return nil
+	}
+	msg := e.redact.Redact(err.Error())
+	var ae *forge.APIError
+	if (errors.As(err, &ae) && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden)) ||
+		strings.Contains(msg, "lacks the scope") {
+		return fmt.Errorf("%w: %s", controller.ErrTokenScope, msg)
+	}
+	return errors.New(msg)
+}
+
+func metav1ObjectMeta(name, ns string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: name, Namespace: ns}
+}

@@ -1,0 +1,244 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/testkit/testenv"
+)
+
+// fakeEngine records what the controller hands over and reports the
+// states a test sets: the controller's tests are about the controller
+// (the engine's own are in src/orchestrator; the e2e runs both).
+type fakeEngine struct {
+	mu       sync.Mutex
+	forges   []config.ForgeConfig
+	groups   []config.GroupConfig
+	states   map[string]GroupState
+	checkErr error
+}
+
+func (f *fakeEngine) Replace(forges []config.ForgeConfig, groups []config.GroupConfig) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forges, f.groups = forges, groups
+	for _, g := range groups {
+		if _, ok := f.states[g.Name]; !ok {
+			f.states[g.Name] = GroupState{}
+		}
+	}
+	return nil
+}
+
+func (f *fakeEngine) State(name string) (GroupState, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.states[name]
+	return s, ok
+}
+
+func (f *fakeEngine) Check(context.Context, config.ForgeConfig, config.GroupConfig) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.checkErr
+}
+
+func (f *fakeEngine) set(name string, s GroupState) {
+	f.mu.Lock()
+	f.states[name] = s
+	f.mu.Unlock()
+}
+
+// group answers the group handed over under name, with its forge.
+func (f *fakeEngine) group(name string) (config.GroupConfig, config.ForgeConfig, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, g := range f.groups {
+		if g.Name == name {
+			for _, fc := range f.forges {
+				if fc.Name == g.Forge {
+					return g, fc, true
+				}
+			}
+		}
+	}
+	return config.GroupConfig{}, config.ForgeConfig{}, false
+}
+
+// cluster is the dev cluster as the tests use it: clients as
+// cluster-admin, the CRDs applied, a namespace of the test's own.
+type cluster struct {
+	kube kubernetes.Interface
+	dyn  dynamic.Interface
+	ns   string
+}
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+func newCluster(t *testing.T) *cluster {
+	env := testenv.Need(t, "scripts/k8s-dev start, then its $K8S_DEV_DIR/env", "RUNWAY_K8S_ADMIN_KUBECONFIG")
+	rc, err := clientcmd.BuildConfigFromFlags("", env[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc)}
+	ctx := context.Background()
+	files, _ := filepath.Glob("../../config/helm/runway/crds/*.yaml")
+	for _, f := range files {
+		for _, u := range readObjects(t, f) {
+			c.applyCluster(t, crdGVR, u)
+			waitFor(t, 30*time.Second, "CRD "+u.GetName()+" established", func() bool {
+				got, err := c.dyn.Resource(crdGVR).Get(ctx, u.GetName(), metav1.GetOptions{})
+				if err != nil {
+					return false
+				}
+				conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+				for _, cd := range conds {
+					m := cd.(map[string]any)
+					if m["type"] == "Established" && m["status"] == "True" {
+						return true
+					}
+				}
+				return false
+			})
+		}
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	c.ns = "runway-ctl-" + hex.EncodeToString(b)
+	if _, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Objects still holding the finalizer would keep the namespace.
+		for _, gvr := range gvrs {
+			list, _ := c.dyn.Resource(gvr).Namespace(c.ns).List(ctx, metav1.ListOptions{})
+			for _, u := range list.Items {
+				c.dyn.Resource(gvr).Namespace(c.ns).Patch(ctx, u.GetName(), mergePatch, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			}
+		}
+		c.kube.CoreV1().Namespaces().Delete(ctx, c.ns, metav1.DeleteOptions{})
+	})
+	return c
+}
+
+// applyCluster creates or replaces a cluster-scoped object.
+func (c *cluster) applyCluster(t *testing.T, gvr schema.GroupVersionResource, u *unstructured.Unstructured) {
+	ctx := context.Background()
+	old, err := c.dyn.Resource(gvr).Get(ctx, u.GetName(), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = c.dyn.Resource(gvr).Create(ctx, u, metav1.CreateOptions{})
+	case err == nil:
+		u.SetResourceVersion(old.GetResourceVersion())
+		_, err = c.dyn.Resource(gvr).Update(ctx, u, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		t.Fatalf("applying %s: %v", u.GetName(), err)
+	}
+}
+
+// create makes an object in the test's namespace; it answers the API
+// server's error.
+func (c *cluster) create(u *unstructured.Unstructured) error {
+	gvr, ok := map[string]schema.GroupVersionResource{"Secret": {Version: "v1", Resource: "secrets"},
+		"RunnerGroup.gitea.bpg.pw": gvrs[kindSeed], "RunnerGroup.runway.io": gvrs[kindGroup], "Forge.runway.io": gvrs[kindForge]}[kindKey(u)]
+	if !ok {
+		return errors.New("unknown kind " + kindKey(u))
+	}
+	_, err := c.dyn.Resource(gvr).Namespace(c.ns).Create(context.Background(), u, metav1.CreateOptions{})
+	return err
+}
+
+func kindKey(u *unstructured.Unstructured) string {
+	gvk := u.GroupVersionKind()
+	if gvk.Group == "" {
+		return gvk.Kind
+	}
+	return gvk.Kind + "." + gvk.Group
+}
+
+// readObjects reads a multi-document YAML file.
+func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseObjects(t, b)
+}
+
+func parseObjects(t *testing.T, b []byte) []*unstructured.Unstructured {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err == io.EOF {
+			return out
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if m != nil {
+			out = append(out, &unstructured.Unstructured{Object: m})
+		}
+	}
+}
+
+// waitFor polls cond every 50 ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("not within %s: %s", d, what)
+		}
+	}
+}
+
+// start runs a controller on the test's namespace with engine e.
+func (c *cluster) start(t *testing.T, e Engine) *Controller {
+	ctl := New(Options{Kube: c.kube, Dyn: c.dyn, Namespace: c.ns, Engine: e, StatusInterval: 200 * time.Millisecond,
+		Seed: Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner", PollInterval: time.Second},
+		Log:  logging.Fields{Logger: logging.Discard()}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { ctl.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctl
+}
+
+// readyOf answers an object's Ready condition.
+func (c *cluster) readyOf(t *testing.T, gvr schema.GroupVersionResource, name string) (metav1.Condition, *unstructured.Unstructured) {
+	u, err := c.dyn.Resource(gvr).Namespace(c.ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return metav1.Condition{}, nil
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, cd := range conds {
+		m := cd.(map[string]any)
+		if m["type"] == "Ready" {
+			return metav1.Condition{Type: "Ready", Status: metav1.ConditionStatus(m["status"].(string)), Reason: m["reason"].(string),
+				Message: m["message"].(string)}, u
+		}
+	}
+	return metav1.Condition{}, u
+}

@@ -1,0 +1,223 @@
+package controller
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	giteav1 "github.com/runway-cpi/runway/src/controller/apis/gitea/v1alpha1"
+	runwayv1 "github.com/runway-cpi/runway/src/controller/apis/runway/v1alpha1"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
+)
+
+// The kinds the controller reads.
+const (
+	kindSeed  = "RunnerGroup.gitea.bpg.pw"
+	kindForge = "Forge.runway.io"
+	kindGroup = "RunnerGroup.runway.io"
+)
+
+// Reasons of the Ready condition when it is False.
+const (
+	ReasonReady             = "Ready"
+	ReasonSecretMissing     = "SecretMissing"
+	ReasonForgeMissing      = "ForgeMissing"
+	ReasonForgeUnreachable  = "ForgeUnreachable"
+	ReasonTokenScopeMissing = "TokenScopeMissing"
+	ReasonInvalid           = "Invalid"
+	ReasonDeleting          = "Deleting"
+)
+
+// notReady is why an object cannot be handed to the engine (yet).
+type notReady struct{ reason, msg string }
+
+func (n *notReady) Error() string { return n.reason + ": " + n.msg }
+
+var unsafeName = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// engineName is an object's name in the engine (a group's runners are
+// named after it): readable, and unique per kind, namespace and name —
+// the engine's names are one flat space of at most 39 characters.
+func engineName(kind, ns, name string) string {
+	h := sha256.Sum256([]byte(kind + "/" + ns + "/" + name))
+	base := strings.Trim(unsafeName.ReplaceAllString(strings.ToLower(name), "-"), "-")
+	if len(base) > 24 {
+		base = strings.TrimRight(base[:24], "-")
+	}
+	if base == "" {
+		base = "g"
+	}
+	return base + "-" + hex.EncodeToString(h[:3])
+}
+
+// secretSource is one forge's token and webhook secret, read from its
+// Secrets: the engine asks for them at every use, so a rotation is
+// picked up without another call. A Secret that goes away keeps the last
+// value (a retiring group still needs its token).
+type secretSource struct {
+	mu          sync.Mutex
+	token, hook string
+}
+
+func (s *secretSource) Token() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.token
+}
+
+func (s *secretSource) WebhookSecret() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hook
+}
+
+func (s *secretSource) set(token, hook string) {
+	s.mu.Lock()
+	s.token, s.hook = token, hook
+	s.mu.Unlock()
+}
+
+// secretReader answers a key of a Secret of the object's namespace.
+type secretReader func(ns, name, key string) (string, bool)
+
+// readSecret reads one selector's value, or says which is missing.
+func readSecret(read secretReader, ns, field, name, key string) (string, error) {
+	v, ok := read(ns, name, key)
+	if !ok {
+		return "", &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s has no key %q (or does not exist)", field, ns, name, key)}
+	}
+	if strings.TrimSpace(v) == "" {
+		return "", &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s key %q is empty", field, ns, name, key)}
+	}
+	return strings.TrimSpace(v), nil
+}
+
+// Seed holds what seed 001's groups run, which its resource does not say:
+// the runner's image (the seed's own by default), command and arguments,
+// its pod's cloud properties, and the poll interval.
+type Seed struct {
+	Image           string
+	Command         string
+	Args            []string
+	CloudProperties map[string]any
+	PollInterval    time.Duration
+}
+
+// seedGroup turns a seed RunnerGroup into a forge and a group.
+func seedGroup(rg *giteav1.RunnerGroup, seed Seed, read secretReader) (config.ForgeConfig, config.GroupConfig, string, string, error) {
+	name := engineName(kindSeed, rg.Namespace, rg.Name)
+	s := rg.Spec
+	an, ak := s.AuthToken.Ref()
+	token, err := readSecret(read, rg.Namespace, "spec.authToken", an, ak)
+	if err != nil {
+		return config.ForgeConfig{}, config.GroupConfig{}, "", "", err
+	}
+	rn, rk := s.RegistrationToken.Ref()
+	if _, err := readSecret(read, rg.Namespace, "spec.registrationToken", rn, rk); err != nil {
+		return config.ForgeConfig{}, config.GroupConfig{}, "", "", err
+	}
+	fc := config.ForgeConfig{Name: name, Type: "gitea", URL: s.URL(), PollInterval: config.Duration{Duration: seed.PollInterval}}
+	gc := config.GroupConfig{Name: name, Forge: name, Scope: s.Scope, Org: s.Org, User: s.User, Labels: s.Labels,
+		MaxActiveRunners: int(s.MaxActiveRunners), Stemcell: config.StemcellConfig{CloudProperties: map[string]any{"image": seed.Image}},
+		CloudProperties: cloneMap(seed.CloudProperties), Runner: config.RunnerConfig{Command: seed.Command, Args: seed.Args}}
+	switch {
+	case s.Scope != "repo":
+	case strings.Contains(s.Repo, "/"):
+		gc.Repo = s.Repo
+	case s.User != "": // gitea-runner-operator: the user before the org
+		gc.Repo = s.User + "/" + s.Repo
+	default:
+		gc.Repo = s.Org + "/" + s.Repo
+	}
+	if s.Scope == "repo" {
+		gc.Org, gc.User = "", ""
+	}
+	return fc, gc, token, "", nil
+}
+
+// runwayForge turns a Forge into a forge.
+func runwayForge(f *runwayv1.Forge, read secretReader) (config.ForgeConfig, string, string, error) {
+	s := f.Spec
+	token, err := readSecret(read, f.Namespace, "spec.token", s.Token.Name, s.Token.Key)
+	if err != nil {
+		return config.ForgeConfig{}, "", "", err
+	}
+	hook := ""
+	if s.WebhookSecret != nil {
+		if hook, err = readSecret(read, f.Namespace, "spec.webhookSecret", s.WebhookSecret.Name, s.WebhookSecret.Key); err != nil {
+			return config.ForgeConfig{}, "", "", err
+		}
+	}
+	fc := config.ForgeConfig{Name: engineName(kindForge, f.Namespace, f.Name), Type: s.Type, URL: s.URL, RunnerURL: s.RunnerURL,
+		RunnerGroupID: s.RunnerGroupID}
+	if fc.PollInterval, err = duration("spec.pollInterval", s.PollInterval); err != nil {
+		return config.ForgeConfig{}, "", "", err
+	}
+	return fc, token, hook, nil
+}
+
+// runwayGroup turns a Runway RunnerGroup into a group of forge.
+func runwayGroup(rg *runwayv1.RunnerGroup, forge string) (config.GroupConfig, error) {
+	s := rg.Spec
+	gc := config.GroupConfig{Name: engineName(kindGroup, rg.Namespace, rg.Name), Forge: forge, Scope: s.Scope, Org: s.Org,
+		User: s.User, Repo: s.Repo, Labels: s.Labels, MaxActiveRunners: int(s.MaxActiveRunners), MinIdle: int(s.MinIdle),
+		Priority: int(s.Priority), SpawnConcurrency: int(s.SpawnConcurrency),
+		Runner: config.RunnerConfig{Command: s.Runner.Command, Args: s.Runner.Args, Env: s.Runner.Env}}
+	if s.Image != "" {
+		gc.Stemcell.CloudProperties = map[string]any{"image": s.Image}
+	}
+	gc.Stemcell.CID = s.StemcellCID
+	if s.CloudProperties != nil && len(s.CloudProperties.Raw) > 0 {
+		if err := json.Unmarshal(s.CloudProperties.Raw, &gc.CloudProperties); err != nil {
+			return gc, &notReady{ReasonInvalid, "spec.cloudProperties: " + err.Error()}
+		}
+	}
+	var err error
+	for _, d := range []struct {
+		field, v string
+		to       *config.Duration
+	}{{"spec.pollInterval", s.PollInterval, &gc.PollInterval}, {"spec.timeouts.spawn", s.Timeouts.Spawn, &gc.Timeouts.Spawn},
+		{"spec.timeouts.idle", s.Timeouts.Idle, &gc.Timeouts.Idle}, {"spec.timeouts.maxLifetime", s.Timeouts.MaxLifetime, &gc.Timeouts.MaxLifetime}} {
+		if *d.to, err = duration(d.field, d.v); err != nil {
+			return gc, err
+		}
+	}
+	return gc, nil
+}
+
+func duration(field, s string) (config.Duration, error) {
+	if s == "" {
+		return config.Duration{}, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return config.Duration{}, &notReady{ReasonInvalid, fmt.Sprintf("%s: %q is not a duration like 30s or 10m", field, s)}
+	}
+	return config.Duration{Duration: d}, nil
+}
+
+func cloneMap(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// secretRefs are the Secrets an object reads (namespace/name).
+func secretRefs(ns string, sels ...*corev1.SecretKeySelector) []string {
+	var out []string
+	for _, s := range sels {
+		if s != nil {
+			out = append(out, ns+"/"+s.Name)
+		}
+	}
+	return out
+}
