@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/runway-cpi/runway/src/testkit/agentprobe"
+	"github.com/runway-cpi/runway/src/testkit/extimage"
 )
 
 // The agent profile on a warden-style stemcell (scripts/rootfs-dev bosh):
@@ -37,11 +38,11 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		call("attach_disk", vm, disk)
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("MONIT-OK"))
 		Expect(console(vm)()).To(ContainSubstring("STORE-OK"))
-		b, err := os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "from-agent"))
+		b, err := os.ReadFile(filepath.Join(vmRun(vm), "devs", disk, "from-agent"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("kept\n"))
 		call("delete_vm", vm) // the disk outlives the VM, with its data
-		b, err = os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "from-agent"))
+		b, err = extimage.ReadFile(diskImage(disk), "/from-agent")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("kept\n"))
 	})

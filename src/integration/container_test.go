@@ -19,6 +19,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/runway-cpi/runway/src/testkit/extimage"
 	"github.com/runway-cpi/runway/src/testkit/netns"
 )
 
@@ -39,7 +40,8 @@ func setupContainerMode(f *fixture, dir string, local map[string]any) {
 		"command": "echo vm-output-on-stdout; echo vm-output-on-stderr >&2; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"}
 	local["isolation"] = "container"
 	// The agent profile is allowed: a VM booting a stemcell's agent gets it.
-	ctr := map[string]any{"bridge": "rwit0", "cidr": "10.250.0.0/22", "bosh_agent": true}
+	// Small writable layers: each is allocated in full when its VM is made.
+	ctr := map[string]any{"bridge": "rwit0", "cidr": "10.250.0.0/22", "bosh_agent": true, "default_ephemeral_disk_mib": 64}
 	if rt := os.Getenv("RUNWAY_IT_RUNTIME"); rt != "" { // runc (default) or crun
 		p, err := exec.LookPath(rt)
 		Expect(err).NotTo(HaveOccurred())
@@ -112,6 +114,9 @@ func vmRun(cid string) string {
 	sum := sha256.Sum256([]byte(fx.StateDir))
 	return filepath.Join("/run/runway", hex.EncodeToString(sum[:4]), cid)
 }
+
+// diskImage is a container-mode disk's file system image.
+func diskImage(disk string) string { return filepath.Join(fx.StateDir, "disks", disk, "disk.img") }
 
 // vmRoot is a container VM's root file system, seen from the host.
 func vmRoot(cid string) string { return filepath.Join(vmRun(cid), "rootfs") }
@@ -191,15 +196,23 @@ func newOwnDriverWith(image string, container map[string]any) *ownDriver {
 
 // newOwnDriverFull is newOwnDriverWith with more local keys.
 func newOwnDriverFull(image string, container, more map[string]any) *ownDriver {
+	return newOwnDriverAt(filepath.Join(GinkgoT().TempDir(), "state"), image, container, more)
+}
+
+// newOwnDriverAt is newOwnDriverFull with its state in dir state.
+func newOwnDriverAt(state, image string, container, more map[string]any) *ownDriver {
 	dir := GinkgoT().TempDir()
 	cfg := filepath.Join(dir, "cpi.json")
+	if _, ok := container["default_ephemeral_disk_mib"]; !ok {
+		container["default_ephemeral_disk_mib"] = 64
+	}
 	local := map[string]any{"isolation": "container", "stop_grace_seconds": 2, "container": container}
 	for k, v := range more {
 		local[k] = v
 	}
-	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"), "local": local})
+	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": state, "local": local})
 	Expect(os.WriteFile(cfg, b, 0o600)).To(Succeed())
-	o := &ownDriver{state: filepath.Join(dir, "state")}
+	o := &ownDriver{state: state}
 	o.raw = func(method string, args ...any) Response { return runWith(cfg, request(method, 2, args...)) }
 	o.call = func(method string, args ...any) json.RawMessage {
 		r := o.raw(method, args...)
@@ -431,8 +444,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 	})
 
 	It("attaches a disk into the running VM, detaches it, and keeps its data for the next VM", func() {
-		writer := "until [ -n \"$(ls /warden-cpi-dev)\" ]; do sleep 0.05; done; d=$(ls /warden-cpi-dev); " +
-			"echo data-from-vm > /warden-cpi-dev/$d/file && echo wrote-$d; " +
+		writer := "until d=$(ls /warden-cpi-dev) && [ -n \"$d\" ] && echo data-from-vm > /warden-cpi-dev/$d/file; do sleep 0.05; done 2>/dev/null; echo wrote-$d; " +
 			"while [ -n \"$(ls /warden-cpi-dev)\" ]; do sleep 0.05; done; echo detached; " +
 			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
 		a, _ := vm(map[string]any{"command": writer}, dynamic)
@@ -442,7 +454,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Expect(json.Unmarshal(call("attach_disk", a, disk), &hint)).To(Succeed())
 		Expect(hint["path"]).To(Equal("/warden-cpi-dev/" + disk))
 		Eventually(console(a), "10s", "20ms").Should(ContainSubstring("wrote-" + disk))
-		b, err := os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))
+		b, err := os.ReadFile(filepath.Join(vmRun(a), "devs", disk, "file"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("data-from-vm\n"))
 		settings, err := os.ReadFile(filepath.Join(vmRoot(a), "var/vcap/bosh/warden-cpi-agent-env.json"))
@@ -454,13 +466,13 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Eventually(console(a), "10s", "20ms").Should(ContainSubstring("detached"))
 		call("delete_vm", a)
 
-		reader := "until [ -n \"$(ls /warden-cpi-dev)\" ]; do sleep 0.05; done; cat /warden-cpi-dev/*/file; " +
+		reader := "until cat /warden-cpi-dev/*/file 2>/dev/null; do sleep 0.05; done; " +
 			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
 		c, _ := vm(map[string]any{"command": reader}, dynamic)
 		call("attach_disk", c, disk)
 		Eventually(console(c), "10s", "20ms").Should(ContainSubstring("data-from-vm"))
 		call("delete_vm", c) // detaches: the disk outlives it
-		Expect(os.ReadFile(filepath.Join(fx.StateDir, "disks", disk, "data", "file"))).To(Equal([]byte("data-from-vm\n")))
+		Expect(extimage.ReadFile(diskImage(disk), "/file")).To(Equal([]byte("data-from-vm\n")))
 	})
 
 	It("starts a VM again after the host restarted (its processes and mounts gone), with its disk", func() {
@@ -476,9 +488,9 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		run("kill", "-9", "--", "-"+strings.TrimSpace(string(b)))
 		sum := sha256.Sum256([]byte(fx.StateDir))
 		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+hex.EncodeToString(sum[:4])+"-"+cid)
-		run("umount", "-R", filepath.Join(vmRun(cid), "devs"))
-		run("umount", "-R", vmRoot(cid))
-		run("umount", "-R", filepath.Join(vmRun(cid), "image"))
+		for _, m := range []string{"rootfs", "devs", "image", "layer"} {
+			run("umount", "-R", filepath.Join(vmRun(cid), m))
+		}
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		Expect(string(mi)).NotTo(ContainSubstring(vmDir(cid)))
 		Expect(string(mi)).NotTo(ContainSubstring(vmRun(cid)))

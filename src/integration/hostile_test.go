@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -30,13 +31,20 @@ type hostileDriver struct {
 	key string // the state dir's key in cgroup and container names
 }
 
-func newHostileDriver(container map[string]any) *hostileDriver { return newHostileDriverWith(container, nil) }
+func newHostileDriver(container map[string]any) *hostileDriver {
+	return newHostileDriverWith(container, nil)
+}
 
 // newHostileDriverWith is newHostileDriver with more local keys.
 func newHostileDriverWith(container, local map[string]any) *hostileDriver {
+	return newHostileDriverAt(filepath.Join(GinkgoT().TempDir(), "state"), container, local)
+}
+
+// newHostileDriverAt is newHostileDriverWith with its state in dir state.
+func newHostileDriverAt(state string, container, local map[string]any) *hostileDriver {
 	img, err := hostile.Image(GinkgoT().TempDir())
 	Expect(err).NotTo(HaveOccurred())
-	o := newOwnDriverFull(img, container, local)
+	o := newOwnDriverAt(state, img, container, local)
 	sum := sha256.Sum256([]byte(o.state))
 	return &hostileDriver{ownDriver: o, key: hex.EncodeToString(sum[:4])}
 }
@@ -176,6 +184,45 @@ var _ = describeContainer("a hostile VM", Ordered, func() {
 		}
 		neigh := run("ip", "-n", fx.NetNS, "neigh", "show", victimIP)
 		Expect(neigh).To(ContainSubstring(victimMAC), "the host's neighbour entry for the victim")
+	})
+
+	It("writing forever stops at its writable layer's and its disk's sizes; every call still works, and deleting it frees the space", func() {
+		// The state dir on a small file system of its own: a VM filling it
+		// would stop the driver's own writes.
+		state := filepath.Join(GinkgoT().TempDir(), "state")
+		Expect(os.Mkdir(state, 0o700)).To(Succeed())
+		run("mount", "-t", "tmpfs", "-o", "size=384m", "tmpfs", state)
+		DeferCleanup(func() { run("umount", "-l", state) })
+		free := func() int64 {
+			var st unix.Statfs_t
+			Expect(unix.Statfs(state, &st)).To(Succeed())
+			return int64(st.Bavail) * st.Bsize
+		}
+		h := newHostileDriverAt(state, map[string]any{"bridge": "rwhost7", "cidr": "10.250.27.0/24"}, nil)
+		disk := asString(h.call("create_disk", 32, map[string]any{}, nil))
+		DeferCleanup(func() { h.call("delete_disk", disk) })
+		fills := "vmprobe fill /big; until [ -d /warden-cpi-dev/" + disk + " ]; do sleep 0.1; done; " +
+			"vmprobe fill /warden-cpi-dev/" + disk + "/big; echo FILLS-DONE"
+		vm := h.vmWith(map[string]any{"ephemeral_disk_size": 32, "command": []string{"/bin/sh", "-c", fills + idle}})
+		stopped := regexp.MustCompile(`FILL-STOPPED (\d+) (.*)`)
+		Eventually(h.console(vm), "60s", "50ms").Should(MatchRegexp(`FILL-STOPPED \d+`))
+		h.call("attach_disk", vm, disk)
+		Eventually(h.console(vm), "60s", "50ms").Should(ContainSubstring("PROBE-END"))
+		for _, m := range stopped.FindAllStringSubmatch(h.console(vm)(), -1) {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			Expect(n).To(BeNumerically("<=", 32<<20), "written past 32 MiB: %s", m[0])
+			Expect(m[2]).To(ContainSubstring("no space left on device"))
+		}
+		Expect(stopped.FindAllString(h.console(vm)(), -1)).To(HaveLen(2))
+		// The driver still writes what it must.
+		before := free()
+		other := h.vmWith(map[string]any{"ephemeral_disk_size": 32, "command": "echo other-up" + idle})
+		h.call("set_vm_metadata", other, map[string]any{"name": "other"})
+		h.call("delete_disk", asString(h.call("create_disk", 16, map[string]any{}, nil)))
+		h.call("delete_vm", other)
+		h.call("detach_disk", vm, disk)
+		h.call("delete_vm", vm)
+		Expect(free()).To(BeNumerically(">=", before+32<<20), "deleting the vm gave back its writable layer")
 	})
 
 	It("cannot ask for more memory or CPUs than the operator allows (the host's own by default)", func() {

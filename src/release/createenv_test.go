@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runway-cpi/runway/src/testkit/extimage"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
@@ -38,7 +39,8 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	job := filepath.Join(inst, "jobs", "runway_cpi")
 	renderJobDir(t, src, map[string]any{
 		"runway": map[string]any{"driver": "local", "state_dir": state, "local": map[string]any{"isolation": "container",
-			"stop_grace_seconds": 2, "container": map[string]any{"bridge": "rwce0", "cidr": "10.244.0.0/16", "bosh_agent": true}}},
+			"stop_grace_seconds": 2, "container": map[string]any{"bridge": "rwce0", "cidr": "10.244.0.0/16", "bosh_agent": true,
+				"default_ephemeral_disk_mib": 256}}},
 		"agent":     map[string]any{"mbus": "https://mbus:pw@0.0.0.0:6868"},
 		"blobstore": map[string]any{"provider": "local", "path": "/var/vcap/micro_bosh/data/cache"},
 	}, job)
@@ -115,10 +117,12 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	}
 	decode(t, call("create_disk", 1024, map[string]any{}, vm), &disk)
 	call("attach_disk", vm, disk)
-	// What the agent would write to /var/vcap/store.
-	os.WriteFile(filepath.Join(state, "disks", disk, "data", "kept"), []byte("data\n"), 0o644)
 	// create-env --recreate: the disk goes with the new VM.
 	call("detach_disk", vm, disk)
+	// What the agent would have written to /var/vcap/store.
+	if err := extimage.WriteFile(filepath.Join(state, "disks", disk, "disk.img"), "/kept", []byte("data\n")); err != nil {
+		t.Fatal(err)
+	}
 	call("delete_vm", vm)
 	vm = createVM()
 	call("attach_disk", vm, disk)

@@ -91,7 +91,7 @@ func containerCaller(cpiPath string) (cpiCall, func(), error) {
 	cfg := filepath.Join(dir, "cpi.json")
 	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
 		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 5,
-			"container": map[string]any{"bridge": "rwb0", "cidr": "10.252.0.0/22"}}})
+			"container": map[string]any{"bridge": "rwb0", "cidr": "10.252.0.0/22", "default_ephemeral_disk_mib": 64}}})
 	if err := errors.Join(
 		os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, cpiPath)), 0o755),
 		os.WriteFile(cfg, b, 0o600)); err != nil {

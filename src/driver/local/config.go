@@ -91,6 +91,9 @@ type ContainerConfig struct {
 	// give no ram or cpu.
 	DefaultRAMMiB int `json:"default_ram_mib,omitempty"`
 	DefaultCPU    int `json:"default_cpu,omitempty"`
+	// DefaultEphemeralDiskMiB sizes the writable layer of a VM whose
+	// cloud properties give no ephemeral_disk_size.
+	DefaultEphemeralDiskMiB int `json:"default_ephemeral_disk_mib,omitempty"`
 	// MaxRAMMiB and MaxCPU bound what a VM's cloud properties may ask
 	// for; default: the host's own memory and CPUs.
 	MaxRAMMiB int `json:"max_ram_mib,omitempty"`
@@ -106,6 +109,12 @@ const (
 	DefaultPidsLimit   = 4096
 	DefaultRAMMiB      = 2048
 	DefaultCPU         = 2
+	// DefaultEphemeralDiskMiB: a VM's writable layer, all of it taken
+	// from the state dir's file system when the VM is made.
+	DefaultEphemeralDiskMiB = 4096
+	// MinEphemeralDiskMiB: an ext4 file system with room for a VM's
+	// writes beside its own metadata.
+	MinEphemeralDiskMiB = 16
 	// DefaultUIDBase: 2^30, far above any user a host's tools hand out.
 	DefaultUIDBase = 1 << 30
 	// maxHostname: HOST_NAME_MAX; the hostname is the CID.
@@ -161,6 +170,12 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 	}
 	if cc.DefaultRAMMiB < 0 || cc.DefaultCPU < 0 {
 		return netip.Prefix{}, errors.New("local: container.default_ram_mib and default_cpu: must be positive")
+	}
+	if cc.DefaultEphemeralDiskMiB == 0 {
+		cc.DefaultEphemeralDiskMiB = DefaultEphemeralDiskMiB
+	}
+	if cc.DefaultEphemeralDiskMiB < MinEphemeralDiskMiB {
+		return netip.Prefix{}, fmt.Errorf("local: container.default_ephemeral_disk_mib: at least %d", MinEphemeralDiskMiB)
 	}
 	if cc.MaxRAMMiB == 0 {
 		cc.MaxRAMMiB = hostMemMiB()

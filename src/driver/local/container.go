@@ -5,11 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -92,6 +93,9 @@ func (v containerVMs) check(cid string, props vmProps) error {
 	if props.RAM < 0 || props.CPU < 0 {
 		return driver.Invalid("cloud_properties.ram and cpu: must not be negative")
 	}
+	if props.EphemeralDiskSize != 0 && props.EphemeralDiskSize < MinEphemeralDiskMiB {
+		return driver.Invalid("cloud_properties.ephemeral_disk_size: %d MiB is too small for the vm's file system (at least %d)", props.EphemeralDiskSize, MinEphemeralDiskMiB)
+	}
 	return nil
 }
 
@@ -111,7 +115,7 @@ func (v containerVMs) noCommand(stemcell string) ([]string, error) {
 
 // start makes and starts a published container VM.
 func (v containerVMs) start(ctx context.Context, rec vmRecord, props vmProps, settings []byte, userData string) error {
-	if err := v.d.prepareContainer(rec, props, rec.Command, settings, userData); err != nil {
+	if err := v.d.prepareContainer(ctx, rec, props, rec.Command, settings, userData); err != nil {
 		return err
 	}
 	if err := v.d.bridge.Ensure(ctx); err != nil {
@@ -150,12 +154,13 @@ func (d *Driver) imageDir(stemcell string) string {
 // (an overlay on the stemcell's unpacked image), the disks mount point,
 // the settings files inside and the OCI config. Everything it mounts lies
 // under the VM's directory, where teardown finds it.
-func (d *Driver) prepareContainer(rec vmRecord, props vmProps, argv []string, settings []byte, userData string) error {
+func (d *Driver) prepareContainer(ctx context.Context, rec vmRecord, props vmProps, argv []string, settings []byte, userData string) error {
 	c := d.ctr(rec.CID)
-	for _, dir := range []string{c.bundle(), filepath.Join(c.dir, "upper"), filepath.Join(c.dir, "work")} {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
+	if err := os.MkdirAll(c.bundle(), 0o700); err != nil {
+		return err
+	}
+	if err := d.makeLayer(ctx, c, d.ephemeralMiB(props)); err != nil {
+		return err
 	}
 	if err := d.mountVM(rec); err != nil {
 		return err
@@ -227,20 +232,12 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	if err := storage.BindIDMapped(image, run, "image", *rec.IDs, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NODEV); err != nil {
 		return fmt.Errorf("mounting the stemcell image for the vm: %w", err)
 	}
-	// The overlay's root takes the upper directory's owner and mode: the
-	// image root's, as the VM's ids see it.
-	upper := filepath.Join(c.dir, "upper")
-	if fi, err := os.Stat(image); err != nil {
+	if err := d.mountLayer(c, run, *rec.IDs, image); err != nil {
 		return err
-	} else if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		if err := os.Chown(upper, int(rec.IDs.Base+st.Uid), int(rec.IDs.Base+st.Gid)); err != nil {
-			return err
-		}
-		if err := os.Chmod(upper, fi.Mode()&(os.ModePerm|os.ModeSticky)); err != nil {
-			return err
-		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", filepath.Join(c.run(), "image"), upper, filepath.Join(c.dir, "work"))
+	layer := filepath.Join(c.run(), "layer")
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", filepath.Join(c.run(), "image"),
+		filepath.Join(layer, "upper"), filepath.Join(layer, "work"))
 	if err := unix.Mount("overlay", c.rootfs(), "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting the vm's root file system: %w", err)
 	}
@@ -274,16 +271,24 @@ func (d *Driver) mountVM(rec vmRecord) error {
 // host's root and is 0755: the VM sees its disks there and can put
 // nothing there.
 func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
-	for _, dir := range []string{runRoot, filepath.Dir(c.run())} {
-		if err := os.MkdirAll(dir, 0o711); err != nil {
+	// The state dir's directory goes with its last VM: made again, and
+	// again if that happens meanwhile.
+	for try := 0; ; try++ {
+		for _, dir := range []string{runRoot, filepath.Dir(c.run())} {
+			if err := os.MkdirAll(dir, 0o711); err != nil {
+				return nil, err
+			}
+			if err := os.Chmod(dir, 0o711); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, err
+			}
+		}
+		err := os.Mkdir(c.run(), 0o700)
+		if err == nil || errors.Is(err, fs.ErrExist) {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) || try == 5 {
 			return nil, err
 		}
-		if err := os.Chmod(dir, 0o711); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.Mkdir(c.run(), 0o700); err != nil && !os.IsExist(err) {
-		return nil, err
 	}
 	if err := os.Lchown(c.run(), int(ids.Base), int(ids.Base)); err != nil {
 		return nil, err
@@ -292,7 +297,7 @@ func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
 	if err != nil {
 		return nil, err
 	}
-	for name, mode := range map[string]os.FileMode{"rootfs": 0o755, "image": 0o700, "devs": 0o755} {
+	for name, mode := range map[string]os.FileMode{"rootfs": 0o755, "devs": 0o755} {
 		if err := storage.MkdirOwned(run, name, mode, 0, 0); err != nil {
 			run.Close()
 			return nil, err
@@ -351,7 +356,11 @@ func (v containerVMs) teardown(rec *vmRecord) error {
 			return fmt.Errorf("not removing vm %s: %w", c.cid, err)
 		}
 	}
-	return os.RemoveAll(c.run())
+	if err := os.RemoveAll(c.run()); err != nil {
+		return err
+	}
+	_ = os.Remove(filepath.Dir(c.run())) // the state dir's, once its last VM is gone
+	return nil
 }
 
 // attach mounts the disk into the running VM and records it in the agent

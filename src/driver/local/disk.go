@@ -21,22 +21,27 @@ type diskRecord struct {
 	Tags       map[string]string `json:"tags"`
 	Metadata   map[string]string `json:"metadata"`
 	AttachedTo string            `json:"attached_to,omitempty"`
-	NearVM     string            `json:"near_vm,omitempty"`
-	CreatedAt  string            `json:"created_at"`
+	// Format: "ext4" for a file system image (disk.img, made in container
+	// mode: a device of its own in the VM, its size enforced); empty for
+	// a directory (data/, process mode).
+	Format    string `json:"format,omitempty"`
+	NearVM    string `json:"near_vm,omitempty"`
+	CreatedAt string `json:"created_at"`
 }
 
 func (d *Driver) loadDisk(cid string) (*diskRecord, error) { return load[diskRecord](d, disks, cid) }
 
 // checkSpace answers NoDiskSpace when the state dir's file system cannot
-// hold sizeMiB more.
+// hold sizeMiB more and still keep its reserve free.
 func (d *Driver) checkSpace(sizeMiB int) error {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(d.root, &st); err != nil {
 		return err
 	}
 	free := st.Bavail * uint64(st.Bsize) >> 20
-	if uint64(sizeMiB) > free {
-		return fmt.Errorf("%w: %d MiB requested, %d MiB free in %s", driver.ErrNoDiskSpace, sizeMiB, free, d.root)
+	if uint64(sizeMiB)+storage.ReserveBytes>>20 > free {
+		return fmt.Errorf("%w: %d MiB requested, %d MiB free in %s, %d MiB of which are kept free", driver.ErrNoDiskSpace,
+			sizeMiB, free, d.root, storage.ReserveBytes>>20)
 	}
 	return nil
 }
@@ -63,19 +68,33 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		return "", err
 	}
 	defer unlock()
-	tmp, err := d.stage(disks, cid, "data")
+	rec := diskRecord{CID: cid, SizeMiB: spec.SizeMiB, CloudProps: spec.CloudProps, Tags: spec.Tags,
+		Metadata: map[string]string{}, NearVM: spec.VMCID, CreatedAt: now()}
+	tmp, err := d.stage(disks, cid)
 	if err != nil {
 		return "", err
 	}
-	// The data dir is the disk's root inside a VM (/var/vcap/store): 0755,
-	// as a fresh file system's root, so the jobs' users can reach their
-	// directories on it. The disk's own directory stays 0700.
-	if err := os.Chmod(filepath.Join(tmp, "data"), 0o755); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", err
+	if d.containers() {
+		// An ext4 image of the disk's size, all of it allocated now.
+		rec.Format = diskFormatExt4
+		if err := storage.MakeImage(ctx, filepath.Join(tmp, diskImage), spec.SizeMiB, storage.DiskImage, false); err != nil {
+			_ = os.RemoveAll(tmp)
+			return "", err
+		}
+	} else {
+		// The data dir is the disk's root inside a VM (/var/vcap/store):
+		// 0755, as a fresh file system's root, so the jobs' users can
+		// reach their directories on it. The disk's own directory stays
+		// 0700.
+		if err := os.Mkdir(filepath.Join(tmp, "data"), 0o755); err != nil {
+			_ = os.RemoveAll(tmp)
+			return "", err
+		}
+		if err := os.Chmod(filepath.Join(tmp, "data"), 0o755); err != nil {
+			_ = os.RemoveAll(tmp)
+			return "", err
+		}
 	}
-	rec := diskRecord{CID: cid, SizeMiB: spec.SizeMiB, CloudProps: spec.CloudProps, Tags: spec.Tags,
-		Metadata: map[string]string{}, NearVM: spec.VMCID, CreatedAt: now()}
 	if err := d.publish(disks, cid, tmp, rec); err != nil {
 		return "", err
 	}
@@ -146,6 +165,9 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 	}
 	if rec.AttachedTo != "" && rec.AttachedTo != vm {
 		return nil, fmt.Errorf("disk %s is already attached to vm %s", disk, rec.AttachedTo)
+	}
+	if rec.Format == diskFormatExt4 && vmRec.Isolation != IsolationContainer {
+		return nil, fmt.Errorf("disk %s is a file system image, made in container mode: attach it to a container vm (vm %s is a process vm)", disk, vm)
 	}
 	link := d.linkPath(vm, disk)
 	rec.AttachedTo = vm
@@ -278,6 +300,12 @@ func (d *Driver) UpdateDisk(ctx context.Context, cid string, size int, props dri
 	return d.update(ctx, cid, size, &props)
 }
 
+// A disk made in container mode is disks/<cid>/disk.img.
+const (
+	diskFormatExt4 = "ext4"
+	diskImage      = "disk.img"
+)
+
 // diskProps: the local driver takes no disk cloud properties.
 type diskProps struct{}
 
@@ -300,6 +328,16 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 		if err := d.checkSpace(size - rec.SizeMiB); err != nil {
 			return "", err
 		}
+		if rec.Format == diskFormatExt4 {
+			// The CPI API resizes detached disks; growing a mounted ext4
+			// needs CAP_SYS_RESOURCE besides.
+			if rec.AttachedTo != "" && d.vmExists(rec.AttachedTo) {
+				return "", fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
+			}
+			if err := storage.GrowImage(ctx, filepath.Join(d.path(disks, cid), diskImage), size); err != nil {
+				return "", fmt.Errorf("growing disk %s: %w", cid, err)
+			}
+		}
 	}
 	rec.SizeMiB = size
 	if props != nil {
@@ -311,63 +349,4 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 // SetDiskMetadata implements driver.Driver.
 func (d *Driver) SetDiskMetadata(ctx context.Context, cid string, md map[string]string) error {
 	return setMetadata(ctx, d, disks, cid, md, func(r *diskRecord) *map[string]string { return &r.Metadata })
-}
-
-// snapshotRecord is snapshots/<cid>/snapshot.json.
-type snapshotRecord struct {
-	CID       string            `json:"cid"`
-	DiskCID   string            `json:"disk_cid"`
-	SizeMiB   int               `json:"size_mib"`
-	Metadata  map[string]string `json:"metadata"`
-	CreatedAt string            `json:"created_at"`
-}
-
-// SnapshotDisk implements driver.Driver: a copy of the disk's data taken
-// under the disk lock.
-func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
-	rec, unlock, err := lockAndLoad[diskRecord](ctx, d, disks, cid)
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	snap, err := newCID("snap-")
-	if err != nil {
-		return "", err
-	}
-	unlockSnap, err := d.lock(ctx, snapshots, snap)
-	if err != nil {
-		return "", err
-	}
-	defer unlockSnap()
-	src := filepath.Join(d.path(disks, cid), "data")
-	size, err := storage.TreeSize(src)
-	if err != nil {
-		return "", fmt.Errorf("reading disk %s: %w", cid, err)
-	}
-	budget, err := storage.NewBudget(d.root, 0, 0)
-	if err != nil {
-		return "", err
-	}
-	if err := budget.Fits(size); err != nil {
-		return "", fmt.Errorf("snapshot of disk %s (%d MiB of data): %w", cid, size>>20, err)
-	}
-	tmp, err := d.stage(snapshots, snap)
-	if err != nil {
-		return "", err
-	}
-	if err := storage.CopyTree(ctx, src, filepath.Join(tmp, "data"), budget); err != nil {
-		_ = os.RemoveAll(tmp)
-		return "", fmt.Errorf("copying disk %s: %w", cid, err)
-	}
-	sr := snapshotRecord{CID: snap, DiskCID: cid, SizeMiB: rec.SizeMiB, Metadata: md, CreatedAt: now()}
-	if err := d.publish(snapshots, snap, tmp, sr); err != nil {
-		return "", err
-	}
-	return snap, nil
-}
-
-// DeleteSnapshot implements driver.Driver. A snapshot already gone is not
-// an error: the Director has no SnapshotNotFound to swallow.
-func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
-	return d.removeIfPresent(ctx, snapshots, cid)
 }

@@ -216,10 +216,25 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 		return "", err
 	}
 	defer devs.Close()
-	if err := storage.MkdirOwned(devs, disk, 0o700, 0, 0); err != nil {
+	dr, err := d.loadDisk(disk)
+	if err != nil {
 		return "", err
 	}
 	src := filepath.Join(d.path(disks, disk), "data")
+	if dr.Format == diskFormatExt4 {
+		// The image's file system, mounted aside only for as long as it
+		// takes to mount a copy of it into the VM: that copy is all
+		// there is of it while it is attached (its own device inside).
+		src = filepath.Join(c.run(), ".disk-"+disk)
+		if err := os.Mkdir(src, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+		defer os.Remove(src)
+		if err := storage.MountLoop(filepath.Join(d.path(disks, disk), diskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+			return "", fmt.Errorf("mounting disk %s: %w", disk, err)
+		}
+		defer func() { _ = unix.Unmount(src, unix.MNT_DETACH) }()
+	}
 	if err := storage.BindIDMapped(src, devs, disk, *rec.IDs, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
 		return "", fmt.Errorf("mounting disk %s into vm %s: %w", disk, rec.CID, err)
 	}

@@ -93,7 +93,7 @@ func containerEnv(t testing.TB, cidr, poll string, registrations *atomic.Int64) 
 	must(t, os.WriteFile(e.cpiPath, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, bins.cpi)), 0o755))
 	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
 		"local": map[string]any{"stop_grace_seconds": 1, "isolation": "container",
-			"container": map[string]any{"bridge": "rwe0", "cidr": cidr}}})
+			"container": map[string]any{"bridge": "rwe0", "cidr": cidr, "default_ephemeral_disk_mib": 64}}})
 	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
 	e.stemcell = filepath.Join(e.dir, "runner-rootfs.tgz")
 	e.runnerPath = "/usr/local/bin/testrunner"

@@ -25,8 +25,7 @@ mkdir -p /etc/sv/probe
 cat > /etc/sv/probe/run <<'RUN'
 #!/bin/sh
 echo RUNSV-OK
-until [ -n "$(ls /warden-cpi-dev)" ]; do sleep 0.1; done
-d=$(ls /warden-cpi-dev)
+until d=$(ls /warden-cpi-dev) && [ -n "$d" ] && mountpoint -q /warden-cpi-dev/$d; do sleep 0.1; done
 if mount --bind /warden-cpi-dev/$d /var/vcap/store && echo kept > /var/vcap/store/from-agent; then echo STORE-OK; else echo STORE-FAIL; fi
 cat > /var/vcap/monit/job/probe.monitrc <<'RC'
 check process probe with pidfile /var/vcap/sys/run/probe.pid

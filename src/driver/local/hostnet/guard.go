@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 )
 
 // The port guard: each VM's bridge port may send only frames from its own
@@ -20,22 +17,24 @@ import (
 // ports and their addresses in sets: one lookup per frame whatever the
 // number of VMs, and a VM added or removed is one set element each.
 
-// guardRules are the table's chain, checked on frames as they enter a
-// port (prerouting: before the bridge learns a hardware address).
-const guardRules = `
+// guardSets are the ports and their addresses; guardRules the chain's
+// rules, checked on frames as they enter a port (prerouting: before the
+// bridge learns a hardware address).
+const (
+	guardSets = `
 	set vms { type ifname; }
 	set ports { type ifname . ether_addr; }
 	set addrs { type ifname . ipv4_addr; }
-	chain from_vms {
-		type filter hook prerouting priority -200; policy accept;
+`
+	guardRules = `
 		iifname != @vms accept
 		iifname . ether saddr != @ports drop
 		ether type arp iifname . arp saddr ether != @ports drop
 		ether type arp iifname . arp saddr ip != @addrs drop
 		ether type ip iifname . ip saddr != @addrs drop
 		ether type != { ip, arp } drop
-	}
 `
+)
 
 // GuardTable is the table of the state dir whose key is key.
 func GuardTable(key string) string { return "runway_" + key }
@@ -58,28 +57,15 @@ func nft(ctx context.Context, script string) error {
 	return nil
 }
 
-// ensureGuard makes the table unless it is there, under a file lock
-// (bin/cpi and the supervisors may both ask): made twice, its rules would
-// be there twice.
+// ensureGuard makes the table, or puts its rules back, in one nft
+// transaction: made twice at once (bin/cpi and a supervisor may both),
+// the rules are still there once, and the sets keep their elements.
 func ensureGuard(ctx context.Context, table string) error {
-	lockDir := "/run/runway"
-	if err := os.MkdirAll(lockDir, 0o711); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(filepath.Join(lockDir, table+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return err
-	}
-	list := exec.CommandContext(ctx, "nft", "list", "table", "bridge", table)
-	list.Env = []string{"PATH=" + toolPath}
-	if list.Run() == nil {
-		return nil
-	}
-	return nft(ctx, "table bridge "+table+" {"+guardRules+"}\n")
+	return nft(ctx, "add table bridge "+table+"\n"+
+		"table bridge "+table+" {"+guardSets+"}\n"+
+		"add chain bridge "+table+" from_vms { type filter hook prerouting priority -200; policy accept; }\n"+
+		"flush chain bridge "+table+" from_vms\n"+
+		"table bridge "+table+" { chain from_vms {"+guardRules+"}\n}\n")
 }
 
 // guardElements are one VM port's elements in the table's sets.

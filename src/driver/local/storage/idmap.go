@@ -36,8 +36,9 @@ func (r IDRange) userNS() (*os.File, error) {
 	return os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
 }
 
-// BindIDMapped mounts a copy of directory src at name under dir (a
-// directory the caller made, opened as dir), its owners seen through r:
+// BindIDMapped mounts a copy of directory src at name under dir (opened
+// as a root; the mount point is made, or checked to be a directory), its
+// owners seen through r:
 // a file of uid u under src is uid r.Base+u under name. The mount point
 // is reached without following a link (a VM may have planted one). attrs
 // are further MOUNT_ATTR_ flags (read-only, nosuid, nodev).
@@ -59,20 +60,17 @@ func BindIDMapped(src string, dir *os.Root, name string, r IDRange, attrs uint64
 	return moveInto(fd, dir, name)
 }
 
-// moveInto attaches the detached mount fd at name under dir; the target
-// is resolved with no link followed.
+// moveInto attaches the detached mount fd at name under dir, a directory
+// of the host root's made now (what the mount covers shows for as short a
+// time as can be); the target is resolved with no link followed.
 func moveInto(fd int, dir *os.Root, name string) error {
 	d, err := dir.Open(".")
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	fi, err := dir.Lstat(name)
-	if err != nil {
+	if err := MkdirOwned(dir, name, 0o700, 0, 0); err != nil {
 		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("mount point %s is not a directory (%s)", name, fi.Mode().Type())
 	}
 	if err := unix.MoveMount(fd, "", int(d.Fd()), name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting at %s: %w", name, err)

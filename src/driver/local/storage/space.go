@@ -13,9 +13,10 @@ import (
 	"github.com/runway-cpi/runway/src/driver"
 )
 
-// reserveBytes is left free on the state dir's file system by every copy:
-// a full disk breaks every later call (locks, records), not just this one.
-const reserveBytes = 64 << 20
+// ReserveBytes is left free on the state dir's file system by every copy
+// and image: a full disk breaks every later call (locks, records), not
+// just this one.
+const ReserveBytes = 64 << 20
 
 // reserveInodes is left free likewise: empty files cost no bytes, but
 // each takes an inode.
@@ -23,7 +24,7 @@ const reserveInodes = 10000
 
 // Budget bounds what one call writes: at most limit bytes (when > 0)
 // and maxEntries files (when > 0), and never so much that less than
-// reserveBytes or reserveInodes stays free.
+// ReserveBytes or reserveInodes stays free.
 type Budget struct {
 	room, limit, used int64
 	// entries: files made so far; inodeRoom counts only when inodes (the
@@ -41,12 +42,12 @@ func NewBudget(dir string, limit int64, maxEntries int) (*Budget, error) {
 		return nil, err
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
-	b := &Budget{room: free - reserveBytes, limit: limit, where: dir, maxEntries: int64(maxEntries)}
+	b := &Budget{room: free - ReserveBytes, limit: limit, where: dir, maxEntries: int64(maxEntries)}
 	if st.Files > 0 { // file systems without a fixed inode table report 0
 		b.inodes, b.inodeRoom = true, int64(st.Ffree)-reserveInodes
 	}
 	if b.room <= 0 {
-		return nil, fmt.Errorf("%w: %d MiB free in %s, %d MiB are kept free", driver.ErrNoDiskSpace, free>>20, dir, reserveBytes>>20)
+		return nil, fmt.Errorf("%w: %d MiB free in %s, %d MiB are kept free", driver.ErrNoDiskSpace, free>>20, dir, ReserveBytes>>20)
 	}
 	return b, nil
 }
@@ -81,7 +82,7 @@ func (b *Budget) Take(n int64) error {
 	}
 	if b.used+n > b.room {
 		return fmt.Errorf("%w: content grows past the %d MiB free in %s (%d MiB are kept free)",
-			driver.ErrNoDiskSpace, b.room>>20, b.where, reserveBytes>>20)
+			driver.ErrNoDiskSpace, b.room>>20, b.where, ReserveBytes>>20)
 	}
 	b.used += n
 	return nil

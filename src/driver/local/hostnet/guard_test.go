@@ -1,0 +1,61 @@
+package hostnet
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/runway-cpi/runway/src/testkit/netns"
+)
+
+// The guard's table made again (a supervisor and bin/cpi at once, or a
+// host whose ruleset was flushed half-way) keeps its rules once and its
+// ports' elements; a port removed twice is no error.
+func TestGuardTableIsMadeOnceAndKeepsItsPorts(t *testing.T) {
+	ns := fmt.Sprintf("rwguard%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ctx, table := context.Background(), GuardTable("test")
+	mac, _ := net.ParseMAC("02:00:00:00:00:01")
+	list := func() string {
+		out, err := exec.Command("nsenter", "--net=/run/netns/"+ns, "nft", "list", "table", "bridge", table).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return string(out)
+	}
+	err := netns.Do(ns, func() {
+		if err := guard(ctx, table, "rw000000000001", mac, []string{"10.0.0.2/24"}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := ensureGuard(ctx, table); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := list()
+		if n := strings.Count(got, "drop"); n != 5 {
+			t.Errorf("%d drop rules after making the table three times:\n%s", n, got)
+		}
+		if !strings.Contains(got, `"rw000000000001" . 02:00:00:00:00:01`) || !strings.Contains(got, `"rw000000000001" . 10.0.0.2`) {
+			t.Errorf("the port's elements are gone:\n%s", got)
+		}
+		for range 2 {
+			if err := Unguard(ctx, table, "rw000000000001", mac, []string{"10.0.0.2"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := list(); strings.Contains(got, "elements") {
+			t.Errorf("elements left after the port was removed:\n%s", got)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

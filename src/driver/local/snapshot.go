@@ -1,0 +1,95 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/runway-cpi/runway/src/driver/local/storage"
+)
+
+// snapshotRecord is snapshots/<cid>/snapshot.json.
+type snapshotRecord struct {
+	CID       string            `json:"cid"`
+	DiskCID   string            `json:"disk_cid"`
+	SizeMiB   int               `json:"size_mib"`
+	Metadata  map[string]string `json:"metadata"`
+	CreatedAt string            `json:"created_at"`
+}
+
+// SnapshotDisk implements driver.Driver: a copy of the disk's data taken
+// under the disk lock.
+func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
+	rec, unlock, err := lockAndLoad[diskRecord](ctx, d, disks, cid)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	snap, err := newCID("snap-")
+	if err != nil {
+		return "", err
+	}
+	unlockSnap, err := d.lock(ctx, snapshots, snap)
+	if err != nil {
+		return "", err
+	}
+	defer unlockSnap()
+	src := filepath.Join(d.path(disks, cid), "data")
+	if rec.Format == diskFormatExt4 {
+		src = filepath.Join(d.path(disks, cid), diskImage)
+	}
+	var size int64
+	if rec.Format == diskFormatExt4 {
+		size, err = storage.Allocated(src)
+	} else {
+		size, err = storage.TreeSize(src)
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading disk %s: %w", cid, err)
+	}
+	budget, err := storage.NewBudget(d.root, 0, 0)
+	if err != nil {
+		return "", err
+	}
+	if err := budget.Fits(size); err != nil {
+		return "", fmt.Errorf("snapshot of disk %s (%d MiB of data): %w", cid, size>>20, err)
+	}
+	tmp, err := d.stage(snapshots, snap)
+	if err != nil {
+		return "", err
+	}
+	if err := d.copyDisk(ctx, rec, src, tmp, budget); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", fmt.Errorf("copying disk %s: %w", cid, err)
+	}
+	sr := snapshotRecord{CID: snap, DiskCID: cid, SizeMiB: rec.SizeMiB, Metadata: md, CreatedAt: now()}
+	if err := d.publish(snapshots, snap, tmp, sr); err != nil {
+		return "", err
+	}
+	return snap, nil
+}
+
+// DeleteSnapshot implements driver.Driver. A snapshot already gone is not
+// an error: the Director has no SnapshotNotFound to swallow.
+func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
+	return d.removeIfPresent(ctx, snapshots, cid)
+}
+
+// copyDisk copies a disk's data into a snapshot's staging directory: a
+// directory's files one by one, an image whole — frozen while a VM has it
+// mounted, so the copy is consistent.
+func (d *Driver) copyDisk(ctx context.Context, rec *diskRecord, src, tmp string, budget *storage.Budget) error {
+	if rec.Format != diskFormatExt4 {
+		return storage.CopyTree(ctx, src, filepath.Join(tmp, "data"), budget)
+	}
+	copyImage := func() error { return storage.CopyImage(src, filepath.Join(tmp, diskImage)) }
+	if rec.AttachedTo == "" {
+		return copyImage()
+	}
+	mounted := filepath.Join(d.ctr(rec.AttachedTo).devs(), rec.CID)
+	if mps, _ := storage.MountsUnder(mounted); len(mps) == 0 {
+		return copyImage()
+	}
+	return storage.Frozen(mounted, copyImage)
+}
