@@ -13,15 +13,23 @@ import (
 	"time"
 )
 
+// containerOpts: the VMs' writable layer size (MiB; 0: the key is left
+// out, for a bin/cpi from before it) and how many idle VMs live on beside
+// the measured ones.
+type containerOpts struct {
+	ephemeralMiB, live int
+}
+
 // runContainer times the local driver's container mode: create_vm and
-// delete_vm one after another, then procs VMs created at once, running
-// together, and deleted at once. bin/cpi runs in a network namespace made
-// here (through nsenter, ~1 ms of each call), as in the tests.
-func runContainer(cpiPath, rootfs string, n, procs int) error {
+// delete_vm one after another (with o.live other VMs running), then procs
+// VMs created at once, running together, and deleted at once. bin/cpi runs
+// in a network namespace made here (through nsenter, ~1 ms of each call),
+// as in the tests.
+func runContainer(cpiPath, rootfs string, n, procs int, o containerOpts) error {
 	if rootfs == "" {
 		return fmt.Errorf("-rootfs: a rootfs tarball is needed (scripts/rootfs-dev path)")
 	}
-	callOK, cleanup, err := containerCaller(cpiPath)
+	callOK, cleanup, err := containerCaller(cpiPath, o.ephemeralMiB)
 	if err != nil {
 		return err
 	}
@@ -50,6 +58,23 @@ func runContainer(cpiPath, rootfs string, n, procs int) error {
 		json.Unmarshal(pair[0], &vm)
 		return vm, d, nil
 	}
+	var live []string
+	defer func() {
+		for _, vm := range live {
+			_, _, _ = callOK("delete_vm", vm)
+		}
+	}()
+	start := time.Now()
+	for range o.live {
+		vm, _, err := create()
+		if err != nil {
+			return err
+		}
+		live = append(live, vm)
+	}
+	if o.live > 0 {
+		fmt.Printf("%-40s %s\n", fmt.Sprintf("%d live VMs made", o.live), time.Since(start).Round(time.Millisecond))
+	}
 	var creates, deletes []time.Duration
 	for i := 0; i < n; i++ {
 		vm, d, err := create()
@@ -62,8 +87,8 @@ func runContainer(cpiPath, rootfs string, n, procs int) error {
 		}
 		deletes = append(deletes, d)
 	}
-	report("container create_vm", creates)
-	report("container delete_vm", deletes)
+	report(fmt.Sprintf("container create_vm (%d live)", o.live), creates)
+	report(fmt.Sprintf("container delete_vm (%d live)", o.live), deletes)
 	return concurrentVMs(procs, create, callOK)
 }
 
@@ -73,7 +98,7 @@ type cpiCall = func(method string, args ...any) (json.RawMessage, time.Duration,
 // containerCaller calls bin/cpi as the Director would, inside a network
 // namespace of its own, on a container-mode config in a scratch
 // directory; cleanup removes both.
-func containerCaller(cpiPath string) (cpiCall, func(), error) {
+func containerCaller(cpiPath string, ephemeralMiB int) (cpiCall, func(), error) {
 	dir, err := os.MkdirTemp("", "cpibench-ctr-")
 	if err != nil {
 		return nil, nil, err
@@ -89,9 +114,12 @@ func containerCaller(cpiPath string) (cpiCall, func(), error) {
 	}
 	wrapper := filepath.Join(dir, "cpi-in-ns")
 	cfg := filepath.Join(dir, "cpi.json")
+	ctr := map[string]any{"bridge": "rwb0", "cidr": "10.252.0.0/22"}
+	if ephemeralMiB > 0 {
+		ctr["default_ephemeral_disk_mib"] = ephemeralMiB
+	}
 	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(dir, "state"),
-		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 5,
-			"container": map[string]any{"bridge": "rwb0", "cidr": "10.252.0.0/22", "default_ephemeral_disk_mib": 64}}})
+		"local": map[string]any{"isolation": "container", "stop_grace_seconds": 5, "container": ctr}})
 	if err := errors.Join(
 		os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/run/netns/%s -- %s \"$@\"\n", ns, cpiPath)), 0o755),
 		os.WriteFile(cfg, b, 0o600)); err != nil {

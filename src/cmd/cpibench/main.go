@@ -27,12 +27,16 @@ func main() {
 	endpoint := flag.String("endpoint", "", "IaaS API endpoint for -suite aws")
 	drivers := flag.String("drivers", "local,openstack,aws", "configs -suite startup measures info with")
 	rootfs := flag.String("rootfs", "", "rootfs tarball for -suite container (scripts/rootfs-dev path)")
+	ephemeral := flag.Int("ephemeral", 64, "-suite container: each VM's writable layer, MiB (0: leave the key out, for an older bin/cpi)")
+	live := flag.Int("live", 1, "-suite container: idle VMs running while create_vm and delete_vm are timed")
 	lb := flag.Bool("lb", false, "every VM with a floating IP (vip network) and an Octavia pool member (-suite openstack), or in a target group with an encrypted ephemeral disk (-suite aws)")
 	flag.Parse()
 	runSuite := run
 	switch *suite {
 	case "container":
-		runSuite = func(cpi string, n, procs int) error { return runContainer(cpi, *rootfs, n, procs) }
+		runSuite = func(cpi string, n, procs int) error {
+			return runContainer(cpi, *rootfs, n, procs, containerOpts{ephemeralMiB: *ephemeral, live: *live})
+		}
 	case "hooks":
 		runSuite = func(cpi string, n, _ int) error { return runHooks(cpi, n) }
 	case "startup":

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -57,13 +58,29 @@ func (d *Driver) stateKey() string {
 	return hex.EncodeToString(h[:4])
 }
 
-// id is the runtime's container id; cgroup is its cgroups path; hostIf
-// the host end of its veth (IFNAMSIZ allows 15 bytes).
+// id is the runtime's container id; cgroup is its cgroups path.
 func (c ctr) id() string     { return "runway-" + c.d.stateKey() + "-" + c.cid }
 func (c ctr) cgroup() string { return "/runway/" + c.d.stateKey() + "-" + c.cid }
-func (c ctr) hostIf() string {
+
+// hostIf is the host end of the VM's veth (IFNAMSIZ allows 15 bytes):
+// drawn when the VM is made, so no other VM instance ever has that name
+// (the ports' guard counts on it); a VM recorded without one has the name
+// its state dir and CID give.
+func (c ctr) hostIf(rec *vmRecord) string {
+	if rec.Port != "" {
+		return rec.Port
+	}
 	h := sha256.Sum256([]byte(c.d.root + "\x00" + c.cid))
 	return "rw" + hex.EncodeToString(h[:6])
+}
+
+// newPort draws a VM's host-side interface name.
+func newPort() (string, error) {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return "rw" + hex.EncodeToString(b), nil
 }
 
 // runtime is the OCI runtime with its state kept under the state dir.
@@ -76,7 +93,7 @@ func (d *Driver) runtime() container.Runtime {
 func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 	ram, _ := c.d.limits(props)
 	return container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
-		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(), rec.Networks)}
+		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(&rec), rec.Networks)}
 }
 
 func (v containerVMs) check(cid string, props vmProps) error {
@@ -332,17 +349,10 @@ func (v containerVMs) stop(ctx context.Context, rec *vmRecord) error {
 // disk's data).
 func (v containerVMs) teardown(rec *vmRecord) error {
 	c := v.d.ctr(rec.CID)
-	if err := hostnet.DeleteLink(c.hostIf()); err != nil {
+	if err := hostnet.DeleteLink(c.hostIf(rec)); err != nil {
 		return err
 	}
-	var addrs []string
-	for _, n := range rec.Networks {
-		if n.IP != "" {
-			addrs = append(addrs, n.IP)
-		}
-	}
-	key := v.d.stateKey()
-	if err := hostnet.Unguard(context.Background(), hostnet.GuardTable(key), c.hostIf(), hostnet.VMMAC(key, rec.CID), addrs); err != nil {
+	if err := v.retirePort(rec); err != nil {
 		return fmt.Errorf("removing vm %s from the bridge ports' guard: %w", rec.CID, err)
 	}
 	for _, dir := range []string{c.run(), c.dir} {
@@ -386,4 +396,26 @@ func (v containerVMs) detach(rec *vmRecord, disk string) error {
 		return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
 	}
 	return nil
+}
+
+// retirePort hands the VM's port to the ports' guard for removal (in a
+// batch; at once when it was the state dir's last VM).
+func (v containerVMs) retirePort(rec *vmRecord) error {
+	var addrs []string
+	for _, n := range rec.Networks {
+		if n.IP != "" {
+			addrs = append(addrs, n.IP)
+		}
+	}
+	last := true
+	entries, _ := os.ReadDir(filepath.Join(v.d.root, vms.dir))
+	for _, e := range entries {
+		if e.Name() != rec.CID && !strings.HasPrefix(e.Name(), ".") {
+			last = false
+			break
+		}
+	}
+	key := v.d.stateKey()
+	r := hostnet.Retired{Path: filepath.Join(v.d.root, "guard-retired.json"), Table: hostnet.GuardTable(key), Locks: v.d.locks}
+	return r.Retire(context.Background(), v.d.ctr(rec.CID).hostIf(rec), hostnet.VMMAC(key, rec.CID), addrs, last)
 }

@@ -29,6 +29,8 @@ type vmRecord struct {
 	Isolation string `json:"isolation,omitempty"`
 	// IDs is a container VM's range of host ids (its user namespace).
 	IDs *storage.IDRange `json:"ids,omitempty"`
+	// Port: a container VM's host-side interface.
+	Port string `json:"port,omitempty"`
 	// Agent: the VM has the BOSH agent profile.
 	Agent     bool   `json:"agent,omitempty"`
 	Stopped   bool   `json:"stopped,omitempty"`

@@ -140,6 +140,9 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 			return fail(err)
 		}
 		ranged = true
+		if rec.Port, err = newPort(); err != nil {
+			return fail(err)
+		}
 		rec.Isolation, rec.IDs, rec.Agent = IsolationContainer, &ids, pl.agent
 		settings = withAddresses(settings, nets)
 	}

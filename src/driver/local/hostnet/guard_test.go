@@ -6,9 +6,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/testkit/netns"
 )
 
@@ -46,13 +49,31 @@ func TestGuardTableIsMadeOnceAndKeepsItsPorts(t *testing.T) {
 		if !strings.Contains(got, `"rw000000000001" . 02:00:00:00:00:01`) || !strings.Contains(got, `"rw000000000001" . 10.0.0.2`) {
 			t.Errorf("the port's elements are gone:\n%s", got)
 		}
-		for range 2 {
-			if err := Unguard(ctx, table, "rw000000000001", mac, []string{"10.0.0.2"}); err != nil {
-				t.Fatal(err)
-			}
+		// A deleted VM's port waits for the batch (its name is never used
+		// again); the last VM's deletion takes every waiting one out.
+		locks, err := lock.New(t.TempDir(), time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Retired{Path: filepath.Join(t.TempDir(), "retired.json"), Table: table, Locks: locks}
+		if err := guard(ctx, table, "rw000000000002", mac, []string{"10.0.0.3/24"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Retire(ctx, "rw000000000001", mac, []string{"10.0.0.2"}, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := list(); !strings.Contains(got, `"rw000000000001"`) {
+			t.Errorf("a retired port's elements went before their batch:\n%s", got)
+		}
+		if err := r.Retire(ctx, "rw000000000002", mac, []string{"10.0.0.3"}, true); err != nil {
+			t.Fatal(err)
 		}
 		if got := list(); strings.Contains(got, "elements") {
-			t.Errorf("elements left after the port was removed:\n%s", got)
+			t.Errorf("elements left after the last port was retired:\n%s", got)
+		}
+		// Made again, the batch may hold ports whose elements are gone.
+		if err := r.Retire(ctx, "rw000000000001", mac, []string{"10.0.0.2"}, true); err != nil {
+			t.Fatal(err)
 		}
 	})
 	if err != nil {

@@ -65,32 +65,39 @@ func (p Plan) Connect(ctx context.Context, pid int) error {
 	if err := guard(ctx, p.Table, p.HostIf, mac, p.Addrs); err != nil {
 		return err
 	}
-	if err := ip(ctx, "link", "set", p.HostIf, "master", p.Bridge); err != nil {
-		return err
-	}
+	// The host end onto the bridge, then the inside: ip in batch mode,
+	// one process each.
+	host := "link set " + p.HostIf + " master " + p.Bridge + "\n"
 	if p.Isolated {
-		if err := ip(ctx, "link", "set", "dev", p.HostIf, "type", "bridge_slave", "isolated", "on"); err != nil {
-			return err
-		}
+		host += "link set dev " + p.HostIf + " type bridge_slave isolated on\n"
 	}
-	if err := ip(ctx, "link", "set", p.HostIf, "up"); err != nil {
+	host += "link set " + p.HostIf + " up\n"
+	if err := ipBatch(ctx, nil, host); err != nil {
 		return err
 	}
-	// One nsenter for the inside: ip in batch mode.
-	var batch strings.Builder
-	batch.WriteString("link set lo up\n")
+	var inside strings.Builder
+	inside.WriteString("link set lo up\n")
 	for _, a := range p.Addrs {
-		batch.WriteString("addr add " + a + " dev eth0\n")
+		inside.WriteString("addr add " + a + " dev eth0\n")
 	}
-	batch.WriteString("link set eth0 up\n")
+	inside.WriteString("link set eth0 up\n")
 	if len(p.Addrs) > 0 {
-		batch.WriteString("route add default via " + p.Gateway + "\n")
+		inside.WriteString("route add default via " + p.Gateway + "\n")
 	}
-	cmd := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(pid), "-n", "ip", "-b", "-")
+	if err := ipBatch(ctx, []string{"nsenter", "-t", strconv.Itoa(pid), "-n"}, inside.String()); err != nil {
+		return fmt.Errorf("configuring the vm's network: %w", err)
+	}
+	return nil
+}
+
+// ipBatch runs ip's commands in batch mode, behind prefix (nsenter).
+func ipBatch(ctx context.Context, prefix []string, commands string) error {
+	argv := append(append([]string{}, prefix...), "ip", "-b", "-")
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=" + toolPath}
-	cmd.Stdin = strings.NewReader(batch.String())
+	cmd.Stdin = strings.NewReader(commands)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("configuring the vm's network: %w: %s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("ip -b: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
