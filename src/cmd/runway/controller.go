@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -49,7 +52,11 @@ func parseControllerFlags(args []string) (*controllerFlags, error) {
 	fs.StringVar(&f.leaseName, "lease-name", "runway-controller", "the Lease's name")
 	fs.StringVar(&f.leaseNamespace, "lease-namespace", "", "the Lease's namespace (default: the pod's)")
 	host, _ := os.Hostname()
-	fs.StringVar(&f.identity, "identity", host, "this replica's name in the Lease")
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	// The pod's name and this process's own suffix: a leader's container
+	// killed and restarted is another candidate, not the holder.
+	fs.StringVar(&f.identity, "identity", host+"_"+hex.EncodeToString(suffix), "this replica's name in the Lease")
 	fs.StringVar(&f.seedImage, "seed-image", "gitea/act_runner:nightly-dind-rootless", "the runner image of seed 001's RunnerGroups")
 	fs.StringVar(&f.seedCommand, "seed-command", "/usr/bin/supervisord", "what their runner pods run (the bootstrap execs it)")
 	fs.StringVar(&f.seedArgs, "seed-args", "-c,/etc/supervisord.conf", "its arguments, comma-separated")
@@ -109,6 +116,10 @@ func controllerCmd(args []string) error {
 	run := func(ctx context.Context) error {
 		return runController(ctx, cfg, f, kube, dyn, metrics, &active, logger, redact)
 	}
+	// The webhook Service selects the leader by a label on its pod: a
+	// replica starting (a restarted leader's container keeps its pod's
+	// labels) is not the leader until it says so.
+	markLeader(ctx, kube, f.leaseNamespace, log, false)
 	if !f.leaderElect {
 		err = run(ctx)
 	} else {
@@ -200,6 +211,7 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll},
 		Log:  logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})
 	ctl.Store(c)
+	markLeader(ctx, kube, f.leaseNamespace, logging.Fields{Logger: logger, Tag: "runway"}, true)
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx) }()
 	err = c.Run(ctx)
@@ -208,14 +220,17 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 }
 
 // standbyHandler answers for the engine once this replica leads; until
-// then /healthz is 200 (alive) and everything else, /readyz included, 503
-// (the webhook Service sends deliveries to the leader only).
+// then /healthz and /readyz are 200 (alive, and ready to lead) and
+// everything else 503 (the webhook Service selects the leader's pod by
+// its label, so deliveries reach the leader only).
 func standbyHandler(active *atomic.Pointer[http.Handler]) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := active.Load()
 		switch {
 		case r.URL.Path == "/readyz" && h != nil:
 			fmt.Fprintln(w, "leading")
+		case r.URL.Path == "/readyz":
+			fmt.Fprintln(w, "standing by")
 		case h != nil:
 			(*h).ServeHTTP(w, r)
 		case r.URL.Path == "/healthz":
@@ -275,4 +290,25 @@ func (e engine) Check(ctx context.Context, fc config.ForgeConfig, gc config.Grou
 
 func metav1ObjectMeta(name, ns string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: name, Namespace: ns}
+}
+
+// LeaderLabel marks the leading replica's pod: the webhook Service
+// selects it.
+const LeaderLabel = "runway.io/leader"
+
+// markLeader sets (or removes) LeaderLabel on this pod (POD_NAME; none
+// outside a pod).
+func markLeader(ctx context.Context, kube kubernetes.Interface, ns string, log logging.Fields, leading bool) {
+	pod := os.Getenv("POD_NAME")
+	if pod == "" || ns == "" {
+		return
+	}
+	v := "null"
+	if leading {
+		v = `"true"`
+	}
+	patch := []byte(`{"metadata":{"labels":{"` + LeaderLabel + `":` + v + `}}}`)
+	if _, err := kube.CoreV1().Pods(ns).Patch(ctx, pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		log.Warn("labelling this pod for the webhook Service", "pod", pod, "leading", leading, "err", err)
+	}
 }

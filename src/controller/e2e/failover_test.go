@@ -1,0 +1,89 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge/forgetest"
+)
+
+// killLeaderMidSpawn queues jobs, kills the leading replica's pod (grace
+// 0: SIGKILL) as their runners are being made, and checks the other
+// replica takes over within 15 s and every job is run by exactly one
+// runner, with no runner pod or registration left. made is how many
+// runner pods were made before.
+func (c *cluster) killLeaderMidSpawn(gitea *forgetest.Gitea, registrations *atomic.Int64, made int) {
+	t := c.t
+	leader := c.leader()
+	if leader == "" {
+		t.Fatal("no leader")
+	}
+	regs0 := registrations.Load()
+	var ids []int64
+	for range 4 {
+		ids = append(ids, gitea.AddJob("acme/app", "build", []string{"linux"}, "queued"))
+	}
+	c.waitFor(30*time.Second, "a runner pod being made", func() bool { return c.podsMade() > made })
+	// SIGKILL to the leader's runway process (this host runs the dev
+	// cluster's containers): no goodbye, its Lease left to expire.
+	pod, _, _ := strings.Cut(leader, "_")
+	pid := processOf(t, pod)
+	killed := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(30*time.Second, "another replica leading", func() bool { l := c.leader(); return l != "" && l != leader })
+	takeover := time.Since(killed)
+	t.Logf("leader %s killed mid-spawn; %s took over in %s", leader, c.leader(), takeover.Round(10*time.Millisecond))
+	if takeover > 15*time.Second {
+		t.Errorf("takeover took %s, want at most 15 s", takeover)
+	}
+	c.waitFor(120*time.Second, "the four jobs completed after the failover", func() bool {
+		for _, id := range ids {
+			if gitea.Job(id).Status != "completed" {
+				return false
+			}
+		}
+		return true
+	})
+	c.waitFor(120*time.Second, "every runner pod gone", func() bool { return c.runnerPods() == 0 })
+	// One runner per job: a runner whose pod was made before the kill is
+	// adopted or deleted by the new leader, never doubled.
+	regs := registrations.Load() - regs0
+	if regs != 4 {
+		t.Errorf("4 jobs across the failover: %d registrations, want 4 (one runner each)", regs)
+	}
+	for _, id := range ids {
+		if j := gitea.Job(id); j.Status != "completed" {
+			t.Errorf("job %d: %s", id, j.Status)
+		}
+	}
+	c.waitFor(60*time.Second, "no registration left", func() bool { return len(gitea.Runners()) == 0 })
+	t.Logf("failover: %d runner pods made for 4 jobs (a pod made before the kill and deleted by the new leader counts)", c.podsMade()-made)
+}
+
+// processOf finds the runway controller process of a pod on this host
+// (its environment names the pod).
+func processOf(t *testing.T, pod string) int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		env, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(env, []byte("\x00POD_NAME="+pod+"\x00")) && !bytes.HasPrefix(env, []byte("POD_NAME="+pod+"\x00")) {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
+		if bytes.Contains(cmd, []byte("runway\x00controller")) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			return pid
+		}
+	}
+	t.Fatalf("no runway controller process of pod %s on this host", pod)
+	return 0
+}
