@@ -488,7 +488,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		run("kill", "-9", "--", "-"+strings.TrimSpace(string(b)))
 		sum := sha256.Sum256([]byte(fx.StateDir))
 		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+hex.EncodeToString(sum[:4])+"-"+cid)
-		for _, m := range []string{"rootfs", "devs", "image", "layer"} {
+		for _, m := range []string{"rootfs", "devs"} {
 			run("umount", "-R", filepath.Join(vmRun(cid), m))
 		}
 		mi, _ := os.ReadFile("/proc/self/mountinfo")

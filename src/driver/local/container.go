@@ -231,7 +231,7 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	if rec.IDs == nil {
 		return errNoUserNS(rec.CID)
 	}
-	if mps, _ := storage.MountsUnder(c.rootfs()); len(mps) > 0 {
+	if storage.IsMountPoint(c.rootfs()) {
 		return nil
 	}
 	image := d.imageDir(rec.StemcellCID)
@@ -258,9 +258,14 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	if err := unix.Mount("overlay", c.rootfs(), "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting the vm's root file system: %w", err)
 	}
+	// The overlay holds private copies of its layers' mounts: the host's
+	// mount table keeps two mounts a VM (what every runc create copies).
+	if err := storage.Unmount(filepath.Join(c.run(), "image"), layer); err != nil {
+		return err
+	}
 	// Disks are mounted below devs on the host; being a shared mount, each
 	// one propagates into the running container's slave copy.
-	if mps, _ := storage.MountsUnder(c.devs()); len(mps) == 0 {
+	if !storage.IsMountPoint(c.devs()) {
 		if err := unix.Mount(c.devs(), c.devs(), "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("binding the disks directory: %w", err)
 		}
@@ -329,12 +334,13 @@ func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
 // runtime killed part-way through a create) is killed and removed.
 func (v containerVMs) stop(ctx context.Context, rec *vmRecord) error {
 	c := v.d.ctr(rec.CID)
-	err := stopVM(ctx, rec.CID, readPGID(c.dir), v.d.grace())
+	pgid := readPGID(c.dir)
+	err := stopVM(ctx, rec.CID, pgid, v.d.grace())
 	_, _ = v.d.runtime().Run(ctx, "delete", "--force", c.id())
 	if cerr := container.KillCgroups(ctx, rec.CID, c.cgroup()); cerr != nil {
 		return cerr
 	}
-	if err != nil {
+	if err != nil || pgid > 1 {
 		return err
 	}
 	// A supervisor found by marker only (create killed part-way) may have
@@ -355,9 +361,26 @@ func (v containerVMs) teardown(rec *vmRecord) error {
 	if err := v.retirePort(rec); err != nil {
 		return fmt.Errorf("removing vm %s from the bridge ports' guard: %w", rec.CID, err)
 	}
+	// What the driver mounted, by name (the mount table grows with every
+	// VM); then every mount below, by device, else by the mount table.
+	var mps []string
+	for _, devs := range []string{c.devs(), filepath.Join(c.dir, "devs")} {
+		if ents, err := os.ReadDir(devs); err == nil {
+			for _, e := range ents {
+				mps = append(mps, filepath.Join(devs, e.Name()))
+			}
+		}
+	}
+	mps = append(mps, c.devs(), c.rootfs(), filepath.Join(c.run(), "image"), filepath.Join(c.run(), "layer"),
+		filepath.Join(c.dir, "devs"), filepath.Join(c.dir, "rootfs")) // the last two: VMs made before /run/runway
+	if err := storage.Unmount(mps...); err != nil {
+		return err
+	}
 	for _, dir := range []string{c.run(), c.dir} {
-		if err := storage.UnmountAll(dir); err != nil {
-			return err
+		if storage.NoMountsIn(dir, 2) != nil {
+			if err := storage.UnmountAll(dir); err != nil {
+				return err
+			}
 		}
 		// Belt and braces before the directory is removed: a mount the
 		// mount table did not show under this path (a symlinked state

@@ -35,8 +35,9 @@ func (d *Driver) allocateIDs(ctx context.Context, cid string) (storage.IDRange, 
 	if err := readJSON(d.idRangesPath(), &table); err != nil && !isNotExist(err) {
 		return storage.IDRange{}, err
 	}
+	live := d.liveVMs()
 	for slot, owner := range table {
-		if owner != cid && !d.ownerAlive(owner) {
+		if owner != cid && !live[owner] && !d.ownerAlive(owner) {
 			delete(table, slot) // left by a create that was killed
 		}
 	}

@@ -208,7 +208,7 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 	}
 	c := d.ctr(rec.CID)
 	inside := container.DisksDir + "/" + disk
-	if mps, _ := storage.MountsUnder(filepath.Join(c.devs(), disk)); len(mps) > 0 {
+	if storage.IsMountPoint(filepath.Join(c.devs(), disk)) {
 		return inside, nil // attached before
 	}
 	devs, err := os.OpenRoot(c.devs())
@@ -244,7 +244,7 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 // detachInside unmounts a disk from the VM (it disappears inside at once).
 func (d *Driver) detachInside(vm, disk string) error {
 	c := d.ctr(vm)
-	if err := storage.UnmountAll(filepath.Join(c.devs(), disk)); err != nil {
+	if err := storage.Unmount(filepath.Join(c.devs(), disk)); err != nil {
 		return err
 	}
 	devs, err := os.OpenRoot(c.devs())

@@ -68,7 +68,7 @@ func (d *Driver) mountLayer(c ctr, run *os.Root, ids storage.IDRange, image stri
 		return err
 	}
 	layer := filepath.Join(c.run(), "layer")
-	if mps, _ := storage.MountsUnder(layer); len(mps) == 0 {
+	if !storage.IsMountPoint(layer) {
 		if err := storage.MountLoop(c.layerImage(), layer, unix.MS_NODEV, ""); err != nil {
 			return fmt.Errorf("mounting the vm's writable layer: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -65,7 +66,7 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 		return nil, fmt.Errorf("local: the driver's own executable: %w", err)
 	}
 	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "local"}, self: self}
-	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: d.ownerAlive}
+	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: d.ownerAlive, Live: d.liveVMs}
 	if d.containers() {
 		cc := c.Container
 		d.bridge = &hostnet.Bridge{Name: cc.Bridge, Prefix: p, Key: d.stateKey(), Record: filepath.Join(stateDir, "bridge.json"),
@@ -113,6 +114,18 @@ func (d *Driver) ownerAlive(cid string) bool {
 
 // consoleMax is the cap of a VM's console.log (and of console.log.1).
 func (d *Driver) consoleMax() int64 { return int64(d.cfg.ConsoleMaxKiB) << 10 }
+
+// liveVMs are the VMs published or being created, by one read of vms/:
+// what looks dead here is asked again of ownerAlive (a VM published
+// during the read may be missed by it).
+func (d *Driver) liveVMs() map[string]bool {
+	entries, _ := os.ReadDir(filepath.Join(d.root, vms.dir))
+	live := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		live[strings.TrimPrefix(e.Name(), ".creating-")] = true
+	}
+	return live
+}
 
 // release frees a VM's addresses.
 func (d *Driver) release(ctx context.Context, cid string) {

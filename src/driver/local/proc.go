@@ -107,8 +107,15 @@ func procStat(pid string) (pgid int, alive bool) {
 
 // scan lists live processes that carry cid's marker (when withMarker), or
 // are in one of groups. Reading every process's environment is the costly
-// part: polls after the first look at groups only. Linux-only: /proc.
+// part: polls after the first look at groups only, and with markedIn only
+// the groups' members' are read. Linux-only: /proc.
 func scan(cid string, withMarker bool, groups ...int) []procInfo {
+	return scanIn(cid, withMarker, false, groups...)
+}
+
+// scanIn is scan; with onlyGroups, processes outside groups are skipped
+// before their environment is read.
+func scanIn(cid string, withMarker, onlyGroups bool, groups ...int) []procInfo {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -125,6 +132,9 @@ func scan(cid string, withMarker bool, groups ...int) []procInfo {
 			continue
 		}
 		inGroup := g > 1 && slices.Contains(groups, g)
+		if onlyGroups && !inGroup {
+			continue
+		}
 		marked := false
 		if withMarker {
 			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
@@ -147,7 +157,7 @@ func liveMembers(pgid int, cid string) []int {
 		return nil
 	}
 	var out []int
-	for _, p := range scan(cid, true, pgid) {
+	for _, p := range scanIn(cid, true, true, pgid) {
 		if p.marked && p.pgid == pgid {
 			out = append(out, p.pid)
 		}

@@ -88,7 +88,7 @@ func (d *Driver) copyDisk(ctx context.Context, rec *diskRecord, src, tmp string,
 		return copyImage()
 	}
 	mounted := filepath.Join(d.ctr(rec.AttachedTo).devs(), rec.CID)
-	if mps, _ := storage.MountsUnder(mounted); len(mps) == 0 {
+	if !storage.IsMountPoint(mounted) {
 		return copyImage()
 	}
 	return storage.Frozen(mounted, copyImage)

@@ -93,18 +93,18 @@ func (b *Bridge) bridgeMAC() net.HardwareAddr {
 }
 
 func hasMAC(br string, mac net.HardwareAddr) bool {
-	i, err := net.InterfaceByName(br)
-	return err == nil && bytes.Equal(i.HardwareAddr, mac)
+	i, err := lookupIf(br)
+	return err == nil && bytes.Equal(i.mac, mac)
 }
 
-// ownBridge is interface br when it is the bridge the driver made, else nil.
-func (b *Bridge) ownBridge(br string) *net.Interface {
+// ownBridge answers interface br when it is the bridge the driver made.
+func (b *Bridge) ownBridge(br string) (ifinfo, bool) {
 	var rec bridgeRecord
-	i, err := net.InterfaceByName(br)
-	if err != nil || storage.ReadJSON(b.Record, &rec) != nil || rec.Name != br || rec.Index != i.Index {
-		return nil
+	i, err := lookupIf(br)
+	if err != nil || storage.ReadJSON(b.Record, &rec) != nil || rec.Name != br || rec.Index != i.index {
+		return ifinfo{}, false
 	}
-	return i
+	return i, true
 }
 
 // Ensure makes the bridge, with the host's address, when missing.
@@ -115,7 +115,7 @@ func (b *Bridge) Ensure(ctx context.Context) error {
 	br := b.Name
 	want := netip.PrefixFrom(b.Gateway(), b.Prefix.Bits()).String()
 	mac := b.bridgeMAC()
-	if i := b.ownBridge(br); i != nil && bytes.Equal(i.HardwareAddr, mac) && hasAddr(br, want) {
+	if i, ok := b.ownBridge(br); ok && bytes.Equal(i.mac, mac) && i.up && i.addr.String() == want {
 		return nil
 	}
 	unlock, err := b.Locks.Lock(ctx, "state-bridge")
@@ -124,7 +124,7 @@ func (b *Bridge) Ensure(ctx context.Context) error {
 	}
 	defer unlock()
 	made := false
-	if _, err := net.InterfaceByName(br); err == nil {
+	if _, err := lookupIf(br); err == nil {
 		a, err := linkAlias(ctx, br)
 		if err != nil {
 			return err
@@ -162,11 +162,11 @@ func (b *Bridge) Ensure(ctx context.Context) error {
 		if err := ip(ctx, "link", "set", br, "up"); err != nil {
 			return err
 		}
-		i, err := net.InterfaceByName(br)
+		i, err := lookupIf(br)
 		if err != nil {
 			return err
 		}
-		return storage.WriteJSON(b.Record, bridgeRecord{Name: br, Index: i.Index})
+		return storage.WriteJSON(b.Record, bridgeRecord{Name: br, Index: i.index})
 	}()
 	if err != nil && made {
 		_ = DeleteLink(br)
@@ -231,16 +231,8 @@ func ensureRule(ctx context.Context, table, chain string, spec ...string) error 
 	return run("-I")
 }
 
+// hasAddr: interface ifname is up with prefix as its IPv4 address.
 func hasAddr(ifname, prefix string) bool {
-	i, err := net.InterfaceByName(ifname)
-	if err != nil || i.Flags&net.FlagUp == 0 {
-		return false
-	}
-	addrs, _ := i.Addrs()
-	for _, a := range addrs {
-		if a.String() == prefix {
-			return true
-		}
-	}
-	return false
+	i, err := lookupIf(ifname)
+	return err == nil && i.up && i.addr.String() == prefix
 }

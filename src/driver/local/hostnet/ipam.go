@@ -25,8 +25,11 @@ type IPAM struct {
 	Bridge *Bridge
 	Locks  *lock.Locker
 	// Alive says whether a VM still holds its addresses: a create killed
-	// half-way leaves entries only a dead owner explains.
+	// half-way leaves entries only a dead owner explains. Live, when set,
+	// answers the VMs that look alive in one go (one directory read,
+	// not two stats a VM); Alive decides for the others.
 	Alive func(cid string) bool
+	Live  func() map[string]bool
 }
 
 // Allocate answers the networks hash with addresses: manual networks keep
@@ -68,8 +71,12 @@ func (a *IPAM) Allocate(ctx context.Context, cid string, in driver.Networks) (dr
 	if err := storage.ReadJSON(a.Path, &table); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
+	var live map[string]bool
+	if a.Live != nil {
+		live = a.Live()
+	}
 	for ip, owner := range table {
-		if !a.Alive(owner) {
+		if !live[owner] && !a.Alive(owner) {
 			delete(table, ip) // left by a create that was killed
 		}
 	}

@@ -104,11 +104,11 @@ func ipBatch(ctx context.Context, prefix []string, commands string) error {
 
 // DeleteLink removes a host interface if it is there.
 func DeleteLink(name string) error {
-	if _, err := net.InterfaceByName(name); err != nil {
+	if _, err := lookupIf(name); err != nil {
 		return nil
 	}
 	if err := ip(context.Background(), "link", "del", name); err != nil {
-		if _, gone := net.InterfaceByName(name); gone != nil {
+		if _, gone := lookupIf(name); gone != nil {
 			return nil // went with its namespace meanwhile
 		}
 		return err

@@ -110,3 +110,27 @@ func NoMountsIn(dir string, depth int) error {
 	}
 	return walk(dir, depth)
 }
+
+// IsMountPoint reports whether path is the root of a mount (statx: one
+// syscall, not a read of a mount table that grows with every VM). A path
+// that is not there is not one.
+func IsMountPoint(path string) bool {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &st); err != nil {
+		return false
+	}
+	return st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
+// Unmount detaches the mounts at the given paths, innermost first as
+// given; one that is not mounted (or not there) is no error.
+func Unmount(paths ...string) error {
+	for _, p := range paths {
+		for IsMountPoint(p) { // a path mounted twice
+			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("unmounting %s: %w", p, err)
+			}
+		}
+	}
+	return nil
+}
