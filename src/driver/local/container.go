@@ -335,8 +335,15 @@ func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
 func (v containerVMs) stop(ctx context.Context, rec *vmRecord) error {
 	c := v.d.ctr(rec.CID)
 	pgid := readPGID(c.dir)
-	err := stopVM(ctx, rec.CID, pgid, v.d.grace())
-	_, _ = v.d.runtime().Run(ctx, "delete", "--force", c.id())
+	handled, err := stopLeader(ctx, rec.CID, pgid, v.d.grace())
+	if !handled {
+		err = stopVM(ctx, rec.CID, pgid, v.d.grace())
+	}
+	// The supervisor deletes its container as it ends; one it could not
+	// (killed) is still in the runtime's state.
+	if _, serr := os.Stat(filepath.Join(v.d.runtime().Root, c.id())); serr == nil {
+		_, _ = v.d.runtime().Run(ctx, "delete", "--force", c.id())
+	}
 	if cerr := container.KillCgroups(ctx, rec.CID, c.cgroup()); cerr != nil {
 		return cerr
 	}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // envMarker is set in every VM process: a process is only ever signalled
@@ -283,4 +285,63 @@ func anyAlive(pids, groups []int) bool {
 		}
 	}
 	return false
+}
+
+// hasMarker: process pid carries cid's marker.
+func hasMarker(pid int, cid string) bool {
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	return err == nil && bytes.Contains(append(env, 0), []byte(envMarker+"="+cid+"\x00"))
+}
+
+// stopLeader ends the process group led by pid, a process of VM cid that
+// leads it (a container VM's supervisor): SIGTERM to the group, the
+// leader's exit awaited on a pidfd (no scan of /proc, however many
+// processes the host runs), SIGKILL after grace. It answers false when it
+// cannot tell (no pidfd): the caller scans instead.
+func stopLeader(ctx context.Context, cid string, pid int, grace time.Duration) (bool, error) {
+	if pid <= 1 {
+		return false, nil
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return true, nil // gone
+	}
+	if err != nil {
+		return false, nil
+	}
+	defer unix.Close(fd)
+	// The pidfd holds the process: a recycled pid is not the VM's.
+	if !hasMarker(pid, cid) {
+		return true, nil
+	}
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	if exited(ctx, fd, grace) {
+		return true, nil
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	if exited(ctx, fd, 10*time.Second) {
+		return true, nil
+	}
+	return true, fmt.Errorf("the supervisor of vm %s (pid %d) still runs after SIGKILL", cid, pid)
+}
+
+// exited waits up to limit for the process of pidfd fd to exit.
+func exited(ctx context.Context, fd int, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			return false
+		}
+		if left > 100*time.Millisecond {
+			left = 100 * time.Millisecond // ctx is looked at between polls
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return false
+		}
+		if n > 0 {
+			return true
+		}
+	}
 }
