@@ -43,6 +43,11 @@ type group struct {
 	spawnSem  chan struct{}
 	spawns    sync.WaitGroup
 	spawnErr  error // failures of background spawns, reported by the next pass
+	// reaping: runners being deleted in the background (their VM's
+	// deletion waits for it to go); reapErr: their failures, reported by
+	// the next pass.
+	reaping map[string]bool
+	reapErr error
 
 	// While this process acts for the group: the context its work runs
 	// under, cancelled when the lead is lost.
@@ -223,8 +228,8 @@ func (g *group) pass(ctx context.Context) error {
 	g.status.LastCheckTime = now
 	// A spawn failed since the last pass: report it (the loop backs off)
 	// and make no new runner in this pass.
-	spawnErr := g.spawnErr
-	g.spawnErr = nil
+	spawnErr, reapErr := g.spawnErr, g.reapErr
+	g.spawnErr, g.reapErr = nil, nil
 	g.mu.Unlock()
 	// Read before the listing, which a delivery updates with it: a
 	// runner taken as finished has its job done in the listing too, so
@@ -240,8 +245,21 @@ func (g *group) pass(ctx context.Context) error {
 	}
 	inflight := g.inflightNow()
 	c := g.cfg()
-	d := plan(&c.GroupConfig, now, l, l.owned[c.Name], runners, inflight, finished, drained)
+	pc, runners := g.planConfig(c.GroupConfig, runners)
+	d := plan(&pc, now, l, l.owned[c.Name], runners, inflight, finished, drained)
 	o.metrics.queued.WithLabelValues(g.cfg().Name).Set(float64(d.queued))
+	// Spawns start before the pass deletes runners and sweeps (a
+	// delete_vm waits for its VM to go: it would delay a webhook's runner
+	// by seconds). A runner about to be deleted still holds its place
+	// under max_active_runners, so this never exceeds it; once runners
+	// are removed, demand is counted again below, these spawns' rows
+	// among the supply.
+	started := spawnErr == nil
+	if started {
+		for _, trigger := range d.spawn {
+			g.startSpawn(ctx, trigger, l.jobs[trigger].Repo)
+		}
+	}
 	removed, sweepNow, errs, err := g.act(ctx, d, runners, now)
 	if err != nil {
 		return err
@@ -271,19 +289,21 @@ func (g *group) pass(ctx context.Context) error {
 		// Demand after the removals: a runner reaped in this pass (its job
 		// done) no longer covers a job queued meanwhile.
 		if fresh, err := o.store.Active(g.cfg().Name); err == nil {
-			d.spawn = plan(&c.GroupConfig, now, l, l.owned[c.Name], fresh, inflight, nil, drained).spawn
+			pc, fresh := g.planConfig(c.GroupConfig, fresh)
+			d.spawn = plan(&pc, now, l, l.owned[c.Name], fresh, g.inflightNow(), nil, drained).spawn
 		} else {
 			errs = append(errs, err)
 			d.spawn = nil
 		}
+		started = false
 	}
-	if spawnErr == nil {
+	if spawnErr == nil && !started {
 		for _, trigger := range d.spawn {
 			g.startSpawn(ctx, trigger, l.jobs[trigger].Repo)
 		}
 	}
 	g.refreshStatus(d.queued)
-	return errors.Join(append(errs, spawnErr)...)
+	return errors.Join(append(errs, spawnErr, reapErr)...)
 }
 
 // listing is the scope's jobs split among the groups. A forge that cannot
@@ -364,11 +384,7 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 		errs = append(errs, err)
 	}
 	for name, reason := range d.reap {
-		if err := g.destroy(ctx, byName[name], reason); err != nil {
-			errs = append(errs, err)
-		} else {
-			g.forge.forgetRunner(name)
-		}
+		g.reapInBackground(ctx, byName[name], reason)
 	}
 	return removed, sweepNow, errs, nil
 }

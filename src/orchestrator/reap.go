@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
@@ -133,4 +134,74 @@ func (g *group) spawnStart(r store.Runner) time.Time {
 		return r.CreatedAt
 	}
 	return at
+}
+
+// reapInBackground deletes a runner without holding up the group's passes
+// (delete_vm waits for the VM to go: a webhook's runner would wait behind
+// it). The runner is no supply from now on, but keeps its place under
+// max_active_runners until it is gone (planConfig).
+func (g *group) reapInBackground(ctx context.Context, r store.Runner, reason string) {
+	g.mu.Lock()
+	if g.reaping == nil {
+		g.reaping = map[string]bool{}
+	}
+	if g.reaping[r.Name] {
+		g.mu.Unlock()
+		return
+	}
+	g.reaping[r.Name] = true
+	g.mu.Unlock()
+	g.spawns.Add(1)
+	go func() {
+		defer g.spawns.Done()
+		err := g.destroy(ctx, r, reason)
+		g.mu.Lock()
+		delete(g.reaping, r.Name)
+		if err != nil && ctx.Err() == nil {
+			g.reapErr = errors.Join(g.reapErr, err)
+		}
+		g.mu.Unlock()
+		if err == nil {
+			g.forge.forgetRunner(r.Name)
+		}
+		g.wake() // its place is free
+	}()
+}
+
+// planConfig is what a pass plans with: the rows of runners being deleted
+// in the background left out (no supply, nothing more to decide), their
+// places taken off max_active_runners.
+func (g *group) planConfig(c config.GroupConfig, runners []store.Runner) (config.GroupConfig, []store.Runner) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.reaping) == 0 {
+		return c, runners
+	}
+	out := make([]store.Runner, 0, len(runners))
+	for _, r := range runners {
+		if g.reaping[r.Name] {
+			c.MaxActiveRunners--
+			continue
+		}
+		out = append(out, r)
+	}
+	return c, out
+}
+
+// isReaping: the runner is being deleted in the background (nothing else
+// deletes it meanwhile).
+func (g *group) isReaping(name string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reaping[name]
+}
+
+// takenForReaping: a background deletion has the runner, or had it since
+// the caller read its row (the row says deleting or deleted by now).
+func (g *group) takenForReaping(name string) bool {
+	if g.isReaping(name) {
+		return true
+	}
+	r, err := g.o.store.Get(name)
+	return err == nil && (r.State == store.Deleting || r.State == store.Deleted)
 }

@@ -54,7 +54,7 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 		vmState[vm.AgentID] = vm.State
 	}
 	for _, r := range runners {
-		if (r.State != store.Idle && r.State != store.Busy) || r.VMCID == "" {
+		if (r.State != store.Idle && r.State != store.Busy) || r.VMCID == "" || g.isReaping(r.Name) {
 			continue
 		}
 		reason := ""
@@ -80,7 +80,9 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 		if reason != "" {
 			delete(live, r.Name)
 			reaped[r.Name] = true
-			errs = append(errs, g.destroy(ctx, r, reason))
+			if !g.takenForReaping(r.Name) {
+				errs = append(errs, g.destroy(ctx, r, reason))
+			}
 			continue
 		}
 		r.VMCheckedAt = o.now()
@@ -118,7 +120,7 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 		}
 	}
 	for name, r := range live {
-		if r.State != store.Idle {
+		if r.State != store.Idle || g.isReaping(name) {
 			continue
 		}
 		fr, ok := atForge[r.Name]
@@ -134,7 +136,9 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 			// runner goes once its one job is done.
 			reaped[r.Name] = true
 			delete(live, name)
-			errs = append(errs, g.destroy(ctx, r, reasonLeftForge))
+			if !g.takenForReaping(r.Name) {
+				errs = append(errs, g.destroy(ctx, r, reasonLeftForge))
+			}
 		}
 	}
 	return errors.Join(errs...)
