@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/runway-cpi/runway/src/forge/forgetest"
+)
+
+// Runway's own resources on the chart: a GitHub Forge with a webhook
+// secret and a Forgejo Forge (polled), a RunnerGroup of each; GitHub jobs
+// reach the leader by webhook (the Service's endpoint) and each gets one
+// runner pod (its JIT config) — queued job to runner pod Running
+// measured; Forgejo jobs get one REST-registered runner each; both
+// groups deleted: no pod and no registration left. Then 100 groups: the
+// controller's memory.
+func TestRunwayResourcesOnTheChart(t *testing.T) {
+	c := newCluster(t)
+	image := c.pushRunwayImage()
+	c.pushRunnerImage()
+	const token, hook = "e2e-forge-token-0123456789", "e2e-hook-secret-0123456789"
+	gh := forgetest.NewGitHub(token)
+	defer gh.Close()
+	gh.URL = c.serve(0, gh.Config.Handler) // the JIT configs name it
+	fj := forgetest.NewForgejo(token)
+	defer fj.Close()
+	var fjRegs atomic.Int64
+	fjURL := c.serve(0, counting(fj.Config.Handler, &fjRegs))
+	c.install(image, c.postgres())
+	c.watchRunnerPods()
+	c.apply(parseYAML(t, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: forges}
+stringData: {token: %s, hook: %s}
+---
+apiVersion: runway.io/v1alpha1
+kind: Forge
+metadata: {name: github}
+spec: {type: github, url: %q, runnerURL: %q, token: {name: forges, key: token}, webhookSecret: {name: forges, key: hook}}
+---
+apiVersion: runway.io/v1alpha1
+kind: Forge
+metadata: {name: forgejo}
+spec: {type: forgejo, url: %q, token: {name: forges, key: token}, pollInterval: 500ms}
+---
+apiVersion: runway.io/v1alpha1
+kind: RunnerGroup
+metadata: {name: gha}
+spec:
+  forge: github
+  scope: repo
+  repo: acme/app
+  labels: [self-hosted, linux]
+  maxActiveRunners: 3
+  image: %s
+  runner: {command: /bin/testrunner}
+---
+apiVersion: runway.io/v1alpha1
+kind: RunnerGroup
+metadata: {name: fj}
+spec:
+  forge: forgejo
+  scope: org
+  org: acme
+  labels: [linux]
+  maxActiveRunners: 3
+  image: %s
+  runner: {command: /bin/testrunner}
+`, token, hook, gh.URL, gh.URL, fjURL, c.runnerImg, c.runnerImg)))
+	for _, name := range []string{"gha", "fj"} {
+		c.waitFor(90*time.Second, name+" Ready", func() bool { return c.ready(groupGVR, name) })
+	}
+	gh.AddHook(c.webhookURL()+"/webhooks/github", []byte(hook))
+
+	// Queued (the delivery leaves at once) → the runner pod Running, one
+	// job at a time.
+	var lat []time.Duration
+	for i := range 10 {
+		before := c.podNames()
+		start := time.Now()
+		id := gh.AddJob("acme/app", []string{"self-hosted", "linux"})
+		c.waitFor(30*time.Second, "a runner pod for GitHub job "+strconv.Itoa(i), func() bool { return c.newRunning(before) != "" })
+		lat = append(lat, time.Since(start))
+		c.waitFor(60*time.Second, "the GitHub job completed", func() bool { return gh.Job(id).Status == "completed" })
+	}
+	sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
+	t.Logf("GitHub job queued (webhook) → runner pod Running, 10 jobs: p50 %s, max %s", lat[len(lat)/2].Round(time.Millisecond),
+		lat[len(lat)-1].Round(time.Millisecond))
+	if p50 := lat[len(lat)/2]; p50 > 1500*time.Millisecond {
+		t.Errorf("queued → Running p50 %s, want at most 1.5 s", p50)
+	}
+
+	var fjJobs []int64
+	for range 3 {
+		fjJobs = append(fjJobs, fj.AddJob("acme/lib", "build", []string{"linux"}, "queued"))
+	}
+	c.waitFor(120*time.Second, "the Forgejo jobs completed", func() bool {
+		for _, id := range fjJobs {
+			if fj.Job(id).Status != "completed" {
+				return false
+			}
+		}
+		return true
+	})
+	if n := fjRegs.Load(); n != 0 {
+		t.Errorf("Forgejo runners registered with a token %d times; they are registered by the REST API", n)
+	}
+
+	c.measureMemory("github")
+
+	ctx := context.Background()
+	for _, name := range []string{"gha", "fj"} {
+		if err := c.dyn.Resource(groupGVR).Namespace(c.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.waitFor(120*time.Second, "both groups gone", func() bool {
+		a, _ := c.dyn.Resource(groupGVR).Namespace(c.ns).Get(ctx, "gha", metav1.GetOptions{})
+		b, _ := c.dyn.Resource(groupGVR).Namespace(c.ns).Get(ctx, "fj", metav1.GetOptions{})
+		return a == nil && b == nil
+	})
+	if n := c.runnerPods(); n != 0 {
+		t.Errorf("%d runner pods left", n)
+	}
+	if n := gh.RunnerCount(); n != 0 {
+		t.Errorf("%d GitHub runners left registered", n)
+	}
+	if rs := fj.Runners(); len(rs) != 0 {
+		t.Errorf("Forgejo runners left registered: %+v", rs)
+	}
+}
+
+func parseYAML(t *testing.T, doc string) []*unstructured.Unstructured {
+	p := filepath.Join(t.TempDir(), "objects.yaml")
+	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return readObjects(t, p)
+}
+
+// ready: the object's Ready condition is True.
+func (c *cluster) ready(gvr schema.GroupVersionResource, name string) bool {
+	u, err := c.dyn.Resource(gvr).Namespace(c.ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, cd := range conds {
+		if m := cd.(map[string]any); m["type"] == "Ready" && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
+// webhookURL is where the webhook Service sends deliveries: its endpoint
+// (the leader's pod; this cluster has no kube-proxy, the host routes to
+// pods through the node).
+func (c *cluster) webhookURL() string {
+	var ip string
+	c.waitFor(30*time.Second, "the webhook Service's endpoint", func() bool {
+		slices, err := c.kube.DiscoveryV1().EndpointSlices(c.ns).List(context.Background(),
+			metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + c.release + "-runway"})
+		if err != nil {
+			return false
+		}
+		var ips []string
+		for _, s := range slices.Items {
+			for _, ep := range s.Endpoints {
+				if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
+					ips = append(ips, ep.Addresses...)
+				}
+			}
+		}
+		if len(ips) != 1 {
+			return false
+		}
+		ip = ips[0]
+		return true
+	})
+	return "http://" + ip + ":8480"
+}
+
+// podNames are the runner pods seen made so far.
+func (c *cluster) podNames() map[string]bool {
+	c.podsMu.Lock()
+	defer c.podsMu.Unlock()
+	out := map[string]bool{}
+	for n := range c.pods {
+		out[n] = true
+	}
+	return out
+}
+
+// newRunning is a Running runner pod not among before ("" until one is).
+func (c *cluster) newRunning(before map[string]bool) string {
+	pods, err := c.kube.CoreV1().Pods(c.ns).List(context.Background(), metav1.ListOptions{LabelSelector: "runway.io/owner=runway-" + c.release})
+	if err != nil {
+		return ""
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning && !before[p.Name] {
+			return p.Name
+		}
+	}
+	return ""
+}
+
+// measureMemory makes 100 more groups and reads the leader's resident
+// memory once each is Ready.
+func (c *cluster) measureMemory(forge string) {
+	t := c.t
+	ctx := context.Background()
+	var b strings.Builder
+	for i := range 100 {
+		fmt.Fprintf(&b, `---
+apiVersion: runway.io/v1alpha1
+kind: RunnerGroup
+metadata: {name: load-%d}
+spec: {forge: %s, scope: repo, repo: acme/r%d, labels: [self-hosted, x%d], maxActiveRunners: 1, image: %s, runner: {command: /bin/testrunner}}
+`, i, forge, i, i, c.runnerImg)
+	}
+	c.apply(parseYAML(t, b.String()))
+	c.waitFor(180*time.Second, "100 more groups Ready", func() bool {
+		for i := range 100 {
+			if !c.ready(groupGVR, fmt.Sprintf("load-%d", i)) {
+				return false
+			}
+		}
+		return true
+	})
+	pod, _, _ := strings.Cut(c.leader(), "_")
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", processOf(t, pod)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kib := map[string]int{}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 {
+			kib[strings.TrimSuffix(f[0], ":")], _ = strconv.Atoi(f[1])
+		}
+	}
+	// Anonymous memory is the process's own (heap, stacks); file-backed
+	// pages are the 70 MB executable's, shared with the page cache.
+	t.Logf("the leader's memory with 102 groups: resident %.1f MiB, of which anonymous %.1f MiB and file-backed %.1f MiB",
+		float64(kib["VmRSS"])/1024, float64(kib["RssAnon"])/1024, float64(kib["RssFile"])/1024)
+	if kib["RssAnon"] == 0 || kib["RssAnon"] > 64*1024 {
+		t.Errorf("the leader's own (anonymous) memory with 102 groups: %.1f MiB, want at most 64 MiB", float64(kib["RssAnon"])/1024)
+	}
+	for i := range 100 {
+		c.dyn.Resource(groupGVR).Namespace(c.ns).Delete(ctx, fmt.Sprintf("load-%d", i), metav1.DeleteOptions{})
+	}
+	c.waitFor(120*time.Second, "the 100 groups gone", func() bool {
+		l, err := c.dyn.Resource(groupGVR).Namespace(c.ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) <= 2
+	})
+}
