@@ -30,6 +30,12 @@ type GitHubJob struct {
 	// queue time for a queued job, as GitHub's examples show it) and
 	// completed_at (null until then), at the API's second precision.
 	Created, Started, Completed time.Time
+	// RequestID is the job's runner request id (what scale set messages
+	// name it by); ScaleSet the scale set that acquired it (0: none),
+	// Acquired when.
+	RequestID int64
+	ScaleSet  int
+	Acquired  time.Time
 }
 
 type ghRunner struct {
@@ -42,6 +48,8 @@ type ghRunner struct {
 	// Connected: the runner has called in. A JIT runner exists from
 	// generate-jitconfig on, "offline" until it connects (GitHub's list).
 	Connected bool
+	// ScaleSet: a scale set's runner (it takes only that set's jobs).
+	ScaleSet int
 }
 
 // GitHub is the REST + webhook contract server for GitHub Actions: runs
@@ -64,12 +72,13 @@ type GitHub struct {
 	requests map[string]int
 	hooksOut *deliveries
 	rate     rateLimit
+	actions  actionsService
 }
 
 // NewGitHub starts a server on 127.0.0.1.
 func NewGitHub(apiToken string) *GitHub {
 	g := &GitHub{APIToken: apiToken, jobs: map[int64]*GitHubJob{}, runners: map[int64]*ghRunner{}, nextID: 5000,
-		requests: map[string]int{}, Archived: map[string]bool{}, hooksOut: gitHubDeliveries()}
+		requests: map[string]int{}, Archived: map[string]bool{}, hooksOut: gitHubDeliveries(), actions: newActionsService()}
 	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
 	return g
 }
@@ -92,8 +101,11 @@ func (g *GitHub) AddJobInRun(repo string, run int64, labels []string) int64 {
 	if run == 0 {
 		run = g.nextID + 100000
 	}
-	j := &GitHubJob{ID: g.nextID, RunID: run, Repo: repo, Labels: labels, Status: "queued", Created: time.Now()}
+	g.actions.nextReq++
+	j := &GitHubJob{ID: g.nextID, RunID: run, Repo: repo, Labels: labels, Status: "queued", Created: time.Now(),
+		RequestID: g.actions.nextReq}
 	g.jobs[j.ID] = j
+	g.actionsChanged() // a scale set's long poll offers it
 	g.mu.Unlock()
 	g.deliver(j, "queued")
 	return j.ID
@@ -147,6 +159,14 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Unlock()
 	if strings.HasPrefix(r.URL.Path, "/_runner/") {
 		g.runnerSide(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, actionsPrefix+"/") || strings.HasPrefix(r.URL.Path, queuePrefix) {
+		g.actionsAPI(w, r)
+		return
+	}
+	if r.URL.Path == "/actions/runner-registration" && r.Method == "POST" {
+		g.runnerRegistration(w, r)
 		return
 	}
 	if r.Header.Get("Authorization") != "Bearer "+g.APIToken {
@@ -204,7 +224,7 @@ func (g *GitHub) api(w http.ResponseWriter, r *http.Request) {
 	case route == "actions/runners/generate-jitconfig" && r.Method == "POST":
 		g.jit(w, r, scope)
 	case route == "actions/runners/registration-token" && r.Method == "POST":
-		writeJSON(w, 201, map[string]any{"token": "AABBCC" + randHex(10), "expires_at": "2099-01-01T00:00:00Z"})
+		g.registrationToken(w, scope)
 	case route == "actions/runners" && r.Method == "GET":
 		g.mu.Lock()
 		out := []map[string]any{}
@@ -384,14 +404,7 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/_runner/acquire":
 		rn.Connected = true
-		var picked *GitHubJob
-		for _, j := range g.sortedJobs() {
-			inScope := rn.Scope == "repos/"+j.Repo || strings.HasPrefix(j.Repo, strings.TrimPrefix(rn.Scope, "orgs/")+"/")
-			if j.Status == "queued" && rn.Job == 0 && inScope && hasAll(rn.Labels, j.Labels) {
-				picked = j
-				break
-			}
-		}
+		picked := g.pickJob(rn)
 		if picked == nil {
 			g.mu.Unlock()
 			writeJSON(w, 200, map[string]any{})
@@ -399,6 +412,9 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 		}
 		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
 		rn.Job = picked.ID
+		if rn.ScaleSet != 0 {
+			g.event("JobStarted", picked)
+		}
 		g.mu.Unlock()
 		g.deliver(picked, "in_progress")
 		writeJSON(w, 200, map[string]any{"job_id": picked.ID})
@@ -411,6 +427,9 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 		}
 		j.Status, j.Conclusion, j.Completed = "completed", "success", time.Now()
 		delete(g.runners, rn.ID)
+		if j.ScaleSet != 0 {
+			g.event("JobCompleted", j)
+		}
 		g.mu.Unlock()
 		g.deliver(j, "completed")
 		w.WriteHeader(204)
