@@ -159,6 +159,11 @@ type Client interface {
 // ErrNotFound is returned for a 404 from the forge.
 var ErrNotFound = errors.New("not found")
 
+// ErrRunnerBusy: the forge refuses to remove a runner because it runs a
+// job (GitHub's REST API: 422; its Actions service:
+// JobStillRunningException). The runner is kept: not a failure.
+var ErrRunnerBusy = errors.New("the runner is running a job")
+
 // APIError is a non-2xx answer from a forge.
 type APIError struct {
 	Method, URL string

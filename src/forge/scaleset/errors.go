@@ -78,7 +78,7 @@ func (e *Error) Unwrap() []error {
 	case strings.Contains(e.Exception, "AgentExists"):
 		out = append(out, ErrRunnerExists)
 	case strings.Contains(e.Exception, "JobStillRunning"):
-		out = append(out, ErrJobStillRunning)
+		out = append(out, ErrJobStillRunning, forge.ErrRunnerBusy)
 	}
 	switch e.Status {
 	case http.StatusUnauthorized:

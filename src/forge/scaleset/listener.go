@@ -159,7 +159,7 @@ func (l *Listener) Run(ctx context.Context) {
 	wait := func(err error) bool {
 		backoff = min(max(backoff*2, l.cfg.MinBackoff), l.cfg.MaxBackoff)
 		if ctx.Err() == nil {
-			l.cfg.Log.Warn("scale set listener: retrying", "scale_set", l.cfg.Spec.Name, "err", err, "retry_in", backoff)
+			l.cfg.Log.Warn("scale set listener: retrying", "scale_set", l.Spec().Name, "err", err, "retry_in", backoff)
 			l.setError(err)
 		}
 		return retry.SleepContext(ctx, backoff) == nil
@@ -188,7 +188,7 @@ func (l *Listener) open(ctx context.Context) (*Session, error) {
 	if !l.cfg.Leading(ctx) {
 		return nil, errors.New("not acting for the group: no session opened")
 	}
-	set, err := l.cfg.Client.Ensure(ctx, l.cfg.Spec)
+	set, err := l.cfg.Client.Ensure(ctx, l.Spec())
 	if err != nil {
 		return nil, err
 	}
@@ -234,9 +234,9 @@ func (l *Listener) close(sess *Session) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := sess.Close(ctx); err != nil {
-		l.cfg.Log.Warn("deleting the scale set session", "scale_set", l.cfg.Spec.Name, "err", err)
+		l.cfg.Log.Warn("deleting the scale set session", "scale_set", l.Spec().Name, "err", err)
 	} else if err := l.cfg.Record.SaveSession(sess.scaleSetID, ""); err != nil {
-		l.cfg.Log.Warn("clearing the session record", "scale_set", l.cfg.Spec.Name, "err", err)
+		l.cfg.Log.Warn("clearing the session record", "scale_set", l.Spec().Name, "err", err)
 	}
 	l.mu.Lock()
 	l.st.Session = false
@@ -292,7 +292,7 @@ func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func
 		}
 		lastID = msg.ID
 		if err := sess.DeleteMessage(ctx, msg.ID); err != nil && ctx.Err() == nil {
-			l.cfg.Log.Warn("deleting a handled message", "scale_set", l.cfg.Spec.Name, "message", msg.ID, "err", err)
+			l.cfg.Log.Warn("deleting a handled message", "scale_set", l.Spec().Name, "message", msg.ID, "err", err)
 		}
 		l.setError(nil)
 	}
@@ -300,7 +300,7 @@ func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func
 }
 
 func (l *Listener) refused(me *MessageError) {
-	l.cfg.Log.Warn("scale set message refused", "scale_set", l.cfg.Spec.Name, "err", me)
+	l.cfg.Log.Warn("scale set message refused", "scale_set", l.Spec().Name, "err", me)
 	l.mu.Lock()
 	l.st.Refused++
 	l.mu.Unlock()
@@ -375,7 +375,7 @@ func (l *Listener) handle(ctx context.Context, sess *Session, m *Message) error 
 		}
 		l.mu.Unlock()
 		if len(got) > 0 {
-			l.cfg.Log.Info("jobs acquired", "scale_set", l.cfg.Spec.Name, "asked", len(ask), "acquired", len(got))
+			l.cfg.Log.Info("jobs acquired", "scale_set", l.Spec().Name, "asked", len(ask), "acquired", len(got))
 		}
 	}
 	l.cfg.Changed()

@@ -2,6 +2,7 @@ package scaleset
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -243,5 +244,49 @@ func TestListenerDeletesItsSessionOnExit(t *testing.T) {
 	if _, err := h.c.OpenSession(ctxT(t), s.ScaleSetID, "next"); err != nil {
 		t.Errorf("a new session after the listener left: %v", err)
 	}
-	_ = forge.ErrNotFound
+}
+
+// The group's forge.Client over the listener: JIT runners of the scale
+// set, jobs as the messages tell (one never heard of is in progress with
+// no runner: nothing is reaped for it), removal refused while a job runs.
+func TestForgeOverTheListener(t *testing.T) {
+	g := newServer(t)
+	h := newHarness(t, g, 2)
+	h.start()
+	h.until("a session", func(s State) bool { return s.Session })
+	f := &Forge{L: h.l}
+	ctx := ctxT(t)
+	if j, _ := f.Job(ctx, forge.Job{ID: 424242}); j.Status != forge.StatusInProgress || j.RunnerName != "" {
+		t.Errorf("an unknown job: %+v; want in progress with no runner", j)
+	}
+	g.AddJob("acme/app", []string{"linux"})
+	s := h.until("acquired", func(s State) bool { return len(s.Queued) == 1 })
+	var req int64
+	for id := range s.Queued {
+		req = id
+	}
+	reg, err := f.Register(ctx, org, "g-abc", nil)
+	if err != nil || reg.JITConfig == "" || reg.RunnerID == 0 {
+		t.Fatalf("register: %+v, %v", reg, err)
+	}
+	r := runnerOf(t, JIT{Encoded: reg.JITConfig})
+	r.call(t, "acquire")
+	h.until("started", func(s State) bool { return len(s.Running) == 1 })
+	if j, _ := f.Job(ctx, forge.Job{ID: req}); j.Status != forge.StatusInProgress || j.RunnerName != "g-abc" || j.Repo != "acme/app" {
+		t.Errorf("the running job: %+v", j)
+	}
+	if err := f.DeleteRunner(ctx, org, reg.RunnerID); !errors.Is(err, forge.ErrRunnerBusy) {
+		t.Errorf("removing the busy runner: %v; want ErrRunnerBusy", err)
+	}
+	r.call(t, "complete")
+	h.until("completed", func(s State) bool { return len(s.Finished) == 1 })
+	if j, _ := f.Job(ctx, forge.Job{ID: req}); j.Status != forge.StatusCompleted {
+		t.Errorf("the completed job: %+v", j)
+	}
+	if err := h.l.SetSpec(ctx, Spec{Labels: []string{"linux", "gpu"}}); err != nil {
+		t.Fatal(err)
+	}
+	if sets := g.ScaleSets(); len(sets) != 1 || len(sets[0].Labels) != 2 || sets[0].Name != "runway-linux" {
+		t.Errorf("after SetSpec: %+v", sets)
+	}
 }
