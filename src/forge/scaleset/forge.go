@@ -44,8 +44,10 @@ func (l *Listener) ScaleSetID(ctx context.Context) (int, error) {
 // runner list still the REST API's (a scale set's runners are listed
 // there).
 type Forge struct {
-	L    *Listener
-	REST forge.Client
+	L *Listener
+	// REST is the forge's current REST client (it may be replaced while
+	// the group runs).
+	REST func() forge.Client
 }
 
 // Jobs implements forge.Client: the jobs the scale set holds.
@@ -96,7 +98,7 @@ func (f *Forge) Register(ctx context.Context, _ forge.Scope, name string, _ []st
 
 // Runners implements forge.Client: the REST API's list.
 func (f *Forge) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, error) {
-	return f.REST.Runners(ctx, s)
+	return f.REST().Runners(ctx, s)
 }
 
 // DeleteRunner implements forge.Client through the Actions service; one
