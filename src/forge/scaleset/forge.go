@@ -2,7 +2,10 @@ package scaleset
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/runway-cpi/runway/src/forge"
 )
@@ -136,4 +139,23 @@ func (l *Listener) SetSpec(ctx context.Context, spec Spec) error {
 	}
 	_, err := l.cfg.Client.Ensure(ctx, spec)
 	return err
+}
+
+// Check implements forge.Checker: the runner list the sweep reads, and
+// the admin connection (a registration token of the scope exchanged at
+// the Actions service), saying which token permission is missing when
+// GitHub refuses. Nothing is made: the scale set is not looked for.
+func (f *Forge) Check(ctx context.Context, s forge.Scope) error {
+	var errs []error
+	if _, err := f.REST().Runners(ctx, s); err != nil {
+		errs = append(errs, fmt.Errorf("list runners: %w", err))
+	}
+	if _, _, err := f.L.cfg.Client.admin(ctx, false); err != nil {
+		var e *Error
+		if errors.As(err, &e) && (e.Status == 401 || e.Status == 403 || e.Status == 404) && strings.Contains(e.Op, "registration token") {
+			err = fmt.Errorf("GitHub refuses a registration token for %s (HTTP %d: %s): the token needs admin:org (org) or repo (repo), or a fine-grained token's Self-hosted runners / Administration write", s, e.Status, e.Message)
+		}
+		errs = append(errs, fmt.Errorf("the scale sets' admin connection: %w", err))
+	}
+	return errors.Join(errs...)
 }

@@ -290,3 +290,27 @@ func TestForgeOverTheListener(t *testing.T) {
 		t.Errorf("after SetSpec: %+v", sets)
 	}
 }
+
+// runway check for a scale-set group: the runner list and the admin
+// connection; a token GitHub refuses is named with the permission it
+// lacks.
+func TestCheckNamesTheMissingPermission(t *testing.T) {
+	g := newServer(t)
+	h := newHarness(t, g, 1)
+	f := &Forge{L: h.l, REST: func() forge.Client { return restStub{} }}
+	if err := f.Check(ctxT(t), org); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	bad := newClient(t, g, org)
+	bad.cfg.REST.AuthFunc = func() string { return "Bearer wrong" }
+	h.l.cfg.Client = bad
+	err := f.Check(ctxT(t), org)
+	if err == nil || !strings.Contains(err.Error(), "admin:org") || strings.Contains(err.Error(), "wrong") {
+		t.Errorf("check with a refused token: %v; want the permission named, no token", err)
+	}
+}
+
+// restStub is a REST client whose runner list is empty.
+type restStub struct{ forge.Client }
+
+func (restStub) Runners(context.Context, forge.Scope) ([]forge.Runner, error) { return nil, nil }
