@@ -71,7 +71,7 @@ func (c *cluster) killLeaderMidSpawn(gitea *forgetest.Gitea, registrations *atom
 
 // processOf finds the runway controller process of a pod on this host
 // (its environment names the pod).
-func processOf(t *testing.T, pod string) int {
+func processOf(t testing.TB, pod string) int {
 	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	for _, p := range procs {
 		env, err := os.ReadFile(p)

@@ -42,7 +42,7 @@ const root = "../../.."
 // cluster is the dev cluster with Runway installed in a namespace of the
 // test's own.
 type cluster struct {
-	t          *testing.T
+	t          testing.TB
 	kube       kubernetes.Interface
 	dyn        dynamic.Interface
 	kubeconfig string
@@ -52,11 +52,12 @@ type cluster struct {
 	registry   string // host:port
 	runnerImg  string // the test runner's image, by digest
 	// pods: every runner pod seen made (by name), from a watch.
-	podsMu sync.Mutex
-	pods   map[string]bool
+	podsMu  sync.Mutex
+	pods    map[string]bool
+	running map[string]time.Time // when each was first seen Running (or done)
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	env := testenv.Need(t, "scripts/k8s-dev start, then its $K8S_DEV_DIR/env", "RUNWAY_K8S_ADMIN_KUBECONFIG",
 		"RUNWAY_K8S_REGISTRY", "RUNWAY_K8S_HOST_IP", "RUNWAY_K8S_API")
 	rc, err := clientcmd.BuildConfigFromFlags("", env[0])
@@ -67,7 +68,7 @@ func newCluster(t *testing.T) *cluster {
 	rand.Read(b)
 	c := &cluster{t: t, kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc), kubeconfig: env[0],
 		ns: "runway-e2e-" + hex.EncodeToString(b), release: "rw", hostIP: env[2], registry: strings.SplitN(env[1], "/", 2)[0],
-		pods: map[string]bool{}}
+		pods: map[string]bool{}, running: map[string]time.Time{}}
 	ctx := context.Background()
 	_, err = c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns,
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}},
@@ -253,11 +254,20 @@ func (c *cluster) watchRunnerPods() {
 	}
 	go func() {
 		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
-				c.podsMu.Lock()
-				c.pods[p.Name] = true
-				c.podsMu.Unlock()
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
 			}
+			c.podsMu.Lock()
+			if ev.Type == watch.Added {
+				c.pods[p.Name] = true
+			}
+			// Running, or already done (a runner that takes its job at once
+			// can end before a watch sees it Running).
+			if _, seen := c.running[p.Name]; !seen && (p.Status.Phase == corev1.PodRunning || p.Status.Phase == corev1.PodSucceeded) {
+				c.running[p.Name] = time.Now()
+			}
+			c.podsMu.Unlock()
 		}
 	}()
 }

@@ -144,7 +144,7 @@ spec:
 	}
 }
 
-func parseYAML(t *testing.T, doc string) []*unstructured.Unstructured {
+func parseYAML(t testing.TB, doc string) []*unstructured.Unstructured {
 	p := filepath.Join(t.TempDir(), "objects.yaml")
 	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 )
 
 // readObjects reads a multi-document YAML file, unedited.
-func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
+func readObjects(t testing.TB, path string) []*unstructured.Unstructured {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
