@@ -38,7 +38,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		call("attach_disk", vm, disk)
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("MONIT-OK"))
 		Expect(console(vm)()).To(ContainSubstring("STORE-OK"))
-		b, err := os.ReadFile(filepath.Join(vmRun(vm), "devs", disk, "from-agent"))
+		b, err := os.ReadFile(inVM(vm, filepath.Join("devs", disk, "from-agent")))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("kept\n"))
 		call("delete_vm", vm) // the disk outlives the VM, with its data

@@ -118,8 +118,17 @@ func vmRun(cid string) string {
 // diskImage is a container-mode disk's file system image.
 func diskImage(disk string) string { return filepath.Join(fx.StateDir, "disks", disk, "disk.img") }
 
-// vmRoot is a container VM's root file system, seen from the host.
-func vmRoot(cid string) string { return filepath.Join(vmRun(cid), "rootfs") }
+// inVM is a path among a running container VM's mount points as the host
+// reaches it: through its supervisor's root (the VM's file systems are
+// mounted in the supervisor's mount namespace only).
+func inVM(cid, path string) string {
+	b, err := os.ReadFile(filepath.Join(vmDir(cid), "pgid"))
+	ExpectWithOffset(2, err).NotTo(HaveOccurred())
+	return filepath.Join("/proc", strings.TrimSpace(string(b)), "root", vmRun(cid), path)
+}
+
+// vmRoot is a running container VM's root file system, seen from the host.
+func vmRoot(cid string) string { return inVM(cid, "rootfs") }
 
 func console(cid string) func() string {
 	return func() string { b, _ := os.ReadFile(filepath.Join(vmDir(cid), "console.log")); return string(b) }
@@ -312,7 +321,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 			// Every VM's supervisor runs on the host with this variable.
 			"cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' ' ' | grep -q RUNWAY_SUPERVISE_VM && echo SEES-HOST",
 			"[ -e " + fx.StateDir + " ] && echo SEES-STATE",
-			"[ -e " + vmRoot(peer) + " ] && echo SEES-PEER-FILES",
+			"[ -e " + filepath.Join(vmRun(peer), "rootfs") + " ] && echo SEES-PEER-FILES",
 			"env | grep -q RUNWAY_IT_SECRET && echo SEES-HOST-ENV",
 			"grep CapEff /proc/self/status",
 			"echo probe-done",
@@ -454,7 +463,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		Expect(json.Unmarshal(call("attach_disk", a, disk), &hint)).To(Succeed())
 		Expect(hint["path"]).To(Equal("/warden-cpi-dev/" + disk))
 		Eventually(console(a), "10s", "20ms").Should(ContainSubstring("wrote-" + disk))
-		b, err := os.ReadFile(filepath.Join(vmRun(a), "devs", disk, "file"))
+		b, err := os.ReadFile(inVM(a, filepath.Join("devs", disk, "file")))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("data-from-vm\n"))
 		settings, err := os.ReadFile(filepath.Join(vmRoot(a), "var/vcap/bosh/warden-cpi-agent-env.json"))
@@ -488,9 +497,8 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		run("kill", "-9", "--", "-"+strings.TrimSpace(string(b)))
 		sum := sha256.Sum256([]byte(fx.StateDir))
 		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+hex.EncodeToString(sum[:4])+"-"+cid)
-		for _, m := range []string{"rootfs", "devs"} {
-			run("umount", "-R", filepath.Join(vmRun(cid), m))
-		}
+		// The VM's mounts live in its supervisor's namespace: they went
+		// with it.
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		Expect(string(mi)).NotTo(ContainSubstring(vmDir(cid)))
 		Expect(string(mi)).NotTo(ContainSubstring(vmRun(cid)))

@@ -109,7 +109,7 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	}
 	vm := createVM()
 	settings := func(vm string) string {
-		return readFile(t, filepath.Join(vmRun(state, vm), "rootfs", "var/vcap/bosh/warden-cpi-agent-env.json"))
+		return readFile(t, inVM(t, state, vm, "rootfs/var/vcap/bosh/warden-cpi-agent-env.json"))
 	}
 	if s := settings(vm); !strings.Contains(s, `"blobstore_path":"/var/vcap/micro_bosh/data/cache"`) || !strings.Contains(s, `"preconfigured":true`) ||
 		!strings.Contains(s, `"mbus":"https://mbus:pw@0.0.0.0:6868"`) {
@@ -129,7 +129,7 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	if s := settings(vm); !strings.Contains(s, `"`+disk+`":"/warden-cpi-dev/`+disk+`"`) {
 		t.Errorf("the recreated VM's settings do not name its disk: %s", s)
 	}
-	if got := readFile(t, filepath.Join(vmRun(state, vm), "devs", disk, "kept")); got != "data\n" {
+	if got := readFile(t, inVM(t, state, vm, filepath.Join("devs", disk, "kept"))); got != "data\n" {
 		t.Errorf("the disk's data in the recreated VM: %q", got)
 	}
 	// delete-env.
@@ -149,8 +149,12 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	}
 }
 
-// vmRun is where the local driver keeps a container VM's mount points.
-func vmRun(state, vm string) string {
+// inVM is a path among a running container VM's mount points, reached
+// through its supervisor's root (the local driver mounts a VM's file
+// systems in its supervisor's mount namespace).
+func inVM(t *testing.T, state, vm, path string) string {
+	t.Helper()
 	sum := sha256.Sum256([]byte(state))
-	return filepath.Join("/run/runway", hex.EncodeToString(sum[:4]), vm)
+	pgid := strings.TrimSpace(readFile(t, filepath.Join(state, "vms", vm, "pgid")))
+	return filepath.Join("/proc", pgid, "root", "run/runway", hex.EncodeToString(sum[:4]), vm, path)
 }

@@ -6,15 +6,13 @@ import (
 	"os"
 
 	"github.com/runway-cpi/runway/src/cmd/internal/cpimain"
-	_ "github.com/runway-cpi/runway/src/driver/local"
-	"github.com/runway-cpi/runway/src/driver/local/console"
-	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local"
 )
 
 func main() {
-	// A container VM's supervisor, and the end of a process VM's output
-	// pipe, are this executable started again.
-	container.Supervised()
-	console.Served()
+	// A container VM's supervisor, an operation inside a VM's mount
+	// namespace, and the end of a process VM's output pipe are this
+	// executable started again.
+	local.Supervised()
 	os.Exit(cpimain.Main())
 }

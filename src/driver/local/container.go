@@ -132,7 +132,7 @@ func (v containerVMs) noCommand(stemcell string) ([]string, error) {
 
 // start makes and starts a published container VM.
 func (v containerVMs) start(ctx context.Context, rec vmRecord, props vmProps, settings []byte, userData string) error {
-	if err := v.d.prepareContainer(ctx, rec, props, rec.Command, settings, userData); err != nil {
+	if err := v.d.prepareContainer(ctx, rec, props, rec.Command); err != nil {
 		return err
 	}
 	if err := v.d.bridge.Ensure(ctx); err != nil {
@@ -149,8 +149,8 @@ func (v containerVMs) restart(ctx context.Context, rec *vmRecord, props vmProps)
 	if !v.d.containers() {
 		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", rec.CID)
 	}
-	if err := v.d.mountVM(*rec); err != nil {
-		return err
+	if rec.IDs == nil {
+		return errNoUserNS(rec.CID)
 	}
 	if err := v.d.bridge.Ensure(ctx); err != nil {
 		return err
@@ -167,22 +167,15 @@ func (d *Driver) imageDir(stemcell string) string {
 	return filepath.Join(d.path(stemcells, stemcell), "image")
 }
 
-// prepareContainer makes a published VM's bundle: the root file system
-// (an overlay on the stemcell's unpacked image), the disks mount point,
-// the settings files inside and the OCI config. Everything it mounts lies
-// under the VM's directory, where teardown finds it.
-func (d *Driver) prepareContainer(ctx context.Context, rec vmRecord, props vmProps, argv []string, settings []byte, userData string) error {
+// prepareContainer makes a published VM's writable layer and its OCI
+// config; its supervisor mounts its file systems and writes the settings
+// inside, in its own mount namespace (prepareInNS).
+func (d *Driver) prepareContainer(ctx context.Context, rec vmRecord, props vmProps, argv []string) error {
 	c := d.ctr(rec.CID)
 	if err := os.MkdirAll(c.bundle(), 0o700); err != nil {
 		return err
 	}
 	if err := d.makeLayer(ctx, c, d.ephemeralMiB(props)); err != nil {
-		return err
-	}
-	if err := d.mountVM(rec); err != nil {
-		return err
-	}
-	if err := d.writeInside(rec, settings, userData); err != nil {
 		return err
 	}
 	if len(argv) == 0 {
@@ -403,27 +396,28 @@ func (v containerVMs) teardown(rec *vmRecord) error {
 	return nil
 }
 
-// attach mounts the disk into the running VM and records it in the agent
-// settings inside, as the warden CPI does.
-func (v containerVMs) attach(rec *vmRecord, disk string) (string, error) {
-	inside, err := v.d.attachInside(*rec, disk)
-	if err != nil {
-		return "", err
-	}
-	if err := v.d.updateDiskSettings(*rec, disk, inside); err != nil {
+// attach records the disk in the VM's agent settings, as the warden CPI
+// does, and mounts it into the VM if it runs (else it is mounted when
+// it starts).
+func (v containerVMs) attach(ctx context.Context, rec *vmRecord, disk string) (string, error) {
+	inside := container.DisksDir + "/" + disk
+	if err := v.d.updateDiskSettings(rec.CID, disk, inside); err != nil {
 		return "", fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, rec.CID, err)
+	}
+	if _, err := v.d.inVM(ctx, rec, "attach", disk); err != nil {
+		return "", err
 	}
 	return inside, nil
 }
 
-// detach takes the disk out of the VM (it disappears inside at once) and
-// out of its agent settings.
-func (v containerVMs) detach(rec *vmRecord, disk string) error {
-	if err := v.d.detachInside(rec.CID, disk); err != nil {
-		return err
-	}
-	if err := v.d.updateDiskSettings(*rec, disk, ""); err != nil {
+// detach takes the disk out of the VM if it runs (it disappears inside at
+// once) and out of its agent settings.
+func (v containerVMs) detach(ctx context.Context, rec *vmRecord, disk string) error {
+	if err := v.d.updateDiskSettings(rec.CID, disk, ""); err != nil {
 		return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
+	}
+	if _, err := v.d.inVM(ctx, rec, "detach", disk); err != nil {
+		return err
 	}
 	return nil
 }

@@ -181,7 +181,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 			return nil, fmt.Errorf("linking disk %s into vm %s: %w", disk, vm, err)
 		}
 	}
-	where, err := d.isoOf(vmRec).attach(vmRec, disk)
+	where, err := d.isoOf(vmRec).attach(ctx, vmRec, disk)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 	}
 	if rec.AttachedTo == vm {
 		// Out of the VM first: the record says attached until it is.
-		if err := d.isoOf(vmRec).detach(vmRec, disk); err != nil {
+		if err := d.isoOf(vmRec).detach(ctx, vmRec, disk); err != nil {
 			return err
 		}
 	}

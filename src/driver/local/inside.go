@@ -261,22 +261,24 @@ func (d *Driver) detachInside(vm, disk string) error {
 	return nil
 }
 
+// settingsOf is the agent settings kept for a VM (its directory's copy,
+// which the driver keeps current), nil when it was given none.
+func (d *Driver) settingsOf(cid string) []byte {
+	b, err := os.ReadFile(filepath.Join(d.path(vms, cid), "agent-settings.json"))
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
 // updateDiskSettings records an attached (path) or detached ("") disk in
-// the agent settings inside the VM, as the warden CPI does.
-func (d *Driver) updateDiskSettings(rec vmRecord, disk, path string) error {
-	v, err := d.openVMFS(rec)
-	if err != nil {
-		return err
-	}
-	defer v.Close()
-	root := v.root
-	name := strings.TrimPrefix(container.AgentSettingsPath, "/")
-	b, err := root.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) {
+// the VM's agent settings, as the warden CPI does: in its directory's
+// copy, which its supervisor writes inside (syncSettings, and at every
+// start).
+func (d *Driver) updateDiskSettings(cid, disk, path string) error {
+	b := d.settingsOf(cid)
+	if b == nil {
 		return nil // no settings given: nothing to keep current
-	}
-	if err != nil {
-		return err
 	}
 	var m map[string]any
 	if json.Unmarshal(b, &m) != nil || m == nil {
@@ -301,7 +303,22 @@ func (d *Driver) updateDiskSettings(rec vmRecord, disk, path string) error {
 	if err != nil {
 		return err
 	}
-	return v.write(container.AgentSettingsPath, out, 0o600)
+	return writeFileAtomic(filepath.Join(d.path(vms, cid), "agent-settings.json"), out)
+}
+
+// syncSettings writes the VM's agent settings inside it (in its mount
+// namespace).
+func (d *Driver) syncSettings(rec vmRecord) error {
+	b := d.settingsOf(rec.CID)
+	if b == nil {
+		return nil
+	}
+	v, err := d.openVMFS(rec)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	return v.write(container.AgentSettingsPath, b, 0o600)
 }
 
 // findExecutableIn checks the command exists in the VM's image.

@@ -32,8 +32,8 @@ type isolation interface {
 	restart(ctx context.Context, rec *vmRecord, props vmProps) error
 	// attach makes a disk (recorded as attached, linked under the VM's
 	// disks/) visible to the VM and answers where; detach takes it away.
-	attach(rec *vmRecord, disk string) (string, error)
-	detach(rec *vmRecord, disk string) error
+	attach(ctx context.Context, rec *vmRecord, disk string) (string, error)
+	detach(ctx context.Context, rec *vmRecord, disk string) error
 }
 
 // iso is the isolation new VMs get.
@@ -101,8 +101,8 @@ func (p processVMs) restart(ctx context.Context, rec *vmRecord, props vmProps) e
 }
 
 // attach: the disk is the link in the VM's directory.
-func (p processVMs) attach(rec *vmRecord, disk string) (string, error) {
+func (p processVMs) attach(_ context.Context, rec *vmRecord, disk string) (string, error) {
 	return p.d.linkPath(rec.CID, disk), nil
 }
 
-func (processVMs) detach(*vmRecord, string) error { return nil }
+func (processVMs) detach(context.Context, *vmRecord, string) error { return nil }

@@ -4,13 +4,13 @@ import (
 	"os"
 	"testing"
 
-	"github.com/runway-cpi/runway/src/driver/local/console"
+	"github.com/runway-cpi/runway/src/driver/local"
 )
 
-// TestMain: the tests run the driver in this process, so process VMs'
-// console writer is this test binary started again (cpi-local's main
-// does the same).
+// TestMain: the tests run the driver in this process, so what the driver
+// starts itself for (a process VM's console writer) is this test binary
+// started again, as cpi-local's main does.
 func TestMain(m *testing.M) {
-	console.Served()
+	local.Supervised()
 	os.Exit(m.Run())
 }

@@ -87,8 +87,12 @@ func (d *Driver) copyDisk(ctx context.Context, rec *diskRecord, src, tmp string,
 	if rec.AttachedTo == "" {
 		return copyImage()
 	}
-	mounted := filepath.Join(d.ctr(rec.AttachedTo).devs(), rec.CID)
-	if !storage.IsMountPoint(mounted) {
+	vm, err := d.loadVM(rec.AttachedTo)
+	if err != nil {
+		return copyImage()
+	}
+	mounted := d.vmPathOf(vm, filepath.Join(d.ctr(vm.CID).devs(), rec.CID))
+	if mounted == "" || !storage.IsMountPoint(mounted) {
 		return copyImage()
 	}
 	return storage.Frozen(mounted, copyImage)

@@ -37,11 +37,17 @@ import (
 // The driver's executable calls Supervised first thing in its main.
 const superviseEnv = "RUNWAY_SUPERVISE_VM"
 
+// Prepare makes a VM's file systems, in the supervisor's own mount
+// namespace, before its container is made: they are the VM's alone, and
+// the host's mount table (which every runtime create copies) does not
+// grow with the VMs.
+type Prepare func(dir string) error
+
 // Supervised runs the supervisor when this process was started as one,
 // and exits; otherwise it returns at once.
-func Supervised() {
+func Supervised(prepare Prepare) {
 	if dir := os.Getenv(superviseEnv); dir != "" {
-		os.Exit(supervise(dir))
+		os.Exit(supervise(dir, prepare))
 	}
 }
 
@@ -98,7 +104,9 @@ func (st Start) Run(ctx context.Context) error {
 	cmd.ExtraFiles = []*os.File{goR, resW}
 	// As the process-mode wrapper: a bin/cpi killed before the go-ahead
 	// takes the supervisor with it (it clears this once it has it).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	// A mount namespace of its own (Go makes its / private: nothing
+	// mounted in it reaches the host's).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL, Unshareflags: syscall.CLONE_NEWNS}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	err = cmd.Start()
@@ -139,7 +147,7 @@ func (st Start) Run(ctx context.Context) error {
 
 // supervise is the supervisor's main: fd 3 carries the go-ahead, fd 4 the
 // answer ("ok" once the VM runs, else the error).
-func supervise(dir string) int {
+func supervise(dir string, prepare Prepare) int {
 	goR, res := os.NewFile(3, "go"), os.NewFile(4, "answer")
 	fail := func(err error) int {
 		fmt.Fprintln(res, err)
@@ -160,6 +168,11 @@ func supervise(dir string) int {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "vm.json")); err != nil {
 		return fail(errors.New("the vm was deleted before it started"))
+	}
+	if prepare != nil {
+		if err := prepare(dir); err != nil {
+			return fail(err)
+		}
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)

@@ -1,0 +1,141 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/driver/local/console"
+	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/logging"
+)
+
+// A container VM's file systems (its root overlay, its disks) are mounted
+// in its supervisor's own mount namespace, never in the host's: the host's
+// mount table stays the same whatever the number of VMs (every runc
+// create copies it), and they go with the VM. What bin/cpi must do in
+// there later (attach or detach a disk while the VM runs) it does through
+// the driver's executable started again inside that namespace (nsenter).
+
+// Env names the operation the driver's executable was started for inside
+// a VM's mount namespace; nsDirEnv the VM's directory, nsDiskEnv a disk.
+const (
+	nsOpEnv   = "RUNWAY_VM_NS_OP"
+	nsDirEnv  = "RUNWAY_VM_NS_DIR"
+	nsDiskEnv = "RUNWAY_VM_NS_DISK"
+)
+
+// Supervised runs what the driver's executable may be started again for
+// — a container VM's supervisor, an operation inside a VM's mount
+// namespace, a process VM's console writer — and exits; otherwise it
+// returns at once. cpi-local's main calls it first thing.
+func Supervised() {
+	container.Supervised(prepareInNS)
+	console.Served()
+	if op := os.Getenv(nsOpEnv); op != "" {
+		if err := nsOp(op, os.Getenv(nsDirEnv), os.Getenv(nsDiskEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+// nsDriver is the driver as the supervisor or an operation inside a VM's
+// namespace needs it: its state dir (dir is <state>/vms/<cid>) and the
+// VM's record.
+func nsDriver(dir string) (*Driver, *vmRecord, error) {
+	root := filepath.Dir(filepath.Dir(dir))
+	d := &Driver{root: root, log: logging.Fields{Logger: logging.Discard(), Tag: "local"}}
+	rec, err := d.loadVM(filepath.Base(dir))
+	return d, rec, err
+}
+
+// prepareInNS mounts the VM's file systems and writes what the agent
+// reads, in the supervisor's namespace, before its container is made.
+func prepareInNS(dir string) error {
+	d, rec, err := nsDriver(dir)
+	if err != nil {
+		return err
+	}
+	if err := d.mountVM(*rec); err != nil {
+		return err
+	}
+	userData, err := os.ReadFile(filepath.Join(dir, "user-data"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return d.writeInside(*rec, d.settingsOf(rec.CID), string(userData))
+}
+
+// nsOp runs an operation inside a running VM's mount namespace.
+func nsOp(op, dir, disk string) error {
+	d, rec, err := nsDriver(dir)
+	if err != nil {
+		return err
+	}
+	switch op {
+	case "attach":
+		if _, err := d.attachInside(*rec, disk); err != nil {
+			return err
+		}
+	case "detach":
+		if err := d.detachInside(rec.CID, disk); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("no operation %q in a vm's namespace", op)
+	}
+	return d.syncSettings(*rec)
+}
+
+// inVM runs op on disk inside VM rec's mount namespace, when it runs
+// (answering false when it does not: its file systems are mounted when
+// it starts). The supervisor is checked to be the VM's before entering.
+func (d *Driver) inVM(ctx context.Context, rec *vmRecord, op, disk string) (bool, error) {
+	c := d.ctr(rec.CID)
+	pid := readPGID(c.dir)
+	if pid <= 1 {
+		return false, nil
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false, nil // gone
+	}
+	defer unix.Close(fd)
+	if !hasMarker(pid, rec.CID) {
+		return false, nil
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		return false, nil
+	}
+	defer ns.Close()
+	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", d.self)
+	cmd.ExtraFiles = []*os.File{ns}
+	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + op, nsDirEnv + "=" + c.dir, nsDiskEnv + "=" + disk}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return true, fmt.Errorf("%s of disk %s inside vm %s: %w: %s", op, disk, rec.CID, err, strings.TrimSpace(out.String()))
+	}
+	return true, nil
+}
+
+// vmPathOf is path (absolute, in the host's view of a VM's mount points)
+// as the host reaches it in the running VM's namespace, through its
+// supervisor: "" when the VM does not run.
+func (d *Driver) vmPathOf(rec *vmRecord, path string) string {
+	pid := readPGID(d.ctr(rec.CID).dir)
+	if pid <= 1 || !hasMarker(pid, rec.CID) {
+		return ""
+	}
+	return filepath.Join(fmt.Sprintf("/proc/%d/root", pid), path)
+}
