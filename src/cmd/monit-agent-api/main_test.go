@@ -1,0 +1,77 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// What reaches monit's socket for each request the front passes on (the
+// front against real monit: src/integration, "the dev stemcell").
+func TestWhatMonitReceives(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "monit.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type got struct{ method, path, auth, cookie, body string }
+	seen := make(chan got, 1)
+	backend := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		c, _ := r.Cookie("securitytoken")
+		v := ""
+		if c != nil {
+			v = c.Value
+		}
+		seen <- got{r.Method, r.URL.RequestURI(), r.Header.Get("Authorization"), v, string(b)}
+	})}}
+	backend.Start()
+	defer backend.Close()
+	front := httptest.NewServer(Handler(sock))
+	defer front.Close()
+
+	send := func(method, path, body string) got {
+		req, _ := http.NewRequest(method, front.URL+path, strings.NewReader(body))
+		req.SetBasicAuth("vcap", "pw")
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return <-seen
+	}
+	g := send("POST", "/probe", "action=start")
+	token := strings.TrimPrefix(g.body, "action=start&securitytoken=")
+	if len(token) != 32 || g.cookie != token || g.auth == "" {
+		t.Errorf("POST without a token: monit got %+v; want the agent's body with a token, the same token as cookie, the credentials", g)
+	}
+	if g := send("POST", "/probe", "action=stop&securitytoken=abc"); g.body != "action=stop&securitytoken=abc" || g.cookie != "" {
+		t.Errorf("POST with a token: monit got %+v; want it as sent", g)
+	}
+	if g := send("GET", "/_status2?format=xml", ""); g.path != "/_status2?format=xml" || g.body != "" || g.cookie != "" {
+		t.Errorf("GET: monit got %+v; want it as sent", g)
+	}
+	big := "action=start&x=" + strings.Repeat("a", maxForm)
+	if g := send("POST", "/probe", big); g.body != big {
+		t.Errorf("an oversized form: monit got %d bytes, want the %d sent", len(g.body), len(big))
+	}
+}
+
+// While monit is down the front answers 503, which bosh-agent retries.
+func TestMonitDown(t *testing.T) {
+	front := httptest.NewServer(Handler(filepath.Join(t.TempDir(), "none.sock")))
+	defer front.Close()
+	resp, err := http.Get(front.URL + "/_status2?format=xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("monit down: %s, want 503", resp.Status)
+	}
+}
