@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/runway-cpi/runway/src/driver/catalog"
@@ -194,7 +195,27 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return netip.Prefix{}, errors.New(`local: isolation "container" needs nft for the guard that keeps each VM to its own addresses on the bridge (Debian's nftables package); none on PATH`)
 	}
+	if !cgroupsMounted() {
+		return netip.Prefix{}, errors.New(`local: isolation "container" needs the host's cgroup file systems, and this process sees none mounted (no cgroup or cgroup2 line in /proc/self/mountinfo), so the runtime cannot limit a VM ("no cgroup mount found in mountinfo"). "ip netns exec" does that: it mounts a /sys of its own without them. Enter a network namespace with "nsenter --net=/run/netns/NAME --" instead, which keeps the host's mounts`)
+	}
 	return p.Masked(), nil
+}
+
+// cgroupsMounted: the process's mount table holds a cgroup hierarchy (v1
+// or v2), where the runtime finds each VM's cgroups. Unreadable: assumed.
+func cgroupsMounted() bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, after, ok := strings.Cut(line, " - "); ok {
+			if t, _, _ := strings.Cut(after, " "); t == "cgroup" || t == "cgroup2" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hostMemMiB is the host's memory (MemTotal), or no bound when unknown.
