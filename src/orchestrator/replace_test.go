@@ -13,12 +13,12 @@ import (
 
 	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
-	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/rpc"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 // vmCPI answers as bin/cpi does, keeping its VMs in memory; each VM

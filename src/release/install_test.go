@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // The release as an operator gets it: the tarball is built (twice: same

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // BenchmarkHundredJobs: 100 GitHub jobs queued at once (webhooks to the

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // killLeaderMidSpawn queues jobs, kills the leading replica's pod (grace

@@ -125,7 +125,7 @@ func (c *cluster) pushRunwayImage() string {
 func (c *cluster) pushRunnerImage() {
 	dir := c.t.TempDir()
 	bin := filepath.Join(dir, "testrunner")
-	build := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/forge/forgetest/testrunner")
+	build := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/testkit/forgetest/testrunner")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		c.t.Fatalf("building the test runner: %v: %s", err, out)

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // readObjects reads a multi-document YAML file, unedited.

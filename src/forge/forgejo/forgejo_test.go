@@ -8,8 +8,8 @@ import (
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/forgejo"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
-	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 func client(url, token string) *forgejo.Client {

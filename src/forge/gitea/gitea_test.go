@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
-	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
 	"github.com/runway-cpi/runway/src/forge/gitea"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 func client(url, token string) (*gitea.Client, *forge.Transport) {

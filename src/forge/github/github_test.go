@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/forge/github"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 func client(t *testing.T, url, token string) (*github.Client, *forge.Transport) {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 const apiToken = "ghp-scaleset-test-token"

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // memRecord is a SessionRecord in memory.

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // forgejoEnv is newEnv with the Forgejo contract server as the forge

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // gitHubEnv is an env whose one forge is a GitHub contract server polled

@@ -22,11 +22,11 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/cpiclient"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 var bins struct{ cpi, runway, testrunner, stemcell string }
@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	bins.runway = filepath.Join(dir, "runway")
 	bins.testrunner = filepath.Join(dir, "testrunner")
-	for out, pkg := range map[string]string{bins.runway: "src/cmd/runway", bins.testrunner: "src/forge/forgetest/testrunner"} {
+	for out, pkg := range map[string]string{bins.runway: "src/cmd/runway", bins.testrunner: "src/testkit/forgetest/testrunner"} {
 		b := exec.Command("go", "build", "-o", out, "github.com/runway-cpi/runway/"+pkg)
 		b.Stdout, b.Stderr = os.Stderr, os.Stderr
 		if err := b.Run(); err != nil {

@@ -40,7 +40,7 @@ func TestRunnersInPods(t *testing.T) {
 
 	// The runner image: busybox and a static test runner.
 	runner := filepath.Join(e.dir, "testrunner-static")
-	build := exec.Command("go", "build", "-o", runner, "github.com/runway-cpi/runway/src/forge/forgetest/testrunner")
+	build := exec.Command("go", "build", "-o", runner, "github.com/runway-cpi/runway/src/testkit/forgetest/testrunner")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building a static test runner: %v: %s", err, out)

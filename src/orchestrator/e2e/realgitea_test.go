@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 // gatedCPI writes a bin/cpi wrapper whose create_vm waits, before making

@@ -18,13 +18,13 @@ import (
 
 	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/forge"
-	"github.com/runway-cpi/runway/src/forge/forgetest"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 	"github.com/runway-cpi/runway/src/rpc"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 const testToken = "api-token"

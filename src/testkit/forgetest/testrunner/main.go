@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runway-cpi/runway/src/forge/forgetest/gitearunner"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 func main() {
