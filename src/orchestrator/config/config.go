@@ -129,10 +129,31 @@ type GroupConfig struct {
 	// equally well (same scope specificity, as many labels): the higher
 	// one; equal priorities go by name.
 	Priority int `yaml:"priority"`
+	// Demand is where the group learns of its jobs: "forge" (the
+	// default: the forge's job listing, polled, kept current by webhooks)
+	// or "scale_set" (GitHub: a runner scale set's message session,
+	// long-polled; no webhook, no listing).
+	Demand   string         `yaml:"demand"`
+	ScaleSet ScaleSetConfig `yaml:"scale_set"`
 	// Retire asks the engine to remove the group's runners, their VMs and
 	// their registrations, and make no more (a config source deleting the
 	// group; GroupStatus.Retired says when it is done).
 	Retire bool `yaml:"-"`
+}
+
+// Demand sources.
+const (
+	DemandForge    = "forge"
+	DemandScaleSet = "scale_set"
+)
+
+// ScaleSetConfig names a scale-set group's runner scale set.
+type ScaleSetConfig struct {
+	// Name of the scale set (default: the group's name).
+	Name string `yaml:"name"`
+	// RunnerGroupID: the runner group it belongs to (default: the
+	// forge's runner_group_id).
+	RunnerGroupID int64 `yaml:"runner_group_id"`
 }
 
 // GroupCPI is the part of CPIConfig a group may override.
@@ -327,6 +348,9 @@ func defaultSet(forges []ForgeConfig, groups []GroupConfig) {
 		def(&g.Timeouts.MaxLifetime, 6*time.Hour)
 		if g.SpawnConcurrency == 0 {
 			g.SpawnConcurrency = 4
+		}
+		if g.Demand == "" {
+			g.Demand = DemandForge
 		}
 		if g.CloudProperties == nil {
 			g.CloudProperties = map[string]any{}

@@ -98,3 +98,30 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		t.Errorf("global scope on GitHub: %v", err)
 	}
 }
+
+// A group's demand: forge by default; scale_set only on GitHub, its
+// scale_set keys only then, its name within what a scale set may be.
+func TestDemandIsCheckedByField(t *testing.T) {
+	gh := strings.Replace(minimal, `{name: gitea, type: gitea, url: "https://gitea.example", token_file: /etc/token}`,
+		`{name: gh, type: github, token_file: /etc/token}`, 1)
+	c, err := ParseConfig([]byte(gh))
+	if err != nil || c.Groups[0].Demand != DemandForge {
+		t.Fatalf("default demand: %v, %v", c, err)
+	}
+	ok := gh + "    demand: scale_set\n    scale_set: {name: runway-linux_1.x, runner_group_id: 3}\n"
+	if c, err := ParseConfig([]byte(ok)); err != nil || c.Groups[0].ScaleSet.RunnerGroupID != 3 {
+		t.Fatalf("a scale-set group: %v", err)
+	}
+	for _, c := range []struct{ yaml, field string }{
+		{minimal + "    demand: scale_set\n", "groups[0].demand"},
+		{gh + "    demand: webhooks\n", "groups[0].demand"},
+		{gh + "    scale_set: {name: x}\n", "groups[0].scale_set"},
+		{gh + "    demand: scale_set\n    scale_set: {name: \"no spaces\"}\n", "groups[0].scale_set.name"},
+		{gh + "    demand: scale_set\n    scale_set: {runner_group_id: -1}\n", "groups[0].scale_set.runner_group_id"},
+	} {
+		_, err := ParseConfig([]byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.field+":") {
+			t.Errorf("%q: %v; want an error naming %s", c.yaml[len(minimal)-20:], err, c.field)
+		}
+	}
+}

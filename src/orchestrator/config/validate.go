@@ -169,6 +169,33 @@ func (g GroupConfig) validate(errs *fieldErrors, p string, forges map[string]For
 	if g.SpawnConcurrency < 1 {
 		errs.bad(p+".spawn_concurrency", "must be at least 1")
 	}
+	g.validateDemand(errs, p, f.Type)
+}
+
+// scaleSetNameRE: what a scale set may be called (letters, digits, '.',
+// '-', '_'; ARC's chart allows 45).
+var scaleSetNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,45}$`)
+
+// validateDemand checks where the group's demand comes from.
+func (g GroupConfig) validateDemand(errs *fieldErrors, p, forgeType string) {
+	switch g.Demand {
+	case DemandForge:
+		if g.ScaleSet != (ScaleSetConfig{}) {
+			errs.bad(p+".scale_set", "set only with demand: scale_set")
+		}
+	case DemandScaleSet:
+		if forgeType != "github" {
+			errs.bad(p+".demand", "scale_set is GitHub's (the group's forge is %s)", forgeType)
+		}
+		if n := g.ScaleSet.Name; n != "" && !scaleSetNameRE.MatchString(n) {
+			errs.bad(p+".scale_set.name", "%q must be 1 to 45 letters, digits, '.', '-' or '_'", n)
+		}
+		if g.ScaleSet.RunnerGroupID < 0 {
+			errs.bad(p+".scale_set.runner_group_id", "must be positive")
+		}
+	default:
+		errs.bad(p+".demand", "%q must be forge or scale_set", g.Demand)
+	}
 }
 
 // validateScope checks the group's scope against its forge's type.

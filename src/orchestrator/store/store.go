@@ -366,3 +366,28 @@ func (s *Store) Drained(group string) (bool, error) {
 	}
 	return v == 1, err
 }
+
+// Meta reads a value kept under key ("" when there is none). The
+// store's id lives there too; callers keep to keys of their own.
+func (s *Store) Meta(key string) (string, error) {
+	var v string
+	err := s.queryRow(`SELECT v FROM meta WHERE k = ?`, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return v, err
+}
+
+// SetMeta keeps v under key ("" removes it).
+func (s *Store) SetMeta(key, v string) error {
+	if key == "store_id" {
+		return errors.New("store: the store id is not set by SetMeta")
+	}
+	var err error
+	if v == "" {
+		_, err = s.exec(`DELETE FROM meta WHERE k = ?`, key)
+	} else {
+		_, err = s.exec(`INSERT INTO meta (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v`, key, v)
+	}
+	return err
+}

@@ -352,3 +352,32 @@ func TestNotifyReachesListeners(t *testing.T) {
 	cancel()
 	<-listening
 }
+
+// Values kept under a key (a scale set's session id) survive a reopen,
+// are replaced and removed; the store id is not theirs to change.
+func TestMetaValues(t *testing.T) {
+	backends(t, func(t *testing.T, open func() *Store) {
+		s := open()
+		if v, err := s.Meta("scale_set_session/g"); err != nil || v != "" {
+			t.Fatalf("unset: %q, %v", v, err)
+		}
+		for _, v := range []string{"7 sess-a", "7 sess-b"} {
+			if err := s.SetMeta("scale_set_session/g", v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.SetMeta("store_id", "x"); err == nil {
+			t.Error("the store id was replaced")
+		}
+		s.Close()
+		s = open()
+		defer s.Close()
+		if v, _ := s.Meta("scale_set_session/g"); v != "7 sess-b" {
+			t.Errorf("after reopen: %q", v)
+		}
+		s.SetMeta("scale_set_session/g", "")
+		if v, _ := s.Meta("scale_set_session/g"); v != "" {
+			t.Errorf("after removal: %q", v)
+		}
+	})
+}
