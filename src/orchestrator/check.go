@@ -10,6 +10,7 @@ import (
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
@@ -39,11 +40,33 @@ func Check(ctx context.Context, cfg *config.Config, opt Options) error {
 		if fv == nil {
 			continue
 		}
-		if err := checkGroup(ctx, fv.api(), gc.ForgeScope()); err != nil {
+		c, err := checkClient(fv, gc)
+		if err == nil {
+			err = checkGroup(ctx, c, gc.ForgeScope())
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("group %s (forge %s, %s): %w", gc.Name, gc.Forge, gc.ForgeScope(), err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkClient is what a group's check asks: a scale-set group's scale
+// set client (its admin connection, the runner list), else the forge's.
+func checkClient(fv *forgeView, gc config.GroupConfig) (forge.Client, error) {
+	f := fv.cur.Load()
+	if gc.Demand != config.DemandScaleSet {
+		return f.client, nil
+	}
+	if f.scaleSets == nil {
+		return nil, fmt.Errorf("forge %s serves no scale sets (a GitHub forge does)", gc.Forge)
+	}
+	c, err := f.scaleSets(gc.ForgeScope())
+	if err != nil {
+		return nil, err
+	}
+	l := scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, f.cfg)})
+	return &scaleset.Forge{L: l, REST: fv.api}, nil
 }
 
 // checkGroup uses the forge's own check when it has one, else lists jobs
@@ -62,7 +85,7 @@ func checkGroup(ctx context.Context, c forge.Client, s forge.Scope) error {
 // file, which is read again), but the operator sees why at once.
 func (o *Orchestrator) checkAccess(ctx context.Context) {
 	for _, g := range o.groupList() {
-		if err := checkGroup(ctx, g.forge.api(), g.scope); err != nil {
+		if err := checkGroup(ctx, g.api(), g.scope); err != nil {
 			o.log.Error("the forge refuses what this group needs (runway check lists it)", "group", g.cfg().Name, "forge", g.cfg().Forge, "err", err)
 			o.Failure(g.cfg().Name, "forge", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
@@ -73,6 +74,8 @@ type forgeConf struct {
 	client forge.Client
 	secret func() string // the webhook secret's current value
 	budget *forge.RateBudget
+	// scaleSets builds scale set clients (GitHub; nil: none).
+	scaleSets func(forge.Scope) (*scaleset.Client, error)
 }
 
 // api is the forge's current client.
@@ -87,7 +90,7 @@ func (fv *forgeView) set(fc config.ForgeConfig, f Forge) {
 	if secret == nil {
 		secret = func() string { return "" }
 	}
-	fv.cur.Store(&forgeConf{cfg: fc, client: f.Client, secret: secret, budget: f.Budget})
+	fv.cur.Store(&forgeConf{cfg: fc, client: f.Client, secret: secret, budget: f.Budget, scaleSets: f.ScaleSets})
 }
 
 // finishedRunners are the runners whose job a delivery said is done.

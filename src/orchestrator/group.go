@@ -61,6 +61,8 @@ type group struct {
 	// retired, its loop drops it and ends.
 	dropping     atomic.Bool
 	spawnCancels map[string]context.CancelFunc // spawns in flight (stopSpawns)
+	// ss: the group's scale set (demand: scale_set), else nil.
+	ss *scaleSetGroup
 }
 
 // groupConf is one version of a group's config, with what is derived
@@ -96,6 +98,9 @@ type GroupStatus struct {
 	LastCheckTime    time.Time `json:"last_check_time"`
 	LastError        string    `json:"last_error,omitempty"`
 	BackoffUntil     time.Time `json:"backoff_until,omitzero"`
+	// ScaleSet: a scale-set group's scale set and its statistics (while
+	// this process acts for the group).
+	ScaleSet *ScaleSetStatus `json:"scale_set,omitempty"`
 	// Acting: this process acts for the group (with replicas on
 	// PostgreSQL, exactly one does; the others keep Acting false).
 	Acting      bool      `json:"acting"`
@@ -148,6 +153,7 @@ const (
 func (g *group) loop(ctx context.Context) {
 	g.spawnSem = make(chan struct{}, g.cfg().SpawnConcurrency)
 	defer g.spawns.Wait()
+	defer g.stopListening() // its session deleted before the daemon exits
 	// Passes also pace the sweep; between forge polls they use the cached
 	// listing, so a long poll interval costs no forge requests.
 	poll := min(g.pollInterval(), g.o.cfg.SweepInterval.Duration)
@@ -160,6 +166,9 @@ func (g *group) loop(ctx context.Context) {
 				return
 			}
 		} else if acting {
+			if g.ss != nil {
+				g.listen(lctx)
+			}
 			err = g.pass(lctx)
 		} else if g.standby(); g.dropping.Load() && g.Status().ActiveRunners == 0 {
 			// Another replica acts for it and has removed every runner.
@@ -178,6 +187,9 @@ func (g *group) loop(ctx context.Context) {
 		} else {
 			g.backoff = 0
 			g.status.LastError = g.leadErr // "" unless leadership is unknown
+			if g.status.LastError == "" && g.status.ScaleSet != nil && g.status.Acting {
+				g.status.LastError = g.status.ScaleSet.LastError // the session's trouble
+			}
 			g.status.BackoffUntil = time.Time{}
 		}
 		g.mu.Unlock()
@@ -223,6 +235,11 @@ func (g *group) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if g.ss != nil {
+		if err := g.syncScaleSet(ctx, g.cfg().GroupConfig); err != nil {
+			return err
+		}
+	}
 	now := o.now()
 	g.mu.Lock()
 	g.status.LastCheckTime = now
@@ -234,7 +251,7 @@ func (g *group) pass(ctx context.Context) error {
 	// Read before the listing, which a delivery updates with it: a
 	// runner taken as finished has its job done in the listing too, so
 	// demand counted after reaping it does not include that job.
-	finished := g.forge.finishedRunners(now)
+	finished := g.finishedRunners(now)
 	l, err := g.listing(ctx, now)
 	if err != nil {
 		return err
@@ -309,6 +326,9 @@ func (g *group) pass(ctx context.Context) error {
 // listing is the scope's jobs split among the groups. A forge that cannot
 // be read decides nothing and deletes nothing: the error stops the pass.
 func (g *group) listing(ctx context.Context, now time.Time) (listing, error) {
+	if g.ss != nil {
+		return g.scaleSetListing(), nil
+	}
 	g.setForgeDown(false)
 	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
 	g.setForgeDown(err != nil)
@@ -400,7 +420,12 @@ func (g *group) refreshStatus(queued int) {
 	for _, r := range runners {
 		c[r.State]++
 	}
+	var ss *ScaleSetStatus
+	if g.ss != nil && queued >= 0 {
+		ss = g.scaleSetStatus()
+	}
 	g.mu.Lock()
+	g.status.ScaleSet = ss
 	g.status.ActiveRunners = len(runners)
 	g.status.Creating, g.status.Idle, g.status.Busy, g.status.Deleting = c[store.Spawning], c[store.Idle], c[store.Busy], c[store.Deleting]
 	if queued >= 0 {

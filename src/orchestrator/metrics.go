@@ -28,6 +28,21 @@ type Metrics struct {
 	jobQueue      *prometheus.HistogramVec
 	runnerStartup *prometheus.HistogramVec
 	jobRun        *prometheus.HistogramVec
+	// A scale-set group's statistics, as ARC's listener exports them
+	// (gha_assigned_jobs, …): by series name.
+	scaleSetGauges map[string]*prometheus.GaugeVec
+}
+
+// scaleSetSeries are the scale-set gauges and what each says.
+var scaleSetSeries = map[string]string{
+	"runway_scaleset_available_jobs":     "Jobs the scale set could take that nobody acquired (the Actions service's count).",
+	"runway_scaleset_assigned_jobs":      "Jobs acquired by (assigned to) the group's scale set and not done.",
+	"runway_scaleset_running_jobs":       "Jobs of the scale set a runner runs.",
+	"runway_scaleset_registered_runners": "Runners registered in the scale set.",
+	"runway_scaleset_busy_runners":       "Runners of the scale set running a job.",
+	"runway_scaleset_idle_runners":       "Runners of the scale set online without a job.",
+	"runway_scaleset_desired_runners":    "min(max_active_runners, min_idle + assigned jobs), as ARC computes it.",
+	"runway_scaleset_session":            "1 while this process holds the scale set's message session.",
 }
 
 // NewMetrics registers every series.
@@ -66,6 +81,11 @@ func NewMetrics() *Metrics {
 		jobRun: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_job_run_seconds",
 			Help: "From a runner taking its job to the runner found finished.", Buckets: durationBuckets}, []string{"group"}),
 	}
+	m.scaleSetGauges = map[string]*prometheus.GaugeVec{}
+	for name, help := range scaleSetSeries {
+		m.scaleSetGauges[name] = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"group"})
+		r.MustRegister(m.scaleSetGauges[name])
+	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
 		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.httpCut, m.foreignVMs, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -97,3 +117,17 @@ func (m *Metrics) Webhook(kind, result string) { m.webhooks.WithLabelValues(kind
 // HTTPConnectionCut counts a connection the HTTP server closed on its
 // client (reason: idle, stalled, client_limit, body_timeout).
 func (m *Metrics) HTTPConnectionCut(reason string) { m.httpCut.WithLabelValues(reason).Inc() }
+
+// scaleSet sets a scale-set group's gauges.
+func (m *Metrics) scaleSet(group string, s *ScaleSetStatus) {
+	session := 0
+	if s.Session {
+		session = 1
+	}
+	for name, v := range map[string]int{"runway_scaleset_available_jobs": s.AvailableJobs, "runway_scaleset_assigned_jobs": s.AssignedJobs,
+		"runway_scaleset_running_jobs": s.RunningJobs, "runway_scaleset_registered_runners": s.RegisteredRunners,
+		"runway_scaleset_busy_runners": s.BusyRunners, "runway_scaleset_idle_runners": s.IdleRunners,
+		"runway_scaleset_desired_runners": s.DesiredRunners, "runway_scaleset_session": session} {
+		m.scaleSetGauges[name].WithLabelValues(group).Set(float64(v))
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
@@ -77,6 +78,9 @@ type Forge struct {
 	// Budget is the forge's rate limit as its answers state it (nil:
 	// none known); listings wait while it is low.
 	Budget *forge.RateBudget
+	// ScaleSets builds a client of the scope's runner scale sets (GitHub;
+	// nil: the forge has none) on the forge's token and metrics.
+	ScaleSets func(forge.Scope) (*scaleset.Client, error)
 }
 
 // Options are the parts tests and benchmarks replace.
@@ -195,6 +199,11 @@ func (o *Orchestrator) newGroup(gc config.GroupConfig) (*group, error) {
 	g := &group{o: o, forge: o.forges[gc.Forge], cpi: cpi, scope: gc.ForgeScope(), kick: make(chan struct{}, 1),
 		done: make(chan struct{}), inflight: map[string]bool{}, spawnedAt: map[string]time.Time{}, drained: drained}
 	g.setConf(gc)
+	if gc.Demand == config.DemandScaleSet {
+		if g.ss, err = o.newScaleSetGroup(g, gc); err != nil {
+			return nil, err
+		}
+	}
 	return g, nil
 }
 

@@ -42,7 +42,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		g.setForgeDown(true)
 		return fmt.Errorf("forge %s, before retiring idle runners (kept): %w", g.cfg().Forge, err)
 	}
-	registered, err := g.forge.api().Runners(ctx, g.scope)
+	registered, err := g.api().Runners(ctx, g.scope)
 	if err != nil {
 		return keepAll(err)
 	}
@@ -62,7 +62,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 			keep(name, "the forge shows it busy")
 			continue
 		}
-		did, err := g.forge.api().DisableRunner(ctx, g.scope, fr.ID)
+		did, err := g.api().DisableRunner(ctx, g.scope, fr.ID)
 		if err != nil {
 			keep(name, "disabling failed")
 			errs = append(errs, fmt.Errorf("disabling idle runner %s: %w", name, err))
@@ -87,9 +87,9 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		if _, ok := reap[name]; !ok {
 			continue
 		}
-		if err := g.forge.api().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
+		if err := g.api().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
 			var ae *forge.APIError
-			if errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity {
+			if errors.Is(err, forge.ErrRunnerBusy) || (errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity) {
 				// GitHub: "is still running a job". Not a failure.
 				keep(name, "the forge says it runs a job")
 				continue
@@ -162,7 +162,7 @@ func (g *group) reapInBackground(ctx context.Context, r store.Runner, reason str
 		}
 		g.mu.Unlock()
 		if err == nil {
-			g.forge.forgetRunner(r.Name)
+			g.forgetRunner(r.Name)
 		}
 		g.wake() // its place is free
 	}()

@@ -201,6 +201,7 @@ func (o *Orchestrator) sameIdentity(g *group, gc config.GroupConfig, p string) e
 		{"forge", old.Forge, gc.Forge}, {"scope", old.Scope, gc.Scope}, {"org", old.Org, gc.Org},
 		{"user", old.User, gc.User}, {"repo", old.Repo, gc.Repo},
 		{"cpi", old.EffectiveCPI(o.cfg.CPI), gc.EffectiveCPI(o.cfg.CPI)},
+		{"demand", old.Demand, gc.Demand}, {"scale_set", old.ScaleSet, gc.ScaleSet},
 	} {
 		if !reflect.DeepEqual(f.was, f.now) {
 			return &IdentityError{Field: p + "." + f.field,
@@ -260,6 +261,7 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 		return true, nil
 	}
 	o, name := g.o, g.cfg().Name
+	g.stopListening() // a retiring group takes no job: its session goes
 	g.stopSpawns()
 	g.spawns.Wait()
 	if err := o.store.Check(); err != nil {
@@ -273,13 +275,13 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	for _, r := range runners {
 		errs = append(errs, g.destroy(ctx, r, reasonRetired))
 	}
-	registered, err := g.forge.api().Runners(ctx, g.scope)
+	registered, err := g.api().Runners(ctx, g.scope)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("forge %s runners: %w", g.forge.name, err))
 	}
 	for _, fr := range registered {
 		if row, err := o.store.Get(fr.Name); err == nil && row.Group == name {
-			if err := g.forge.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, fmt.Errorf("removing the registration of %s: %w", fr.Name, err))
 			} else {
 				o.log.Info("removed a retired group's registration", "group", name, "runner", fr.Name, "id", fr.ID)
@@ -306,6 +308,9 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	if len(runners) > 0 || len(vms) > 0 {
 		// Removed something: look once more before calling it done.
 		return false, nil
+	}
+	if err := g.deleteScaleSet(ctx); err != nil {
+		return false, err
 	}
 	g.mu.Lock()
 	g.retired = true

@@ -87,7 +87,7 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	o := g.o
 	c := g.cfg()
 	start := time.Now()
-	reg, err := g.forge.api().Register(ctx, g.scope, r.Name, c.Labels)
+	reg, err := g.api().Register(ctx, g.scope, r.Name, c.Labels)
 	if err != nil {
 		r.LastError = "registration: " + o.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("registering %s: %w", r.Name, err), g.destroy(ctx, r, "registration failed"))
@@ -266,7 +266,7 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		id = r.TriggerJob
 	}
 	repo := r.JobRepo
-	j, err := g.forge.api().Job(ctx, forge.Job{ID: id, Repo: repo})
+	j, err := g.api().Job(ctx, forge.Job{ID: id, Repo: repo})
 	if errors.Is(err, forge.ErrNotFound) {
 		j, err = forge.Job{ID: id, Status: forge.StatusCompleted}, nil
 	}

@@ -32,8 +32,13 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 	// taken before: not strays, and not to be deleted a second time.
 	reaped := map[string]bool{}
 	live, errs := g.sweepVMs(ctx, runners, vms, reaped)
-	if err := g.sweepRegistrations(ctx, live, reaped); err != nil {
-		return len(reaped), errors.Join(append(errs, err)...)
+	// A scale-set group with no runner reads no runner list: at rest it
+	// sends GitHub's REST API nothing (its runners are removed through
+	// the Actions service).
+	if g.ss == nil || len(live) > 0 {
+		if err := g.sweepRegistrations(ctx, live, reaped); err != nil {
+			return len(reaped), errors.Join(append(errs, err)...)
+		}
 	}
 	errs = append(errs, g.sweepStrays(ctx, vms, live, reaped))
 	return len(reaped), errors.Join(errs...)
@@ -98,7 +103,7 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 // (removed there).
 func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Runner, reaped map[string]bool) error {
 	o := g.o
-	registered, err := g.forge.api().Runners(ctx, g.scope)
+	registered, err := g.api().Runners(ctx, g.scope)
 	if err != nil {
 		g.setForgeDown(true)
 		return fmt.Errorf("forge %s runners: %w", g.cfg().Forge, err)
@@ -112,7 +117,7 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 		}
 		// Only registrations this orchestrator made and already retired.
 		if row, err := o.store.Get(fr.Name); err == nil && row.Group == g.cfg().Name && row.State == store.Deleted {
-			if err := g.forge.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, err)
 			} else {
 				o.log.Info("removed offline registration", "group", g.cfg().Name, "runner", fr.Name, "id", fr.ID)
@@ -229,7 +234,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 		}
 	}
 	if r.ForgeRunnerID != 0 && !(endedByItself(reason) && g.forge.removesFinishedRunners()) {
-		if err := g.forge.api().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
+		if err := g.api().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
 			// The sweep retries: the row says deleted, the registration
 			// stays ours to remove.
 			o.log.Warn("removing runner registration", "runner", r.Name, "err", err)

@@ -27,7 +27,13 @@ func (g *group) observe(kind string, d time.Duration) {
 // (started → completed) from the forge's own dates, once each, for the
 // group whose runner ran it: from a delivery, a listing or a job fetched
 // again. (Forges date to the second.)
-func (o *Orchestrator) observeJob(j forge.Job) {
+func (o *Orchestrator) observeJob(j forge.Job) { o.observeJobFrom(j, false) }
+
+// observeJobFrom records a job's times from the forge (a delivery, a
+// listing) or from a scale set's messages (fromScaleSet): a scale-set
+// group's jobs are timed from its messages only (the forge's deliveries
+// of the same jobs name them by another id).
+func (o *Orchestrator) observeJobFrom(j forge.Job, fromScaleSet bool) {
 	if o.store == nil || j.RunnerName == "" || j.StartedAt.IsZero() || j.Status == forge.StatusQueued || j.Status == forge.StatusWaiting {
 		return
 	}
@@ -54,7 +60,7 @@ func (o *Orchestrator) observeJob(j forge.Job) {
 		return // not a runner of this store's
 	}
 	for _, g := range o.groupList() {
-		if g.cfg().Name != r.Group {
+		if g.cfg().Name != r.Group || (g.ss != nil) != fromScaleSet {
 			continue
 		}
 		if queue {

@@ -8,6 +8,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge/forgejo"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/forge/github"
+	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
@@ -75,6 +76,14 @@ func buildForge(fc config.ForgeConfig, m *orchestrator.Metrics, redact *logging.
 		}
 		c.RunnerGroupID = fc.RunnerGroupID
 		f.Client = c
+		f.ScaleSets = func(s forge.Scope) (*scaleset.Client, error) {
+			// The Actions service: its own credentials per request (the
+			// admin and session tokens), the forge's metrics.
+			actions := forge.NewTransport(nil)
+			actions.Observe = tr.Observe
+			return scaleset.New(scaleset.Config{APIURL: fc.URL, ConfigURL: scaleset.ConfigURL(fc.RunnerURL, s), Scope: s,
+				REST: tr, Actions: actions})
+		}
 	default:
 		return orchestrator.Forge{}, fmt.Errorf("forge %s: unknown type %q", fc.Name, fc.Type)
 	}

@@ -129,16 +129,18 @@ func (l *Listener) Spec() Spec {
 // stay): set at the service now, and kept for every session opened
 // after.
 func (l *Listener) SetSpec(ctx context.Context, spec Spec) error {
-	l.mu.Lock()
-	old := l.cfg.Spec
+	old := l.Spec()
 	spec.Name, spec.RunnerGroupID = old.Name, old.RunnerGroupID
-	l.cfg.Spec = spec
-	l.mu.Unlock()
 	if sameLabels(old.labels(), spec.Labels) {
 		return nil
 	}
-	_, err := l.cfg.Client.Ensure(ctx, spec)
-	return err
+	if _, err := l.cfg.Client.Ensure(ctx, spec); err != nil {
+		return err // tried again at the next change or call
+	}
+	l.mu.Lock()
+	l.cfg.Spec = spec
+	l.mu.Unlock()
+	return nil
 }
 
 // Check implements forge.Checker: the runner list the sweep reads, and

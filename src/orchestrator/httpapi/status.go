@@ -93,7 +93,10 @@ th{background:#f0f0f0}.err{color:#a94442}.legend span{display:inline-block;margi
 <table id="groups"><tr><th>group</th><th>forge / scope</th><th>queued</th><th>runners (max)</th><th>creating</th><th>idle</th><th>busy</th><th>deleting</th><th>drained</th><th>here</th><th>last error</th></tr>
 {{range .Groups}}<tr class="group" data-group="{{.Name}}"><td>{{.Name}}</td><td>{{.Forge}} / {{.Scope}}</td><td class="queued">{{.QueuedJobs}}</td><td class="runners">{{.ActiveRunners}} ({{.MaxActiveRunners}})</td><td>{{.Creating}}</td><td>{{.Idle}}</td><td>{{.Busy}}</td><td>{{.Deleting}}</td><td>{{.Drained}}</td><td class="acting">{{if .Acting}}acting{{else}}standby{{end}}</td><td class="err">{{.LastError}}</td></tr>
 {{end}}</table>
-<h2>Queued jobs and runners, last hour</h2>
+{{range .Groups}}{{if .ScaleSet}}<h2>Scale set of group {{.Name}}</h2>{{end}}{{with .ScaleSet}}
+<table class="scaleset" data-scale-set="{{.Name}}"><tr><th>scale set</th><th>session</th><th>available</th><th>assigned</th><th>running</th><th>registered</th><th>busy</th><th>idle</th><th>desired</th><th>refused messages</th><th>last error</th></tr>
+<tr><td>{{.Name}} ({{.ID}})</td><td class="session">{{if .Session}}open{{else}}none{{end}}</td><td>{{.AvailableJobs}}</td><td class="assigned">{{.AssignedJobs}}</td><td class="running">{{.RunningJobs}}</td><td>{{.RegisteredRunners}}</td><td>{{.BusyRunners}}</td><td>{{.IdleRunners}}</td><td class="desired">{{.DesiredRunners}}</td><td>{{.RefusedMessages}}</td><td class="err">{{.LastError}}</td></tr></table>
+{{end}}{{end}}<h2>Queued jobs and runners, last hour</h2>
 <p class="legend"><span class="q">&#9632; queued jobs</span><span class="r">&#9632; runners</span></p>
 {{range .Groups}}<h3>{{.Name}}</h3>{{.Plot}}
 <table class="timings" data-group="{{.Name}}"><tr><th>last hour</th><th>count</th><th>p50</th><th>p90</th><th>p99</th></tr>

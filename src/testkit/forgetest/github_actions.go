@@ -56,6 +56,7 @@ type actionsService struct {
 	adminTTL, sessionTTL, longPoll time.Duration
 	down                           bool
 	batch                          int
+	closed                         bool // the server is closing: long polls end
 }
 
 type adminToken struct {
@@ -132,6 +133,16 @@ func (g *GitHub) DeleteScaleSet(id int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.dropScaleSet(id)
+}
+
+// Close ends the long polls in flight (httptest's Close waits for every
+// request to end), then closes the server.
+func (g *GitHub) Close() {
+	g.mu.Lock()
+	g.actions.closed = true
+	g.actionsChanged()
+	g.mu.Unlock()
+	g.Server.Close()
 }
 
 // actionsChanged wakes the long polls. The caller holds g.mu.

@@ -257,6 +257,11 @@ func (g *GitHub) longPoll(w http.ResponseWriter, r *http.Request, sess *ssSessio
 	defer timeout.Stop()
 	for {
 		g.mu.Lock()
+		if g.actions.closed {
+			g.mu.Unlock()
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
 		if g.actions.sessions[sess.id] != sess || g.actions.down {
 			g.mu.Unlock()
 			http.Error(w, "the session is gone", 404)

@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
+)
+
+// scaleSetEnv is an env whose forge is a GitHub contract server (an
+// hour's poll, a webhook secret for the groups that take webhooks) and
+// whose group "ss" (org acme, label runway-ss) takes its demand from a
+// runner scale set; more groups may follow. Not started.
+func scaleSetEnv(t testing.TB, maxActive int, extra string, more ...string) (*env, *forgetest.GitHub) {
+	gh := forgetest.NewGitHub(apiToken)
+	t.Cleanup(gh.Close) // after the daemon has stopped
+	e := newEnv(t)
+	e.forgeYML = fmt.Sprintf(`
+  - name: gh
+    type: github
+    url: %s
+    runner_url: %s
+    token_env: RUNWAY_TEST_GH_TOKEN
+    webhook_secret_file: %s
+    poll_interval: 1h`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"))
+	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
+	groups := append([]string{e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, maxActive,
+		"    demand: scale_set\n"+extra)}, more...)
+	e.writeConfig("", groups...)
+	return e, gh
+}
+
+// metricValue reads one series' value from /metrics text (-1: absent).
+func metricValue(text, series string) float64 {
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` ([0-9.e+-]+)$`).FindStringSubmatch(text)
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// A scale-set group gets its jobs with nothing inbound and no REST
+// listing: each job acquired from the scale set's session, one JIT
+// runner of the scale set per job, made through bin/cpi, gone after its
+// job. A webhook group of the same forge goes on as before. Metrics and
+// status show the scale set as ARC users read it.
+func TestScaleSetRunsJobsWithNothingInbound(t *testing.T) {
+	e, gh := scaleSetEnv(t, 4, "    scale_set: {name: runway-ss-set}\n",
+		e2eGroup(t, "hooked", "scope: repo\n    repo: acme/web", []string{"linux"}, 2))
+	e.start()
+	e.eventually(20*time.Second, "the scale set's session", func() bool {
+		ss := e.groupStatus("ss").ScaleSet
+		return ss != nil && ss.Session
+	})
+	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
+	var jobs []int64
+	for range 3 {
+		jobs = append(jobs, gh.AddJob("acme/app", []string{"runway-ss"}))
+	}
+	hooked := gh.AddJob("acme/web", []string{"linux"})
+	e.eventually(60*time.Second, "every job completes", func() bool {
+		for _, id := range append(jobs, hooked) {
+			if gh.Job(id).Status != "completed" {
+				return false
+			}
+		}
+		return true
+	})
+	e.eventually(30*time.Second, "the runners are gone", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	sets := gh.ScaleSets()
+	if len(sets) != 1 || sets[0].Name != "runway-ss-set" || strings.Join(sets[0].Labels, ",") != "runway-ss" {
+		t.Fatalf("scale sets %+v; want runway-ss-set labelled runway-ss", sets)
+	}
+	for _, id := range jobs {
+		if j := gh.Job(id); j.ScaleSet != sets[0].ID || !strings.HasPrefix(j.RunnerName, "ss-") {
+			t.Errorf("job %d: scale set %d, runner %q; want the scale set's, an ss- runner", id, j.ScaleSet, j.RunnerName)
+		}
+	}
+	if j := gh.Job(hooked); j.ScaleSet != 0 || !strings.HasPrefix(j.RunnerName, "hooked-") {
+		t.Errorf("the webhook group's job: %+v", j)
+	}
+	byGroup := map[string]int{}
+	for _, r := range e.runners(true) {
+		byGroup[r.Group]++
+	}
+	if byGroup["ss"] != 3 || byGroup["hooked"] != 1 {
+		t.Errorf("runners made per group %v; want ss 3, hooked 1", byGroup)
+	}
+	req := gh.Requests()
+	for _, listing := range []string{"GET /orgs/acme/repos", "GET /repos/acme/app/actions/runs"} {
+		if req[listing] != 0 {
+			t.Errorf("%s asked %d times: the scale set's group lists no jobs", listing, req[listing])
+		}
+	}
+	if req["POST /orgs/acme/actions/runners/generate-jitconfig"] != 0 {
+		t.Errorf("REST JIT configs for the scale set's runners: %v", req)
+	}
+	m := e.metrics()
+	for series, want := range map[string]float64{`runway_scaleset_session{group="ss"}`: 1, `runway_scaleset_assigned_jobs{group="ss"}`: 0,
+		`runway_job_queue_seconds_count{group="ss"}`: 3, `runway_job_run_seconds_count{group="ss"}`: 3,
+		`runway_runner_startup_seconds_count{group="ss"}`: 3} {
+		if got := metricValue(m, series); got != want {
+			t.Errorf("%s = %v; want %v", series, got, want)
+		}
+	}
+	if got := metricValue(m, `runway_scaleset_desired_runners{group="ss"}`); got != 0 {
+		t.Errorf("desired runners %v at rest; want 0", got)
+	}
+	page := e.page("/")
+	if !strings.Contains(page, `data-scale-set="runway-ss-set"`) || !strings.Contains(page, `<td class="session">open</td>`) {
+		t.Errorf("the status page shows no open session of runway-ss-set")
+	}
+}
+
+// e2eGroup is one more group for an env's config (the test runner as
+// its command).
+func e2eGroup(t testing.TB, name, scope string, labels []string, maxActive int) string {
+	e := &env{t: t}
+	return e.group(name, scope, labels, maxActive, "")
+}
+
+// page is a page of the daemon's as text.
+func (e *env) page(path string) string {
+	resp, err := http.Get("http://" + e.addr + path)
+	must(e.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must(e.t, err)
+	return string(b)
+}
+
+// The group acquires only what it can start: with room for two runners,
+// two of five jobs are acquired at the service (the others stay
+// available to it) and never more than two runners exist; as jobs end,
+// the rest follow, one runner each.
+func TestScaleSetAcquiresOnlyWhatItCanStart(t *testing.T) {
+	e, gh := scaleSetEnv(t, 2, "")
+	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.start()
+	var jobs []int64
+	for range 5 {
+		jobs = append(jobs, gh.AddJob("acme/app", []string{"runway-ss"}))
+	}
+	acquired := func() int {
+		n := 0
+		for _, id := range jobs {
+			if gh.Job(id).ScaleSet != 0 {
+				n++
+			}
+		}
+		return n
+	}
+	e.eventually(30*time.Second, "two runners busy", func() bool {
+		n := 0
+		for _, r := range e.runners(false) {
+			if r.State == store.Busy {
+				n++
+			}
+		}
+		return n == 2
+	})
+	if n := acquired(); n != 2 {
+		t.Fatalf("%d jobs acquired with room for 2", n)
+	}
+	if st := gh.ActionsStats(); st.MaxCapacity != 2 {
+		t.Errorf("capacity told the service: %d; want 2", st.MaxCapacity)
+	}
+	os.Remove(e.hold)
+	most := 0
+	e.eventually(60*time.Second, "every job completes", func() bool {
+		most = max(most, len(e.vms()))
+		for _, id := range jobs {
+			if gh.Job(id).Status != "completed" {
+				return false
+			}
+		}
+		return true
+	})
+	e.eventually(30*time.Second, "the runners are gone", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	if most > 2 {
+		t.Errorf("%d VMs at once; want at most 2", most)
+	}
+	if n := len(e.runners(true)); n != 5 {
+		t.Errorf("%d runners made for 5 jobs", n)
+	}
+	if st := gh.ActionsStats(); st.AcquiredTwice != 0 || st.SessionsOpened != 1 {
+		t.Errorf("%+v: want one session and no job asked for twice", st)
+	}
+}

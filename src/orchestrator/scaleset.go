@@ -1,0 +1,266 @@
+package orchestrator
+
+// Groups whose demand comes from a GitHub runner scale set
+// (groups[].demand: scale_set): the acting replica keeps the scale set's
+// message session (src/forge/scaleset's listener) while it leads the
+// group; the group's passes plan with what the messages said — no REST
+// job listing — and register runners from the scale set.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/scaleset"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
+)
+
+// scaleSetGroup is a scale-set group's client and listener, and the
+// listener's run while this process acts for the group.
+type scaleSetGroup struct {
+	client   *scaleset.Client
+	listener *scaleset.Listener
+	api      *scaleset.Forge
+
+	mu     sync.Mutex
+	lead   context.Context    // the lead context the listener runs under
+	cancel context.CancelFunc // ends that run
+	done   chan struct{}      // closed when it has ended (its session deleted)
+}
+
+// ScaleSetStatus is a scale-set group's part of /api/v1/groups, with
+// the statistics the Actions service reports (what ARC's listener
+// exports as gha_*).
+type ScaleSetStatus struct {
+	Name              string `json:"name"`
+	ID                int    `json:"id,omitempty"`
+	Session           bool   `json:"session"`
+	AvailableJobs     int    `json:"available_jobs"`
+	AssignedJobs      int    `json:"assigned_jobs"`
+	RunningJobs       int    `json:"running_jobs"`
+	RegisteredRunners int    `json:"registered_runners"`
+	BusyRunners       int    `json:"busy_runners"`
+	IdleRunners       int    `json:"idle_runners"`
+	DesiredRunners    int    `json:"desired_runners"`
+	RefusedMessages   int    `json:"refused_messages,omitempty"`
+	LastError         string `json:"last_error,omitempty"`
+}
+
+// scaleSetSpec is the scale set a group wants: its name (default the
+// group's), runner group (default the forge's) and label names.
+func scaleSetSpec(gc config.GroupConfig, fc config.ForgeConfig) scaleset.Spec {
+	name := gc.ScaleSet.Name
+	if name == "" {
+		name = gc.Name
+	}
+	rg := gc.ScaleSet.RunnerGroupID
+	if rg == 0 {
+		rg = fc.RunnerGroupID
+	}
+	return scaleset.Spec{Name: name, RunnerGroupID: int(rg), Labels: forge.LabelNames(gc.Labels)}
+}
+
+// newScaleSetGroup builds a scale-set group's client and listener.
+func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scaleSetGroup, error) {
+	fc := g.forge.cur.Load()
+	if fc.scaleSets == nil {
+		return nil, fmt.Errorf("group %s: forge %s serves no scale sets (a GitHub forge does)", gc.Name, fc.cfg.Name)
+	}
+	c, err := fc.scaleSets(g.scope)
+	if err != nil {
+		return nil, fmt.Errorf("group %s: %w", gc.Name, err)
+	}
+	ss := &scaleSetGroup{client: c}
+	ss.listener = scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, fc.cfg), Owner: o.sessionOwner(),
+		MaxJobs: func() int {
+			c := g.cfg()
+			if c.Retire || g.isDrained() {
+				return 0
+			}
+			return c.MaxActiveRunners
+		},
+		Leading: func(ctx context.Context) bool {
+			ok, err := o.leader.Lead(ctx, gc.Name)
+			return ok && err == nil
+		},
+		Record: sessionRecord{o: o, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: o.log, Now: o.now})
+	ss.api = &scaleset.Forge{L: ss.listener, REST: g.forge.api}
+	return ss, nil
+}
+
+// sessionOwner names this process's sessions: the host and the replica.
+func (o *Orchestrator) sessionOwner() string {
+	host, _ := os.Hostname()
+	return strings.TrimPrefix(host+"-", "-") + "runway-" + o.replica
+}
+
+// sessionRecord keeps a group's session id in the store, where a replica
+// taking over (or this daemon after a crash) finds it.
+type sessionRecord struct {
+	o     *Orchestrator
+	group string
+}
+
+func (r sessionRecord) key() string { return "scale_set_session/" + r.group }
+
+// LoadSession implements scaleset.SessionRecord.
+func (r sessionRecord) LoadSession() (int, string, error) {
+	v, err := r.o.store.Meta(r.key())
+	if err != nil || v == "" {
+		return 0, "", err
+	}
+	idText, session, _ := strings.Cut(v, " ")
+	id, _ := strconv.Atoi(idText)
+	return id, session, nil
+}
+
+// SaveSession implements scaleset.SessionRecord.
+func (r sessionRecord) SaveSession(id int, session string) error {
+	if session == "" {
+		return r.o.store.SetMeta(r.key(), "")
+	}
+	return r.o.store.SetMeta(r.key(), strconv.Itoa(id)+" "+session)
+}
+
+// listen runs the group's listener under lead (the context of this
+// process's lead of the group) unless it runs already; a run under an
+// earlier lead is waited for first (its session deleted).
+func (g *group) listen(lead context.Context) {
+	ss := g.ss
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.lead == lead && ss.done != nil {
+		return
+	}
+	if ss.done != nil {
+		ss.cancel()
+		<-ss.done
+	}
+	ctx, cancel := context.WithCancel(lead)
+	done := make(chan struct{})
+	ss.lead, ss.cancel, ss.done = lead, cancel, done
+	go func() {
+		defer close(done)
+		ss.listener.Run(ctx)
+	}()
+}
+
+// stopListening ends the listener's run and waits for its session to be
+// deleted.
+func (g *group) stopListening() {
+	if g.ss == nil {
+		return
+	}
+	ss := g.ss
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.done != nil {
+		ss.cancel()
+		<-ss.done
+		ss.lead, ss.cancel, ss.done = nil, nil, nil
+	}
+}
+
+// scaleSetListing is what the group's pass plans with: the jobs the
+// scale set holds as the messages said, by runner; the demand a count
+// (a scale set's runner takes any of its jobs: no runner is made for one
+// job in particular).
+func (g *group) scaleSetListing() listing {
+	st := g.ss.listener.State()
+	jobs := map[int64]forge.Job{}
+	running := map[string]forge.Job{}
+	for id, j := range st.Running {
+		fj := j.Job(forge.StatusInProgress)
+		jobs[id], running[j.RunnerName] = fj, fj
+	}
+	for id, j := range st.Queued {
+		jobs[id] = j.Job(forge.StatusQueued)
+	}
+	return listing{jobs: jobs, running: running, owned: map[string][]forge.Job{g.cfg().Name: make([]forge.Job, st.Demand())}}
+}
+
+// scaleSetJob records a started or completed job's times.
+func (g *group) scaleSetJob(j scaleset.JobMessage) {
+	status := forge.StatusInProgress
+	if j.Kind == scaleset.JobCompleted {
+		status = forge.StatusCompleted
+	}
+	g.o.observeJobFrom(j.Job(status), true)
+}
+
+// syncScaleSet sets the scale set's labels when the group's changed.
+func (g *group) syncScaleSet(ctx context.Context, c config.GroupConfig) error {
+	spec := scaleSetSpec(c, g.forge.conf())
+	if err := g.ss.listener.SetSpec(ctx, spec); err != nil {
+		return fmt.Errorf("setting scale set %s's labels: %w", spec.Name, err)
+	}
+	return nil
+}
+
+// scaleSetStatus is the group's scale set as /api/v1/groups shows it,
+// and its gauges.
+func (g *group) scaleSetStatus() *ScaleSetStatus {
+	st := g.ss.listener.State()
+	c := g.cfg()
+	s := &ScaleSetStatus{Name: g.ss.listener.Spec().Name, ID: st.ScaleSetID, Session: st.Session,
+		AvailableJobs: st.Stats.TotalAvailableJobs, AssignedJobs: st.Stats.TotalAssignedJobs, RunningJobs: st.Stats.TotalRunningJobs,
+		RegisteredRunners: st.Stats.TotalRegisteredRunners, BusyRunners: st.Stats.TotalBusyRunners, IdleRunners: st.Stats.TotalIdleRunners,
+		DesiredRunners: min(c.MaxActiveRunners, c.MinIdle+st.Stats.TotalAssignedJobs), RefusedMessages: st.Refused,
+		LastError: g.o.redact.Redact(st.LastError)}
+	g.o.metrics.scaleSet(c.Name, s)
+	return s
+}
+
+// api is the group's forge client: its scale set's for a scale-set
+// group, else its forge's.
+func (g *group) api() forge.Client {
+	if g.ss != nil {
+		return g.ss.api
+	}
+	return g.forge.api()
+}
+
+// finishedRunners are the runners whose job is done: from the scale
+// set's messages, else from the forge's deliveries.
+func (g *group) finishedRunners(now time.Time) map[string]bool {
+	if g.ss == nil {
+		return g.forge.finishedRunners(now)
+	}
+	out := map[string]bool{}
+	for name := range g.ss.listener.State().Finished {
+		out[name] = true
+	}
+	return out
+}
+
+// forgetRunner drops a reaped runner from what says it finished.
+func (g *group) forgetRunner(name string) {
+	if g.ss != nil {
+		g.ss.listener.ForgetRunner(name)
+		return
+	}
+	g.forge.forgetRunner(name)
+}
+
+// deleteScaleSet deletes a retired scale-set group's scale set: GitHub
+// would otherwise go on routing jobs to it (ARC deletes its scale set
+// with its resource).
+func (g *group) deleteScaleSet(ctx context.Context) error {
+	if g.ss == nil {
+		return nil
+	}
+	id, err := g.ss.listener.ScaleSetID(ctx)
+	if err == nil {
+		err = g.ss.client.Delete(ctx, id)
+	}
+	if err != nil {
+		return fmt.Errorf("deleting the retired group's scale set: %w", err)
+	}
+	g.o.log.Info("scale set deleted", "group", g.cfg().Name, "scale_set", g.ss.listener.Spec().Name, "id", id)
+	return nil
+}
