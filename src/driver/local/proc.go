@@ -109,8 +109,7 @@ func procStat(pid string) (pgid int, alive bool) {
 
 // scan lists live processes that carry cid's marker (when withMarker), or
 // are in one of groups. Reading every process's environment is the costly
-// part: polls after the first look at groups only, and with markedIn only
-// the groups' members' are read. Linux-only: /proc.
+// part: polls after the first look at groups only. Linux-only: /proc.
 func scan(cid string, withMarker bool, groups ...int) []procInfo {
 	return scanIn(cid, withMarker, false, groups...)
 }
