@@ -130,6 +130,14 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 		}
 		fr, ok := atForge[r.Name]
 		switch {
+		case ok && g.ss != nil && fr.Busy:
+			// A scale set's runner running a job its listener never
+			// heard of (started before a takeover or a restart): not
+			// supply for the jobs waiting. Its job's end reaps it (the
+			// JobCompleted, its process, or its leaving the forge).
+			r.ForgeRunnerID, r.State, r.StateAt = fr.ID, store.Busy, o.now()
+			g.cameOnline(&r, o.now())
+			errs = append(errs, o.store.Save(r))
 		case ok && (r.ForgeRunnerID == 0 || (r.OnlineAt.IsZero() && (fr.Status == "online" || fr.Busy))):
 			r.ForgeRunnerID = fr.ID
 			if fr.Status == "online" || fr.Busy {

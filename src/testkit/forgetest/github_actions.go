@@ -56,7 +56,8 @@ type actionsService struct {
 	adminTTL, sessionTTL, longPoll time.Duration
 	down                           bool
 	batch                          int
-	closed                         bool // the server is closing: long polls end
+	closed                         bool     // the server is closing: long polls end
+	issued                         []string // JIT configs, runner secrets, session tokens
 }
 
 type adminToken struct {
@@ -67,6 +68,8 @@ type adminToken struct {
 // ActionsStats count what the Actions service saw.
 type ActionsStats struct {
 	SessionsOpened, Conflicts, Acquires, Refreshes, Expired401 int
+	// Unavailable: requests answered 503 while SetActionsDown held.
+	Unavailable int
 	// AcquiredTwice: job requests a listener asked for that its scale
 	// set held already (a message about a job already acquired, asked
 	// again). MaxCapacity: the last X-ScaleSetMaxCapacity received.
@@ -111,6 +114,22 @@ func (g *GitHub) ActionsStats() ActionsStats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.actions.stats
+}
+
+// ActionsSecrets lists every secret the Actions side handed out: the
+// registration and admin tokens, the sessions' tokens, the JIT configs
+// (tests look for them where they must not be).
+func (g *GitHub) ActionsSecrets() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := append([]string(nil), g.actions.issued...)
+	for tok := range g.actions.regTokens {
+		out = append(out, tok)
+	}
+	for tok := range g.actions.admins {
+		out = append(out, tok)
+	}
+	return out
 }
 
 // ScaleSets lists the scale sets.
@@ -227,6 +246,9 @@ func actionsError(w http.ResponseWriter, code int, typeName, msg string) {
 func (g *GitHub) actionsAPI(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
 	down := g.actions.down
+	if down {
+		g.actions.stats.Unavailable++
+	}
 	g.mu.Unlock()
 	if down {
 		http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)

@@ -135,6 +135,7 @@ func (g *GitHub) openSession(w http.ResponseWriter, r *http.Request, scope, idTe
 func (g *GitHub) renewSession(sess *ssSession) {
 	sess.tokenExp = time.Now().Add(g.actions.sessionTTL)
 	sess.token = g.actions.token(sess.tokenExp, "session "+sess.id)
+	g.actions.issued = append(g.actions.issued, sess.token)
 }
 
 func (g *GitHub) sessionJSON(sess *ssSession) map[string]any {
@@ -262,7 +263,13 @@ func (g *GitHub) longPoll(w http.ResponseWriter, r *http.Request, sess *ssSessio
 			w.WriteHeader(http.StatusAccepted)
 			return
 		}
-		if g.actions.sessions[sess.id] != sess || g.actions.down {
+		if g.actions.down {
+			g.actions.stats.Unavailable++
+			g.mu.Unlock()
+			http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		if g.actions.sessions[sess.id] != sess {
 			g.mu.Unlock()
 			http.Error(w, "the session is gone", 404)
 			return
@@ -424,8 +431,12 @@ func (g *GitHub) scaleSetJIT(w http.ResponseWriter, r *http.Request, scope, idTe
 	g.actionsChanged()
 	g.mu.Unlock()
 	cfg, _ := json.Marshal(map[string]any{"url": g.URL, "runner_id": rn.ID, "secret": rn.Secret})
+	encoded := base64.StdEncoding.EncodeToString(cfg)
+	g.mu.Lock()
+	g.actions.issued = append(g.actions.issued, encoded, rn.Secret)
+	g.mu.Unlock()
 	writeJSON(w, 200, map[string]any{"runner": map[string]any{"id": rn.ID, "name": rn.Name, "runnerScaleSetId": id},
-		"encodedJITConfig": base64.StdEncoding.EncodeToString(cfg)})
+		"encodedJITConfig": encoded})
 }
 
 // agentsByName is GET agents?agentName=.
