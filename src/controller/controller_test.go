@@ -219,6 +219,8 @@ spec:
 		{`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: b5}, spec: {type: gitlab, url: "http://f", token: {name: t, key: k}}}`, "spec.type"},
 		{`{apiVersion: gitea.bpg.pw/v1alpha1, kind: RunnerGroup, metadata: {name: b6}, spec: {scope: user, giteaURL: "https://g", maxActiveRunners: 1, registrationToken: {name: s, key: k}, authToken: {name: s, key: k}}}`, "spec.user"},
 		{`{apiVersion: gitea.bpg.pw/v1alpha1, kind: RunnerGroup, metadata: {name: b7}, spec: {scope: org, org: a, maxActiveRunners: 1, registrationToken: {name: s, key: k}, authToken: {name: s, key: k}}}`, "spec.gitea"},
+		{`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: b9}, spec: {forge: github, scope: org, org: a, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, scaleSet: {name: s}}}`, "spec.scaleSet"},
+		{`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: b10}, spec: {forge: github, scope: org, org: a, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: webhooks}}`, "spec.demand"},
 		{`{apiVersion: gitea.bpg.pw/v1alpha1, kind: RunnerGroup, metadata: {name: b8}, spec: {scope: org, org: a, giteaURL: "https://g", maxActiveRunners: 0, registrationToken: {name: s, key: k}, authToken: {name: s, key: k}}}`, "spec.maxActiveRunners"},
 	} {
 		err := c.create(parseObjects(t, []byte(bad.yaml))[0])
@@ -231,5 +233,23 @@ spec:
 		[]byte(`{"spec":{"repo":"acme/other"}}`), metav1.PatchOptions{})
 	if err == nil || !strings.Contains(err.Error(), "cannot change") {
 		t.Errorf("changing a group's repo: %v", err)
+	}
+	_, err = c.dyn.Resource(gvrs[kindGroup]).Namespace(c.ns).Patch(context.Background(), "arm", mergePatch,
+		[]byte(`{"spec":{"demand":"scale_set"}}`), metav1.PatchOptions{})
+	if err == nil || !strings.Contains(err.Error(), "cannot change") {
+		t.Errorf("changing a group's demand: %v", err)
+	}
+	// A group taking its jobs from a GitHub runner scale set.
+	ss := parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: linux-ss}, spec: {forge: github, scope: org, org: acme, labels: [runway-linux], maxActiveRunners: 2, image: i, runner: {command: /r}, demand: scale_set, scaleSet: {runnerGroupID: 3}}}`))[0]
+	if err := c.create(ss); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the scale-set group handed over", func() bool {
+		var ok bool
+		g.GroupConfig, g.forge, ok = eng.group(engineName(kindGroup, c.ns, "linux-ss"))
+		return ok
+	})
+	if g.Demand != config.DemandScaleSet || g.ScaleSet.Name != "linux-ss" || g.ScaleSet.RunnerGroupID != 3 {
+		t.Errorf("scale-set group: demand %q, scale set %+v", g.Demand, g.ScaleSet)
 	}
 }

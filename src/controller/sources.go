@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -168,8 +169,15 @@ func runwayGroup(rg *runwayv1.RunnerGroup, forge string) (config.GroupConfig, er
 	s := rg.Spec
 	gc := config.GroupConfig{Name: engineName(kindGroup, rg.Namespace, rg.Name), Forge: forge, Scope: s.Scope, Org: s.Org,
 		User: s.User, Repo: s.Repo, Labels: s.Labels, MaxActiveRunners: int(s.MaxActiveRunners), MinIdle: int(s.MinIdle),
-		Priority: int(s.Priority), SpawnConcurrency: int(s.SpawnConcurrency),
+		Priority: int(s.Priority), SpawnConcurrency: int(s.SpawnConcurrency), Demand: s.Demand,
 		Runner: config.RunnerConfig{Command: s.Runner.Command, Args: s.Runner.Args, Env: s.Runner.Env}}
+	if s.Demand == config.DemandScaleSet {
+		gc.ScaleSet.Name = rg.Name // the engine's group name carries the namespace: the object's own reads better
+		if s.ScaleSet != nil {
+			gc.ScaleSet.Name = cmp.Or(s.ScaleSet.Name, rg.Name)
+			gc.ScaleSet.RunnerGroupID = s.ScaleSet.RunnerGroupID
+		}
+	}
 	if s.Image != "" {
 		gc.Stemcell.CloudProperties = map[string]any{"image": s.Image}
 	}

@@ -13,6 +13,8 @@ import (
 // +kubebuilder:validation:XValidation:rule="self.scope != 'repo' || (has(self.repo) && self.repo.matches('^[^/]+/[^/]+$'))",message="repo must be owner/name for scope repo",fieldPath=".repo",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.minIdle) || self.minIdle <= self.maxActiveRunners",message="minIdle must be at most maxActiveRunners",fieldPath=".minIdle"
 // +kubebuilder:validation:XValidation:rule="has(self.image) != has(self.stemcellCID)",message="set exactly one of image or stemcellCID",fieldPath=".image",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="!has(self.scaleSet) || self.demand == 'scale_set'",message="scaleSet is set only with demand scale_set",fieldPath=".scaleSet"
+// +kubebuilder:validation:XValidation:rule="oldSelf.demand == self.demand && has(oldSelf.scaleSet) == has(self.scaleSet) && (!has(self.scaleSet) || oldSelf.scaleSet == self.scaleSet)",message="demand and scaleSet cannot change: delete the group and make it anew",fieldPath=".demand"
 // +kubebuilder:validation:XValidation:rule="oldSelf.forge == self.forge && oldSelf.scope == self.scope && has(oldSelf.org) == has(self.org) && (!has(self.org) || oldSelf.org == self.org) && has(oldSelf.user) == has(self.user) && (!has(self.user) || oldSelf.user == self.user) && has(oldSelf.repo) == has(self.repo) && (!has(self.repo) || oldSelf.repo == self.repo)",message="forge, scope, org, user and repo cannot change: delete the group and make it anew",fieldPath=".scope"
 type RunnerGroupSpec struct {
 	// Forge is the name of a Forge in the group's namespace.
@@ -87,12 +89,36 @@ type RunnerGroupSpec struct {
 	// +optional
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
 	PollInterval string `json:"pollInterval,omitempty"`
+	// Demand is where the group learns of its jobs: forge (the forge's
+	// job listing, polled, kept current by webhooks) or scale_set
+	// (GitHub: a runner scale set's message session, long-polled;
+	// nothing inbound).
+	// +optional
+	// +kubebuilder:default=forge
+	// +kubebuilder:validation:Enum=forge;scale_set
+	Demand string `json:"demand,omitempty"`
+	// ScaleSet names the runner scale set (demand scale_set).
+	// +optional
+	ScaleSet *ScaleSet `json:"scaleSet,omitempty"`
 	// SpawnConcurrency bounds parallel create_vm calls.
 	// +optional
 	// +kubebuilder:default=4
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=64
 	SpawnConcurrency int32 `json:"spawnConcurrency,omitempty"`
+}
+
+// ScaleSet is the GitHub runner scale set a group takes its jobs from.
+type ScaleSet struct {
+	// Name of the scale set (default: the RunnerGroup's name).
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9._-]{1,45}$`
+	Name string `json:"name,omitempty"`
+	// RunnerGroupID is the runner group it belongs to (default: the
+	// Forge's runnerGroupID).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	RunnerGroupID int64 `json:"runnerGroupID,omitempty"`
 }
 
 // Runner is the runner program: the command (a path in the image) the
