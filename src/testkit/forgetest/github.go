@@ -36,6 +36,8 @@ type GitHubJob struct {
 	RequestID int64
 	ScaleSet  int
 	Acquired  time.Time
+	// RunnerOnline: when the runner that took it first called in.
+	RunnerOnline time.Time
 }
 
 type ghRunner struct {
@@ -50,6 +52,8 @@ type ghRunner struct {
 	Connected bool
 	// ScaleSet: a scale set's runner (it takes only that set's jobs).
 	ScaleSet int
+	// Online: when it first called in.
+	Online time.Time
 }
 
 // GitHub is the REST + webhook contract server for GitHub Actions: runs
@@ -403,7 +407,9 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/_runner/acquire":
-		rn.Connected = true
+		if !rn.Connected {
+			rn.Connected, rn.Online = true, time.Now()
+		}
 		picked := g.pickJob(rn)
 		if picked == nil {
 			g.mu.Unlock()
@@ -411,7 +417,7 @@ func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
-		rn.Job = picked.ID
+		rn.Job, picked.RunnerOnline = picked.ID, rn.Online
 		if rn.ScaleSet != 0 {
 			g.event("JobStarted", picked)
 		}
