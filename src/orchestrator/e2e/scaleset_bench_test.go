@@ -17,17 +17,19 @@ import (
 //
 //   - single: 20 jobs one after another into an idle daemon; queued →
 //     the runner that took it online (its first call-in), p50 and max;
+//
 //   - jobs=N (RUNWAY_BENCH_JOBS, 1,000): N jobs queued at once through
 //     one scale set with room for all, as BenchmarkScale does by webhook
 //     (RUNWAY_BENCH_SPAWN spawn_concurrency, 16): last online, all done,
 //     online p50/p99, bin/cpi calls, REST and Actions service requests,
 //     the daemon's CPU and peak memory, extra runners, leftovers;
+//
 //   - at-rest: REST requests while nothing happens for 30 s, and what
 //     one renewal of the admin connection costs (the only REST a scale
 //     set's session needs: its admin token, and so its refreshes, rest on
 //     it).
 //
-//	go test -run '^$' -bench ScaleSet -benchtime 1x -timeout 30m ./src/orchestrator/e2e/
+//     go test -run '^$' -bench ScaleSet -benchtime 1x -timeout 30m ./src/orchestrator/e2e/
 func BenchmarkScaleSet(b *testing.B) {
 	n := 1000
 	if v := os.Getenv("RUNWAY_BENCH_JOBS"); v != "" {
