@@ -46,19 +46,25 @@ var _ = describeContainer("the dev stemcell", Ordered, func() {
 		// monit is down until the agent starts it: its front answers 503,
 		// which the agent retries.
 		Eventually(func() error { _, err := m.Status(); return err }, "20s", "100ms").Should(MatchError(ContainSubstring("503")))
-		// The agent writes monit's credentials and a job's monit file,
-		// then starts monit (sv start monit).
-		vmExec(vm, fmt.Sprintf(`umask 077; echo 'vcap:%s' > /var/vcap/monit/monit.user
-cat > /var/vcap/monit/job/0000_probe.monitrc <<'RC'
+		// The agent writes monit's credentials and starts monit (sv start
+		// monit); the Director's first routine stop finds no job:
+		// `monit stop -g vcap` succeeds, as monit 5.2 does.
+		vmExec(vm, fmt.Sprintf("umask 077; echo 'vcap:%s' > /var/vcap/monit/monit.user; sv start monit", pw))
+		var st agentprobe.MonitStatus
+		Eventually(func() (err error) { st, err = m.Status(); return err }, "20s", "100ms").Should(Succeed())
+		Expect(st.InGroup("vcap")).To(BeEmpty())
+		vmExec(vm, "monit stop -g vcap")
+		// A job's monit file, then the agent's reload: sv kill monit, sv
+		// start monit, until monit's incarnation changes.
+		vmExec(vm, `cat > /var/vcap/monit/job/0000_probe.monitrc <<'RC'
 check process probe with pidfile /var/vcap/sys/run/probe/pid
   start program "/bin/sh -c 'mkdir -p /var/vcap/sys/run/probe; chpst -u vcap:vcap sleep 600 & echo $! > /var/vcap/sys/run/probe/pid'"
   stop program "/bin/sh -c 'kill $(cat /var/vcap/sys/run/probe/pid)'"
   group vcap
 RC
-sv start monit`, pw))
-		var st agentprobe.MonitStatus
-		Eventually(func() (err error) { st, err = m.Status(); return err }, "20s", "100ms").Should(Succeed())
-		Expect(st.InGroup("vcap")).To(Equal([]string{"probe"}))
+sv kill monit; sv start monit`)
+		Eventually(func() []string { st, _ := m.Status(); return st.InGroup("vcap") }, "20s", "200ms").Should(Equal([]string{"probe"}))
+		Expect(m.Status()).To(HaveField("Incarnation", Not(Equal(st.Incarnation))))
 		running := func() bool {
 			st, err := m.Status()
 			s, _ := st.Service("probe")
@@ -84,12 +90,6 @@ sv start monit`, pw))
 		vmExec(vm, "monit stop -g vcap")
 		Eventually(func() int { st, _ := m.Status(); s, _ := st.Service("probe"); return s.Monitor }, "20s", "200ms").Should(Equal(0))
 		Expect(vmExec(vm, "monit summary")).To(ContainSubstring("probe"))
-		// The agent's reload: sv kill monit, sv start monit, until monit's
-		// incarnation changes.
-		st, err = m.Status()
-		Expect(err).NotTo(HaveOccurred())
-		vmExec(vm, "sv kill monit; sv start monit")
-		Eventually(func() string { st, _ := m.Status(); return st.Incarnation }, "20s", "200ms").ShouldNot(Or(Equal(st.Incarnation), BeEmpty()))
 	})
 
 	It("makes each VM's ssh host keys at its first boot, and lets a `bosh ssh` user in with its key and sudo without a password", func() {
