@@ -77,6 +77,7 @@ func benchScaleSetEnv(b *testing.B, max int) (*env, *forgetest.GitHub) {
 func scaleSetSingle(b *testing.B) {
 	for range b.N {
 		e, gh := benchScaleSetEnv(b, 4)
+		before := gh.Requests()
 		var waits []time.Duration
 		for range 20 {
 			id := gh.AddJob("acme/app", []string{"runway-ss"})
@@ -88,6 +89,9 @@ func scaleSetSingle(b *testing.B) {
 		slices.Sort(waits)
 		b.ReportMetric(waits[len(waits)/2].Seconds(), "online-p50-s")
 		b.ReportMetric(waits[len(waits)-1].Seconds(), "online-max-s")
+		rest, actions := restRequests(gh, before)
+		b.ReportMetric(float64(rest), "rest-requests")
+		b.ReportMetric(float64(actions), "actions-requests")
 	}
 }
 
