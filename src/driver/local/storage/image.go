@@ -99,25 +99,12 @@ func allocate(path string, sizeMiB int, flags int) error {
 // made of the same size), copying only the blocks mkfs wrote and
 // allocating the rest: a new file system in a few milliseconds instead of a mkfs.
 func CloneImage(template, path string, sizeMiB int) error {
-	in, err := os.Open(template)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	err = copyData(in, out)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = allocate(path, sizeMiB, 0)
-	}
-	if err != nil {
-		_ = os.Remove(path)
+	if err := CopyImage(template, path); err != nil {
 		return fmt.Errorf("copying %s: %w", template, err)
+	}
+	if err := allocate(path, sizeMiB, 0); err != nil {
+		_ = os.Remove(path)
+		return err
 	}
 	return nil
 }
