@@ -199,6 +199,7 @@ func (g *group) syncScaleSet(ctx context.Context, c config.GroupConfig) error {
 	if err := g.ss.listener.SetSpec(ctx, spec); err != nil {
 		return fmt.Errorf("setting scale set %s's labels: %w", spec.Name, err)
 	}
+	g.ss.listener.Nudge() // resumed, or max_active_runners raised: say so now
 	return nil
 }
 

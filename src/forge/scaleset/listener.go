@@ -56,6 +56,12 @@ type Listener struct {
 	mu        sync.Mutex
 	st        State
 	completed map[int64]time.Time // recently completed request ids
+
+	// The long poll in flight: its cancel and the capacity it told the
+	// service (Nudge ends it when the group can hold more).
+	pollMu     sync.Mutex
+	pollCancel context.CancelFunc
+	pollCap    int
 }
 
 // State is what the listener knows, for the group's passes.
@@ -255,11 +261,13 @@ func (l *Listener) capacity() int { return max(l.cfg.MaxJobs(), 0) }
 func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func(error) bool) error {
 	var lastID int64
 	for ctx.Err() == nil {
-		msg, err := sess.Message(ctx, lastID, l.capacity())
+		msg, nudged, err := l.poll1(ctx, sess, lastID)
 		var me *MessageError
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case nudged:
+			continue // the group can hold more than the poll told: tell it again
 		case errors.As(err, &me):
 			l.refused(me)
 			if me.ID == 0 {
@@ -297,6 +305,35 @@ func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func
 		l.setError(nil)
 	}
 	return nil
+}
+
+// poll1 is one long poll, ended early by Nudge (nudged).
+func (l *Listener) poll1(ctx context.Context, sess *Session, lastID int64) (*Message, bool, error) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	capacity := l.capacity()
+	l.pollMu.Lock()
+	l.pollCancel, l.pollCap = cancel, capacity
+	l.pollMu.Unlock()
+	msg, err := sess.Message(pctx, lastID, capacity)
+	l.pollMu.Lock()
+	l.pollCancel = nil
+	l.pollMu.Unlock()
+	nudged := ctx.Err() == nil && pctx.Err() != nil
+	return msg, nudged, err
+}
+
+// Nudge ends the long poll in flight when the group can now hold more
+// jobs than it told the service (it was drained, its maximum was raised):
+// the next poll says so, and the service offers what waits. A message
+// the service built for the poll ended is sent again (it is not deleted).
+func (l *Listener) Nudge() {
+	l.pollMu.Lock()
+	defer l.pollMu.Unlock()
+	if l.pollCancel != nil && l.capacity() > l.pollCap {
+		l.pollCancel()
+		l.pollCancel = nil
+	}
 }
 
 func (l *Listener) refused(me *MessageError) {

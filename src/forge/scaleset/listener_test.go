@@ -314,3 +314,24 @@ func TestCheckNamesTheMissingPermission(t *testing.T) {
 type restStub struct{ forge.Client }
 
 func (restStub) Runners(context.Context, forge.Scope) ([]forge.Runner, error) { return nil, nil }
+
+// A group that can hold more than its poll told the service (resumed
+// from a drain, its maximum raised) ends the poll in flight: the job
+// waiting is offered and acquired at once, not at the poll's end.
+func TestListenerNudgedWhenTheGroupCanHoldMore(t *testing.T) {
+	g := newServer(t)
+	g.SetActionsTimes(0, 0, 30*time.Second)
+	h := newHarness(t, g, 0)
+	h.start()
+	h.until("a session", func(s State) bool { return s.Session })
+	job := g.AddJob("acme/app", []string{"linux"})
+	h.until("the drained poll under way", func(State) bool { return g.ActionsStats().MaxCapacity == 0 })
+	h.l.Nudge() // nothing more to hold: the poll goes on
+	h.maxJobs.Store(1)
+	start := time.Now()
+	h.l.Nudge()
+	h.until("the job acquired", func(s State) bool { return len(s.Queued) == 1 })
+	if took := time.Since(start); took > 5*time.Second || g.Job(job).ScaleSet == 0 {
+		t.Errorf("acquired %s after the nudge; want at once", took)
+	}
+}
