@@ -30,7 +30,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("RUNSV-OK"))
 		out := console(vm)()
-		for _, s := range agentprobe.Steps {
+		for _, s := range append(agentprobe.Steps, agentprobe.RemountSteps...) {
 			Expect(out).To(ContainSubstring(s+"-OK"), "agent step %s:\n%s", s, out)
 		}
 		disk := asString(call("create_disk", 16, map[string]any{}, vm))
@@ -52,7 +52,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("probe-init"))
 		out := console(vm)()
-		for _, s := range agentprobe.Steps {
+		for _, s := range append(agentprobe.Steps, agentprobe.RemountSteps...) {
 			Expect(out).To(ContainSubstring(s+"-FAIL"), "agent step %s in a default VM:\n%s", s, out)
 		}
 	})

@@ -186,7 +186,7 @@ func (d *Driver) prepareContainer(ctx context.Context, rec vmRecord, props vmPro
 	ram, cpu := d.limits(props)
 	spec, err := container.Spec(container.VM{CID: rec.CID, AgentID: rec.AgentID, Rootfs: c.rootfs(), Devs: c.devs(),
 		Cgroup: c.cgroup(), Argv: argv, Env: props.Env, Agent: rec.Agent, RAMMiB: ram, CPU: cpu,
-		Pids: d.cfg.Container.PidsLimit, IDs: *rec.IDs})
+		Pids: d.cfg.Container.PidsLimit, IDs: *rec.IDs, OwnMounts: d.ownMounts(rec)})
 	if err != nil {
 		return err
 	}
@@ -245,6 +245,10 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	if err := d.mountLayer(c, run, *rec.IDs, image); err != nil {
 		return err
 	}
+	own := d.ownMounts(rec)
+	if err := makeOwnDirs(own, run, *rec.IDs, image); err != nil {
+		return err
+	}
 	layer := filepath.Join(c.run(), "layer")
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", filepath.Join(c.run(), "image"),
 		filepath.Join(layer, "upper"), filepath.Join(layer, "work"))
@@ -253,8 +257,11 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	}
 	// The overlay holds private copies of its layers' mounts: the host's
 	// mount table keeps two mounts a VM (what every runc create copies).
-	if err := storage.Unmount(filepath.Join(c.run(), "image"), layer); err != nil {
-		return err
+	// The runtime makes the VM's own file systems from them: kept then.
+	if len(own) == 0 {
+		if err := storage.Unmount(filepath.Join(c.run(), "image"), layer); err != nil {
+			return err
+		}
 	}
 	// Disks are mounted below devs on the host; being a shared mount, each
 	// one propagates into the running container's slave copy.

@@ -32,7 +32,11 @@ type vmRecord struct {
 	// Port: a container VM's host-side interface.
 	Port string `json:"port,omitempty"`
 	// Agent: the VM has the BOSH agent profile.
-	Agent     bool   `json:"agent,omitempty"`
+	Agent bool `json:"agent,omitempty"`
+	// OwnDirs: the agent VM's /var/vcap/data and /home are file systems of
+	// its own (owndirs.go); a VM made before they were keeps its writes
+	// there in its root's layer.
+	OwnDirs   bool   `json:"own_dirs,omitempty"`
 	Stopped   bool   `json:"stopped,omitempty"`
 	CreatedAt string `json:"created_at"`
 }

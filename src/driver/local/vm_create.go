@@ -143,7 +143,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 		if rec.Port, err = newPort(); err != nil {
 			return fail(err)
 		}
-		rec.Isolation, rec.IDs, rec.Agent = IsolationContainer, &ids, pl.agent
+		rec.Isolation, rec.IDs, rec.Agent, rec.OwnDirs = IsolationContainer, &ids, pl.agent, pl.agent
 		settings = withAddresses(settings, nets)
 	}
 	if settings != nil {

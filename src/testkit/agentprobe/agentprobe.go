@@ -21,6 +21,7 @@ step BIND sh -c 'mkdir -p /var/vcap/data/root_tmp && mount --bind /var/vcap/data
 step SHM mount -o remount,noexec,nodev,nosuid /dev/shm
 step FIREWALL iptables -A OUTPUT -p tcp -d 127.0.0.1 --dport 2822 -j ACCEPT
 step SETUID chpst -u vcap:vcap true
+step REMOUNT sh -c 'mkdir -p /var/vcap/data/root_log && mount /var/vcap/data/root_log /var/log -o bind && mount /var/log -o remount -o nodev -o nosuid -o noexec && mount /home /home -o bind && mount /home -o remount -o nodev -o nosuid'
 mkdir -p /etc/sv/probe
 cat > /etc/sv/probe/run <<'RUN'
 #!/bin/sh
@@ -47,3 +48,10 @@ exec /usr/sbin/runsvdir-start
 
 // Steps are the lines Script prints, each with -OK or -FAIL.
 var Steps = []string{"USERMOD", "USERADD", "HOSTNAME", "CHOWN", "TMPFS", "BIND", "SHM", "FIREWALL", "SETUID"}
+
+// RemountSteps are Script's lines for the agent's remounts as it runs
+// them, without MS_BIND (platform/linux_platform.go: SetupLogDir,
+// SetupHomeDir): they succeed only where the binds' sources are the VM's
+// own file systems (the local driver; not yet the kubernetes driver's
+// pods, whose root is the host's overlay).
+var RemountSteps = []string{"REMOUNT"}

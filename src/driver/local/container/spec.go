@@ -48,7 +48,21 @@ type VM struct {
 	Pids        int64
 	// IDs: the VM's user namespace maps its ids onto these host ids.
 	IDs storage.IDRange
+	// OwnMounts: file systems the runtime makes in the VM's user namespace.
+	OwnMounts []OwnMount
 }
+
+// OwnMount is an overlay of one of the image's directories (Lower, seen
+// through the VM's ids) on an upper directory of its own in the VM's
+// writable layer, made by the runtime inside the VM's user namespace: its
+// superblock is the VM's, so the VM's root may remount it. A remount
+// without MS_BIND (mount DIR -o remount,nodev: what the BOSH agent does to
+// /var/log, /home, /opt and /var/opt, binds of /var/vcap/data and /home)
+// reconfigures the superblock, which a file system the host mounted — the
+// root overlay — refuses to a user namespace. userxattr: the overlay keeps
+// its metadata in user.overlay.* attributes, as one made in a user
+// namespace must.
+type OwnMount struct{ Dest, Lower, Upper, Work string }
 
 // ociVersion: the spec version written; Debian 12's crun 1.8 refuses the
 // library's newer one, and nothing used here is newer than 1.0.2.
@@ -139,6 +153,10 @@ func Spec(v VM) (*specs.Spec, error) {
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
 		Annotations: map[string]string{"org.runway-cpi.vm": v.CID},
+	}
+	for _, m := range v.OwnMounts {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: m.Dest, Type: "overlay", Source: "overlay",
+			Options: []string{"lowerdir=" + m.Lower, "upperdir=" + m.Upper, "workdir=" + m.Work, "userxattr"}})
 	}
 	// The seccomp profile Docker and containerd apply by default, with the
 	// syscalls the VM's capabilities call for.
