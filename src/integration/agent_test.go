@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -43,6 +45,50 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		Expect(string(b)).To(Equal("kept\n"))
 		call("delete_vm", vm) // the disk outlives the VM, with its data
 		b, err = extimage.ReadFile(diskImage(disk), "/from-agent")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(b)).To(Equal("kept\n"))
+	})
+
+	// The Director's enable_cpi_resize_disk: the agent unmounts
+	// /warden-cpi-dev/<disk> (not its bind at /var/vcap/store), then
+	// detach_disk, resize_disk, attach_disk, and the agent mounts it again.
+	It("takes the agent's own bind of a disk with detach_disk, so resize_disk grows it and the next attach is its only mount", func() {
+		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", storeScript}}, dynamic)
+		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		disk := asString(call("create_disk", 16, map[string]any{}, vm))
+		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		call("attach_disk", vm, disk)
+		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("BOUND"))
+		call("detach_disk", vm, disk)
+		Eventually(console(vm), "10s", "50ms").Should(ContainSubstring("UNBOUND"), "the agent's bind outlived detach_disk")
+		call("resize_disk", disk, 64)
+		call("attach_disk", vm, disk)
+		Eventually(console(vm), "20s", "50ms").Should(MatchRegexp(`REBOUND kept (\d+) 1\n`))
+		m := regexp.MustCompile(`REBOUND kept (\d+) 1`).FindStringSubmatch(console(vm)())
+		size, _ := strconv.Atoi(m[1])
+		Expect(size).To(BeNumerically(">", 40), "the file system inside is the grown one (MiB)")
+	})
+
+	It("keeps a disk a VM holds open from being grown or mounted anywhere else until that VM lets it go", func() {
+		holder, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", "HOLD=1\n" + storeScript}}, dynamic)
+		DeferCleanup(func() { runRaw(request("delete_vm", 2, holder)) })
+		other, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"sleep", "infinity"}}, dynamic)
+		DeferCleanup(func() { runRaw(request("delete_vm", 2, other)) })
+		disk := asString(call("create_disk", 16, map[string]any{}, holder))
+		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		call("attach_disk", holder, disk)
+		Eventually(console(holder), "20s", "50ms").Should(ContainSubstring("BOUND"))
+		call("detach_disk", holder, disk) // as a volume is detached by force
+		Eventually(console(holder), "10s", "50ms").Should(ContainSubstring("UNBOUND"))
+		r := runRaw(request("resize_disk", 2, disk, 64))
+		Expect(r.Error).NotTo(BeNil(), "grown under a live mount")
+		Expect(r.Error.Message).To(ContainSubstring("cannot grow while it is still mounted"))
+		r = runRaw(request("attach_disk", 2, other, disk))
+		Expect(r.Error).NotTo(BeNil(), "mounted in a second VM while the first still holds it")
+		Expect(r.Error.Message).To(ContainSubstring("is still mounted where it was attached before"))
+		call("delete_vm", holder)
+		call("resize_disk", disk, 64)
+		b, err := extimage.ReadFile(diskImage(disk), "/kept")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(b)).To(Equal("kept\n"))
 	})
@@ -105,3 +151,24 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		Expect(r.Error.Message).To(ContainSubstring("has no /usr/sbin/runsvdir-start to start its agent"))
 	})
 })
+
+// storeScript does in a VM what the BOSH agent does with its persistent
+// disk on a warden stemcell: bind /warden-cpi-dev/<disk> at
+// /var/vcap/store and write there; it says when the bind is gone and, the
+// disk back, binds it again and tells the data, the file system's size
+// (MiB) and how many mounts /var/vcap/store has. HOLD=1 keeps a file open
+// on the disk, as a job that was not stopped would.
+const storeScript = `
+store=/var/vcap/store; mkdir -p $store
+wait_disk() { until d=$(ls -d /warden-cpi-dev/disk-* 2>/dev/null | head -1) && mountpoint -q "$d"; do sleep 0.05; done; }
+wait_disk
+mount --bind "$d" $store && echo kept > $store/kept || echo BIND-FAILED
+[ "${HOLD:-}" = 1 ] && exec 3<$store/kept
+echo BOUND
+while mountpoint -q $store; do sleep 0.05; done
+echo UNBOUND
+wait_disk
+mount --bind "$d" $store || echo BIND-FAILED
+echo "REBOUND $(cat $store/kept) $(df -m --output=size $store | tail -1 | tr -d ' ') $(grep -c " $store " /proc/mounts)"
+sleep infinity
+`

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
@@ -170,6 +171,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 		return nil, fmt.Errorf("disk %s is a file system image, made in container mode: attach it to a container vm (vm %s is a process vm)", disk, vm)
 	}
 	link := d.linkPath(vm, disk)
+	before := rec.AttachedTo
 	rec.AttachedTo = vm
 	if err := d.save(disks, rec.CID, rec); err != nil {
 		return nil, err
@@ -182,6 +184,16 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 		}
 	}
 	where, err := d.isoOf(vmRec).attach(ctx, vmRec, disk)
+	if err != nil && before == "" {
+		// Refused (the disk still held elsewhere) or failed: nothing of it
+		// stays in the VM, and the record says so.
+		if derr := d.isoOf(vmRec).detach(ctx, vmRec, disk); derr != nil {
+			return nil, errors.Join(err, derr)
+		}
+		rec.AttachedTo = ""
+		_ = os.Remove(link)
+		return nil, errors.Join(err, d.save(disks, rec.CID, rec))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -300,6 +312,10 @@ func (d *Driver) UpdateDisk(ctx context.Context, cid string, size int, props dri
 	return d.update(ctx, cid, size, &props)
 }
 
+// freeWait: how long attach_disk and resize_disk wait for a disk's loop
+// device to go after its last mount (the kernel frees it a moment later).
+const freeWait = 10 * time.Second
+
 // A disk made in container mode is disks/<cid>/disk.img.
 const (
 	diskFormatExt4 = "ext4"
@@ -334,7 +350,11 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 			if rec.AttachedTo != "" && d.vmExists(rec.AttachedTo) {
 				return "", fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 			}
-			if err := storage.GrowImage(ctx, filepath.Join(d.path(disks, cid), diskImage), size); err != nil {
+			image := filepath.Join(d.path(disks, cid), diskImage)
+			if err := storage.AwaitFree(ctx, image, freeWait); err != nil {
+				return "", fmt.Errorf("disk %s cannot grow while it is still mounted (a process in the vm it was attached to keeps files open on it): %w", cid, err)
+			}
+			if err := storage.GrowImage(ctx, image, size); err != nil {
 				return "", fmt.Errorf("growing disk %s: %w", cid, err)
 			}
 		}

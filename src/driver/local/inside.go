@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -230,6 +231,12 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 			return "", err
 		}
 		defer os.Remove(src)
+		// Mounted twice, an ext4 is lost: not while another VM (or this
+		// one, before) still holds it.
+		image := filepath.Join(d.path(disks, disk), diskImage)
+		if err := storage.AwaitFree(context.Background(), image, freeWait); err != nil {
+			return "", fmt.Errorf("disk %s is still mounted where it was attached before (a process there keeps files open on it): %w", disk, err)
+		}
 		if err := storage.MountLoop(filepath.Join(d.path(disks, disk), diskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 			return "", fmt.Errorf("mounting disk %s: %w", disk, err)
 		}
@@ -241,10 +248,22 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 	return inside, nil
 }
 
-// detachInside unmounts a disk from the VM (it disappears inside at once).
+// detachInside unmounts a disk from the VM (it disappears inside at
+// once), with every mount the VM made of it.
 func (d *Driver) detachInside(vm, disk string) error {
 	c := d.ctr(vm)
-	if err := storage.Unmount(filepath.Join(c.devs(), disk)); err != nil {
+	at := filepath.Join(c.devs(), disk)
+	if dr, err := d.loadDisk(disk); err == nil && dr.Format == diskFormatExt4 && storage.IsMountPoint(at) {
+		var st unix.Stat_t
+		if err := unix.Stat(at, &st); err != nil {
+			return err
+		}
+		// The image's own loop device: no other file system has it.
+		if err := d.unbindInVM(vm, st.Dev); err != nil {
+			return err
+		}
+	}
+	if err := storage.Unmount(at); err != nil {
 		return err
 	}
 	devs, err := os.OpenRoot(c.devs())

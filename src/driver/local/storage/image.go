@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -281,3 +283,56 @@ func Frozen(dir string, f func() error) error {
 	defer func() { _ = unix.IoctlSetPointerInt(int(d.Fd()), fiThaw, 0) }()
 	return f()
 }
+
+// LoopsOf answers the loop devices whose backing file is image (the same
+// inode): its file system is still mounted somewhere, or was lately (a
+// device goes with its last mount, a moment after).
+func LoopsOf(image string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(image, &st); err != nil {
+		return nil, err
+	}
+	bound, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, b := range bound {
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(b)))
+		f, err := os.Open(dev)
+		if err != nil {
+			continue // gone since
+		}
+		info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+		f.Close()
+		if err == nil && info.Device == st.Dev && info.Inode == st.Ino {
+			out = append(out, dev)
+		}
+	}
+	return out, nil
+}
+
+// AwaitFree waits (at most wait) until no loop device holds image, and
+// names them when some still do.
+func AwaitFree(ctx context.Context, image string, wait time.Duration) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(wait)
+	for {
+		loops, err := LoopsOf(image)
+		if err != nil || len(loops) == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s still holds it", ErrInUse, strings.Join(loops, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// ErrInUse: an image a loop device still holds (mounted somewhere).
+var ErrInUse = errors.New("the image is still mounted")
