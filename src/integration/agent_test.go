@@ -54,9 +54,11 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 	// detach_disk, resize_disk, attach_disk, and the agent mounts it again.
 	It("takes the agent's own bind of a disk with detach_disk, so resize_disk grows it and the next attach is its only mount", func() {
 		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", storeScript}}, dynamic)
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
 		disk := asString(call("create_disk", 16, map[string]any{}, vm))
-		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		DeferCleanup(func() { // the VM first: an attached disk is not deleted
+			runRaw(request("delete_vm", 2, vm))
+			runRaw(request("delete_disk", 2, disk))
+		})
 		call("attach_disk", vm, disk)
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("BOUND"))
 		call("detach_disk", vm, disk)
@@ -71,11 +73,13 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 
 	It("keeps a disk a VM holds open from being grown or mounted anywhere else until that VM lets it go", func() {
 		holder, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", "HOLD=1\n" + storeScript}}, dynamic)
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, holder)) })
 		other, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"sleep", "infinity"}}, dynamic)
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, other)) })
 		disk := asString(call("create_disk", 16, map[string]any{}, holder))
-		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		DeferCleanup(func() {
+			runRaw(request("delete_vm", 2, holder))
+			runRaw(request("delete_vm", 2, other))
+			runRaw(request("delete_disk", 2, disk))
+		})
 		call("attach_disk", holder, disk)
 		Eventually(console(holder), "20s", "50ms").Should(ContainSubstring("BOUND"))
 		call("detach_disk", holder, disk) // as a volume is detached by force
