@@ -800,3 +800,79 @@ func TestOfficialMetadataOptionsAndEncryption(t *testing.T) {
 		t.Errorf("disk with encrypted false: %+v %v", v, err)
 	}
 }
+
+// made runs a create the test itself makes on moto, again if moto cut the
+// connection (see retrying) — unless find sees that the attempt made it
+// after all: a create sent twice would conflict with itself or double.
+func made[T any](t *testing.T, create func() (T, error), find func() (T, bool)) T {
+	t.Helper()
+	v, err := create()
+	for i := 0; err != nil && classify(err).Class != retry.Permanent && i < 3; i++ {
+		if f, ok := find(); ok {
+			return f
+		}
+		v, err = create()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// fixtures makes what an operator made beforehand, each once (made); check
+// is the retrying client the finds read with.
+type fixtures struct {
+	t        *testing.T
+	ctx      context.Context
+	c, check *ec2.Client
+}
+
+func (f fixtures) vpc(cidr string, ipv6 bool) string {
+	return made(f.t, func() (string, error) {
+		out, err := f.c.CreateVpc(f.ctx, &ec2.CreateVpcInput{CidrBlock: &cidr, AmazonProvidedIpv6CidrBlock: aws.Bool(ipv6)})
+		if err != nil {
+			return "", err
+		}
+		return aws.ToString(out.Vpc.VpcId), nil
+	}, func() (string, bool) {
+		out, err := f.check.DescribeVpcs(f.ctx, &ec2.DescribeVpcsInput{Filters: []types.Filter{{Name: aws.String("cidr"), Values: []string{cidr}}}})
+		if err != nil || len(out.Vpcs) == 0 {
+			return "", false
+		}
+		return aws.ToString(out.Vpcs[0].VpcId), true
+	})
+}
+
+func (f fixtures) securityGroup(name, vpc string) string {
+	return made(f.t, func() (string, error) {
+		out, err := f.c.CreateSecurityGroup(f.ctx, &ec2.CreateSecurityGroupInput{GroupName: &name, Description: aws.String("p"), VpcId: &vpc})
+		if err != nil {
+			return "", err
+		}
+		return aws.ToString(out.GroupId), nil
+	}, func() (string, bool) {
+		out, err := f.check.DescribeSecurityGroups(f.ctx, &ec2.DescribeSecurityGroupsInput{Filters: []types.Filter{
+			{Name: aws.String("group-name"), Values: []string{name}}, {Name: aws.String("vpc-id"), Values: []string{vpc}}}})
+		if err != nil || len(out.SecurityGroups) == 0 {
+			return "", false
+		}
+		return aws.ToString(out.SecurityGroups[0].GroupId), true
+	})
+}
+
+func (f fixtures) subnet(in *ec2.CreateSubnetInput) string {
+	return made(f.t, func() (string, error) {
+		out, err := f.c.CreateSubnet(f.ctx, in)
+		if err != nil {
+			return "", err
+		}
+		return aws.ToString(out.Subnet.SubnetId), nil
+	}, func() (string, bool) {
+		out, err := f.check.DescribeSubnets(f.ctx, &ec2.DescribeSubnetsInput{Filters: []types.Filter{
+			{Name: aws.String("cidr-block"), Values: []string{aws.ToString(in.CidrBlock)}}, {Name: aws.String("vpc-id"), Values: []string{aws.ToString(in.VpcId)}}}})
+		if err != nil || len(out.Subnets) == 0 {
+			return "", false
+		}
+		return aws.ToString(out.Subnets[0].SubnetId), true
+	})
+}

@@ -158,33 +158,33 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	}
 	sn := subnets.Subnets[0]
 	vpc := aws.ToString(sn.VpcId)
-	sg, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{GroupName: aws.String("parity-web"), Description: aws.String("p"), VpcId: &vpc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherVPC, err := c.CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.77.0.0/16")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{GroupName: aws.String("parity-web"), Description: aws.String("p"),
-		VpcId: otherVPC.Vpc.VpcId}); err != nil {
-		t.Fatal(err)
-	}
-	tg, err := lb2.CreateTargetGroup(ctx, &elbv2.CreateTargetGroupInput{Name: aws.String("parity-tg"), Protocol: elbv2types.ProtocolEnumHttp,
-		Port: aws.Int32(8080), VpcId: &vpc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lb1.CreateLoadBalancer(ctx, &elb.CreateLoadBalancerInput{LoadBalancerName: aws.String("parity-elb"),
-		AvailabilityZones: []string{aws.ToString(sn.AvailabilityZone)},
-		Listeners:         []elbtypes.Listener{{Protocol: aws.String("HTTP"), LoadBalancerPort: 80, InstancePort: aws.Int32(8080)}}}); err != nil {
-		t.Fatal(err)
-	}
+	fx := fixtures{t: t, ctx: ctx, c: c, check: retrying(c)}
+	sg := fx.securityGroup("parity-web", vpc)
+	otherVPC := fx.vpc("10.77.0.0/16", false)
+	fx.securityGroup("parity-web", otherVPC)
+	tg := made(t, func() (*elbv2.CreateTargetGroupOutput, error) {
+		return lb2.CreateTargetGroup(ctx, &elbv2.CreateTargetGroupInput{Name: aws.String("parity-tg"), Protocol: elbv2types.ProtocolEnumHttp,
+			Port: aws.Int32(8080), VpcId: &vpc})
+	}, func() (*elbv2.CreateTargetGroupOutput, bool) {
+		out, err := check2.DescribeTargetGroups(ctx, &elbv2.DescribeTargetGroupsInput{Names: []string{"parity-tg"}})
+		if err != nil || len(out.TargetGroups) == 0 {
+			return nil, false
+		}
+		return &elbv2.CreateTargetGroupOutput{TargetGroups: out.TargetGroups}, true
+	})
+	made(t, func() (*elb.CreateLoadBalancerOutput, error) {
+		return lb1.CreateLoadBalancer(ctx, &elb.CreateLoadBalancerInput{LoadBalancerName: aws.String("parity-elb"),
+			AvailabilityZones: []string{aws.ToString(sn.AvailabilityZone)},
+			Listeners:         []elbtypes.Listener{{Protocol: aws.String("HTTP"), LoadBalancerPort: 80, InstancePort: aws.Int32(8080)}}})
+	}, func() (*elb.CreateLoadBalancerOutput, bool) {
+		out, err := check1.DescribeLoadBalancers(ctx, &elb.DescribeLoadBalancersInput{LoadBalancerNames: []string{"parity-elb"}})
+		return &elb.CreateLoadBalancerOutput{}, err == nil && len(out.LoadBalancerDescriptions) > 0
+	})
 	// (moto 5.1 has no CreatePlacementGroup: the launch's request is checked.)
-	rt, err := c.CreateRouteTable(ctx, &ec2.CreateRouteTableInput{VpcId: &vpc})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A second route table, should a retry make one, changes nothing here.
+	rt := made(t, func() (*ec2.CreateRouteTableOutput, error) {
+		return c.CreateRouteTable(ctx, &ec2.CreateRouteTableInput{VpcId: &vpc})
+	}, func() (*ec2.CreateRouteTableOutput, bool) { return nil, false })
 	table := aws.ToString(rt.RouteTable.RouteTableId)
 
 	img, sprops := stemcellFixture(t)
@@ -218,8 +218,8 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 			groups = append(groups, aws.ToString(g.GroupId))
 		}
 	}
-	if !slices.Equal(groups, []string{aws.ToString(sg.GroupId)}) {
-		t.Errorf("security groups %v; want %s, parity-web of the subnet's VPC", groups, aws.ToString(sg.GroupId))
+	if !slices.Equal(groups, []string{sg}) {
+		t.Errorf("security groups %v; want %s, parity-web of the subnet's VPC", groups, sg)
 	}
 	health, err := check2.DescribeTargetHealth(ctx, &elbv2.DescribeTargetHealthInput{TargetGroupArn: tg.TargetGroups[0].TargetGroupArn})
 	if err != nil || len(health.TargetHealthDescriptions) != 1 || aws.ToString(health.TargetHealthDescriptions[0].Target.Id) != vm {
@@ -344,11 +344,8 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	// Two interfaces: nic_group "front" holds an IPv4 address, an IPv6
 	// address and a delegated /28 prefix; "back" (the second subnet) a
 	// dynamic address. list_vms answers each network's address.
-	v6vpc, err := c.CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.80.0.0/16"), AmazonProvidedIpv6CidrBlock: aws.Bool(true)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	vpcs, err := c.DescribeVpcs(ctx, &ec2.DescribeVpcsInput{VpcIds: []string{aws.ToString(v6vpc.Vpc.VpcId)}})
+	v6vpc := fx.vpc("10.80.0.0/16", true)
+	vpcs, err := fx.check.DescribeVpcs(ctx, &ec2.DescribeVpcsInput{VpcIds: []string{v6vpc}})
 	if err != nil || len(vpcs.Vpcs[0].Ipv6CidrBlockAssociationSet) == 0 {
 		t.Fatalf("VPC without an IPv6 block: %+v %v", vpcs, err)
 	}
@@ -361,21 +358,15 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	subnet64 := netip.PrefixFrom(netip.AddrFrom16(b), 64)
 	b[15] = 0x10
 	v6addr := netip.AddrFrom16(b).String()
-	front, err := c.CreateSubnet(ctx, &ec2.CreateSubnetInput{VpcId: v6vpc.Vpc.VpcId, CidrBlock: aws.String("10.80.1.0/24"),
+	front := fx.subnet(&ec2.CreateSubnetInput{VpcId: &v6vpc, CidrBlock: aws.String("10.80.1.0/24"),
 		Ipv6CidrBlock: aws.String(subnet64.String()), AvailabilityZone: sn.AvailabilityZone})
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := c.CreateSubnet(ctx, &ec2.CreateSubnetInput{VpcId: v6vpc.Vpc.VpcId, CidrBlock: aws.String("10.80.2.0/24"), AvailabilityZone: sn.AvailabilityZone})
-	if err != nil {
-		t.Fatal(err)
-	}
-	frontSub := map[string]any{"subnet": aws.ToString(front.Subnet.SubnetId)}
+	back := fx.subnet(&ec2.CreateSubnetInput{VpcId: &v6vpc, CidrBlock: aws.String("10.80.2.0/24"), AvailabilityZone: sn.AvailabilityZone})
+	frontSub := map[string]any{"subnet": front}
 	multi := map[string]any{
 		"front4": map[string]any{"type": "manual", "ip": "10.80.1.10", "nic_group": "front", "default": []string{"dns", "gateway"}, "cloud_properties": frontSub},
 		"front6": map[string]any{"type": "manual", "ip": v6addr, "nic_group": "front", "cloud_properties": frontSub},
 		"pods":   map[string]any{"type": "manual", "ip": "10.80.1.32", "prefix": 28, "nic_group": "front", "cloud_properties": frontSub},
-		"back":   map[string]any{"type": "dynamic", "cloud_properties": map[string]any{"subnet": aws.ToString(back.Subnet.SubnetId)}},
+		"back":   map[string]any{"type": "dynamic", "cloud_properties": map[string]any{"subnet": back}},
 	}
 	var pair []json.RawMessage
 	json.Unmarshal(cpi.OK(t, nil, "create_vm", "agent-nics", ami, map[string]any{"instance_type": "m6i.large"}, multi, []string{}, map[string]any{}), &pair)
@@ -383,10 +374,10 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	var answered map[string]map[string]any
 	json.Unmarshal(pair[1], &answered)
 	run = rec.last("RunInstances")
-	for k, v := range map[string]string{"NetworkInterface.1.DeviceIndex": "0", "NetworkInterface.1.SubnetId": aws.ToString(front.Subnet.SubnetId),
+	for k, v := range map[string]string{"NetworkInterface.1.DeviceIndex": "0", "NetworkInterface.1.SubnetId": front,
 		"NetworkInterface.1.PrivateIpAddress": "10.80.1.10", "NetworkInterface.1.Ipv6Addresses.1.Ipv6Address": v6addr,
 		"NetworkInterface.1.Ipv4Prefix.1.Ipv4Prefix": "10.80.1.32/28", "NetworkInterface.2.DeviceIndex": "1",
-		"NetworkInterface.2.SubnetId": aws.ToString(back.Subnet.SubnetId)} {
+		"NetworkInterface.2.SubnetId": back} {
 		if run.Get(k) != v {
 			t.Errorf("RunInstances %s = %q; want %q", k, run.Get(k), v)
 		}

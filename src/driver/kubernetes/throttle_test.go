@@ -69,33 +69,36 @@ func TestThrottledByTheAPIServer(t *testing.T) {
 	// As many bin/cpi processes at once: each its own driver (its own
 	// client-side limiter), all starting together, one call each. The
 	// server's Retry-After grows while it keeps rejecting: more calls
-	// only make the test slower.
+	// only make the test slower. On a loaded machine the callers may not
+	// overlap enough to be refused: another round then, up to ten.
 	const callers = 12
-	var wg sync.WaitGroup
-	errs := make(chan error, callers)
-	ready := make(chan struct{})
-	for i := range callers {
-		d := newTestDriver(t, c, nil)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-ready
-			if ok, err := d.HasVM(ctx, fmt.Sprintf("vm-00000000-0000-0000-0000-%012d", i)); err != nil || ok {
-				errs <- fmt.Errorf("has_vm: %v, %v; want false, nil", ok, err)
-			}
-		}()
+	start, n := time.Now(), 0
+	for round := 0; round < 10 && n == 0 && !t.Failed(); round++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		ready := make(chan struct{})
+		for i := range callers {
+			d := newTestDriver(t, c, nil)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-ready
+				if ok, err := d.HasVM(ctx, fmt.Sprintf("vm-00000000-0000-0000-0000-%012d", i)); err != nil || ok {
+					errs <- fmt.Errorf("has_vm: %v, %v; want false, nil", ok, err)
+				}
+			}()
+		}
+		close(ready)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		n = rejected(t, c, level) - before
+		t.Logf("round %d: %d calls, %d answered 429 by the server so far, %.1f s", round+1, callers, n, time.Since(start).Seconds())
 	}
-	start := time.Now()
-	close(ready)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	n := rejected(t, c, level) - before
-	t.Logf("%d calls, %d answered 429 by the server, %.1f s", callers, n, time.Since(start).Seconds())
 	if n == 0 {
-		t.Error("the server rejected none of the calls: the test throttled nothing")
+		t.Error("the server rejected none of the calls in ten rounds: the test throttled nothing")
 	}
 }
 
