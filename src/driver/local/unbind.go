@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -50,7 +49,7 @@ func (d *Driver) unbindInVM(cid string, dev uint64) error {
 	if err != nil || unix.PidfdSendSignal(fd, 0, nil, 0) != nil {
 		return nil // ended meanwhile
 	}
-	paths := mountsOf(info, dev)
+	paths := storage.MountsOf(info, dev)
 	if len(paths) == 0 {
 		return nil
 	}
@@ -67,25 +66,6 @@ func (d *Driver) unbindInVM(cid string, dev uint64) error {
 		}
 		return nil
 	})
-}
-
-// mountsOf answers the mount points in a mountinfo table whose file system
-// is the device dev, innermost first.
-func mountsOf(info []byte, dev uint64) []string {
-	var out []string
-	for _, line := range strings.Split(string(info), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		var maj, min uint32
-		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil || unix.Mkdev(maj, min) != dev {
-			continue
-		}
-		out = append(out, storage.UnescapeMount(f[4]))
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out
 }
 
 // inMountNS runs f on a thread of its own inside the mount namespace ns

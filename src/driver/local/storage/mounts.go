@@ -17,20 +17,35 @@ func MountsUnder(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return mountPoints(b, func(f []string) bool {
+		mp := UnescapeMount(f[4])
+		return mp == dir || strings.HasPrefix(mp, dir+"/")
+	}), nil
+}
+
+// MountsOf lists the mount points in a mountinfo table (another
+// process's) whose file system is the device dev, innermost first.
+func MountsOf(info []byte, dev uint64) []string {
+	return mountPoints(info, func(f []string) bool {
+		var maj, min uint32
+		_, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min)
+		return err == nil && unix.Mkdev(maj, min) == dev
+	})
+}
+
+// mountPoints lists the mount points of the mountinfo lines keep takes,
+// deepest first; a path mounted twice is listed twice.
+func mountPoints(info []byte, keep func(fields []string) bool) []string {
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(string(info), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 5 {
+		if len(f) < 5 || !keep(f) {
 			continue
 		}
-		mp := UnescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
+		out = append(out, UnescapeMount(f[4]))
 	}
-	// Deepest first; a path mounted twice is listed twice.
 	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
-	return out, nil
+	return out
 }
 
 // UnescapeMount undoes mountinfo's octal escapes (\040 for a space).

@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -244,5 +247,21 @@ func TestUntarBoundsTheNumberOfEntries(t *testing.T) {
 	}
 	if err := Untar(context.Background(), src, filepath.Join(t.TempDir(), "c"), &Budget{room: 1 << 30, maxEntries: 101}, false); err != nil {
 		t.Errorf("101 entries within a limit of 101: %v", err)
+	}
+}
+
+// A VM's mountinfo: its binds of the disk (7:3), deepest first, and
+// nothing of another device, whatever the paths it named say.
+func TestMountsOfPicksTheDeviceOnly(t *testing.T) {
+	info := []byte(`1 0 0:40 / / rw - overlay overlay rw
+2 1 7:3 / /warden-cpi-dev/disk-a rw - ext4 /dev/loop3 rw
+3 1 7:3 / /var/vcap/store rw - ext4 /dev/loop3 rw
+4 3 7:3 /sub /var/vcap/store/x\040y rw - ext4 /dev/loop3 rw
+5 1 7:30 / /var/vcap/data rw - ext4 /dev/loop30 rw
+`)
+	got := MountsOf(info, unix.Mkdev(7, 3))
+	want := []string{"/var/vcap/store/x y", "/var/vcap/store", "/warden-cpi-dev/disk-a"}
+	if !slices.Equal(got, want) {
+		t.Errorf("MountsOf = %q, want %q", got, want)
 	}
 }
