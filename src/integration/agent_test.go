@@ -20,12 +20,7 @@ import (
 // default VM cannot.
 var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 	var stemcell string
-	BeforeAll(func() {
-		image := os.Getenv("RUNWAY_TEST_BOSH_ROOTFS")
-		Expect(image).NotTo(BeEmpty(), "RUNWAY_TEST_BOSH_ROOTFS must name the bosh rootfs (scripts/rootfs-dev path bosh)")
-		stemcell = asString(call("create_stemcell", image, map[string]any{"infrastructure": "warden", "hypervisor": "boshlite"}))
-		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
-	})
+	BeforeAll(func() { stemcell = boshStemcell() })
 
 	It("does as root what the agent and its jobs do, with a disk attached while it runs", func() {
 		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", agentprobe.Script}}, dynamic)
@@ -176,3 +171,13 @@ mount --bind "$d" $store || echo BIND-FAILED
 echo "REBOUND $(cat $store/kept) $(df -m --output=size $store | tail -1 | tr -d ' ') $(grep -c " $store " /proc/mounts)"
 sleep infinity
 `
+
+// boshStemcell uploads the bosh rootfs (scripts/rootfs-dev path bosh) as
+// a warden stemcell for the rest of the container, deleted after it.
+func boshStemcell() string {
+	image := os.Getenv("RUNWAY_TEST_BOSH_ROOTFS")
+	ExpectWithOffset(1, image).NotTo(BeEmpty(), "RUNWAY_TEST_BOSH_ROOTFS must name the bosh rootfs (scripts/rootfs-dev path bosh)")
+	stemcell := asString(call("create_stemcell", image, map[string]any{"infrastructure": "warden", "hypervisor": "boshlite"}))
+	DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
+	return stemcell
+}

@@ -27,12 +27,7 @@ import (
 // uses them, the syslog the agent's audit log writes to.
 var _ = describeContainer("the dev stemcell", Ordered, func() {
 	var stemcell string
-	BeforeAll(func() {
-		image := os.Getenv("RUNWAY_TEST_BOSH_ROOTFS")
-		Expect(image).NotTo(BeEmpty(), "RUNWAY_TEST_BOSH_ROOTFS must name the bosh rootfs (scripts/rootfs-dev path bosh)")
-		stemcell = asString(call("create_stemcell", image, map[string]any{"infrastructure": "warden", "hypervisor": "boshlite"}))
-		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
-	})
+	BeforeAll(func() { stemcell = boshStemcell() })
 	boot := func() (string, string) {
 		vm, ip := createVM(stemcell, map[string]any{"bosh_agent": true}, dynamic)
 		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
