@@ -109,22 +109,9 @@ func TestReplicasSurviveKill9MidSpawn(t *testing.T) {
 	must(t, os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600))
 	e.top = "store: postgres\npostgres:\n  dsn_file: " + dsnFile
 	must(t, os.WriteFile(e.hold, nil, 0o600))
-	stall := filepath.Join(e.dir, "stall")     // "before" or "after": where create_vm stalls
-	reached := filepath.Join(e.dir, "reached") // a create_vm is stalled
-	made := filepath.Join(e.dir, "made")       // one line per VM create_vm made
-	wrapper := filepath.Join(e.dir, "stalling-cpi")
-	writeScript(t, wrapper, fmt.Sprintf(`req=$(cat)
-case "$req" in *'"create_vm"'*)
-  mode=$(cat %[1]q 2>/dev/null)
-  if [ "$mode" = before ]; then touch %[2]q; exec sleep 601; fi
-  out=$(printf '%%s' "$req" | %[3]q "$@")
-  case "$out" in *'"error":null'*) echo made >> %[4]q;; esac
-  if [ "$mode" = after ]; then touch %[2]q; exec sleep 601; fi
-  printf '%%s' "$out"
-  exit 0;;
-esac
-printf '%%s' "$req" | exec %[3]q "$@"
-`, stall, reached, bins.cpi, made))
+	// stall: "before" or "after", where create_vm stalls; reached: one is
+	// stalled; made: one line per VM create_vm made.
+	wrapper, stall, reached, made := stallingCPI(t, e)
 	const poll = 500 * time.Millisecond
 	e.writeConfig(poll.String(), e.group("ha", "scope: org\n    org: acme", []string{"linux"}, 30,
 		fmt.Sprintf("    cpi: {path: %q}\n", wrapper)))
