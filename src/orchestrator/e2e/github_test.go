@@ -13,13 +13,13 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
-// gitHubEnv is an env whose one forge is a GitHub contract server polled
-// every poll, and whose group "gha" (acme/app, self-hosted + linux) may
-// run maxActive runners; not started.
-func gitHubEnv(t *testing.T, poll string, maxActive int) (*env, *forgetest.GitHub) {
-	e := newEnv(t)
+// gitHubForge is an environment whose one forge, "gh", is a GitHub
+// contract server polled every poll, with a webhook secret; the server
+// closes after the daemon has stopped.
+func gitHubForge(t testing.TB, poll string) (*env, *forgetest.GitHub) {
 	gh := forgetest.NewGitHub(apiToken)
 	t.Cleanup(gh.Close)
+	e := newEnv(t)
 	e.forgeYML = fmt.Sprintf(`
   - name: gh
     type: github
@@ -29,6 +29,14 @@ func gitHubEnv(t *testing.T, poll string, maxActive int) (*env, *forgetest.GitHu
     webhook_secret_file: %s
     poll_interval: %s`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"), poll)
 	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
+	return e, gh
+}
+
+// gitHubEnv is an env whose one forge is a GitHub contract server polled
+// every poll, and whose group "gha" (acme/app, self-hosted + linux) may
+// run maxActive runners; not started.
+func gitHubEnv(t *testing.T, poll string, maxActive int) (*env, *forgetest.GitHub) {
+	e, gh := gitHubForge(t, poll)
 	e.writeConfig("", e.group("gha", "scope: repo\n    repo: acme/app", []string{"self-hosted", "linux"}, maxActive, ""))
 	return e, gh
 }

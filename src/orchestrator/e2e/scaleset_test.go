@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,18 +19,7 @@ import (
 // whose group "ss" (org acme, label runway-ss) takes its demand from a
 // runner scale set; more groups may follow. Not started.
 func scaleSetEnv(t testing.TB, maxActive int, extra string, more ...string) (*env, *forgetest.GitHub) {
-	gh := forgetest.NewGitHub(apiToken)
-	t.Cleanup(gh.Close) // after the daemon has stopped
-	e := newEnv(t)
-	e.forgeYML = fmt.Sprintf(`
-  - name: gh
-    type: github
-    url: %s
-    runner_url: %s
-    token_env: RUNWAY_TEST_GH_TOKEN
-    webhook_secret_file: %s
-    poll_interval: 1h`, gh.URL, gh.URL, filepath.Join(e.dir, "hook-secret"))
-	e.extraEnv = []string{"RUNWAY_TEST_GH_TOKEN=" + apiToken}
+	e, gh := gitHubForge(t, "1h")
 	groups := append([]string{e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, maxActive,
 		"    demand: scale_set\n"+extra)}, more...)
 	e.writeConfig("", groups...)
