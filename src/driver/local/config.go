@@ -204,7 +204,7 @@ func (c *Config) setupContainer() (netip.Prefix, error) {
 // cgroupsMounted: the process's mount table holds a cgroup hierarchy (v1
 // or v2), where the runtime finds each VM's cgroups. Unreadable: assumed.
 func cgroupsMounted() bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return true
 	}

@@ -43,21 +43,32 @@ func (r IDRange) userNS() (*os.File, error) {
 // is reached without following a link (a VM may have planted one). attrs
 // are further MOUNT_ATTR_ flags (read-only, nosuid, nodev).
 func BindIDMapped(src string, dir *os.Root, name string, r IDRange, attrs uint64) error {
-	ns, err := r.userNS()
+	fd, err := CloneIDMapped(src, r, attrs)
 	if err != nil {
 		return err
+	}
+	defer unix.Close(fd)
+	return moveInto(fd, dir, name)
+}
+
+// CloneIDMapped answers a detached copy of the mount at src (its owners
+// seen through r, attrs set) for the caller to attach and close.
+func CloneIDMapped(src string, r IDRange, attrs uint64) (int, error) {
+	ns, err := r.userNS()
+	if err != nil {
+		return -1, err
 	}
 	defer ns.Close()
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
-		return fmt.Errorf("cloning %s: %w", src, err)
+		return -1, fmt.Errorf("cloning %s: %w", src, err)
 	}
-	defer unix.Close(fd)
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | attrs, Userns_fd: uint64(ns.Fd())}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("mapping the owners of %s: %w", src, err)
+		unix.Close(fd)
+		return -1, fmt.Errorf("mapping the owners of %s: %w", src, err)
 	}
-	return moveInto(fd, dir, name)
+	return fd, nil
 }
 
 // moveInto attaches the detached mount fd at name under dir, a directory

@@ -153,6 +153,18 @@ func copyData(in, out *os.File) error {
 // MountLoop mounts the ext4 image at dir through a loop device that goes
 // with the mount (autoclear), with mount flags and data.
 func MountLoop(image, dir string, flags uintptr, data string) error {
+	return withLoop(image, func(dev string) error {
+		if err := unix.Mount(dev, dir, "ext4", flags, data); err != nil {
+			return fmt.Errorf("mounting %s at %s: %w", image, dir, err)
+		}
+		return nil
+	})
+}
+
+// withLoop sets a free loop device up for image (autoclear: it goes with
+// its last mount) and runs mount with its path; the device is released
+// when mount fails (nothing holds it then).
+func withLoop(image string, mount func(dev string) error) error {
 	img, err := os.OpenFile(image, os.O_RDWR, 0)
 	if err != nil {
 		return err
@@ -184,12 +196,9 @@ func MountLoop(image, dir string, flags uintptr, data string) error {
 			lo.Close()
 			return fmt.Errorf("setting %s up for %s: %w", dev, image, err)
 		}
-		err = unix.Mount(dev, dir, "ext4", flags, data)
+		err = mount(dev)
 		lo.Close() // the mount holds the device now; autoclear frees it after
-		if err != nil {
-			return fmt.Errorf("mounting %s at %s: %w", image, dir, err)
-		}
-		return nil
+		return err
 	}
 	return errors.New("no free loop device after 20 tries")
 }
@@ -197,7 +206,7 @@ func MountLoop(image, dir string, flags uintptr, data string) error {
 // SourceOf answers the device mounted at dir (a loop device), from the
 // mount table.
 func SourceOf(dir string) (string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return "", err
 	}

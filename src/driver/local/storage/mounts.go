@@ -12,8 +12,11 @@ import (
 )
 
 // MountsUnder lists the mount points at or below dir, innermost first.
+// The mount table read is the calling thread's: a goroutine that ended
+// locked in another root or mount namespace (MountNamed, a VM's) may have
+// left the main thread there, and /proc/self shows the main thread's.
 func MountsUnder(dir string) ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
