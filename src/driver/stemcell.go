@@ -21,6 +21,10 @@ type StemcellManifest struct {
 	Architecture    any `json:"architecture"`
 	AutoDiskConfig  any `json:"auto_disk_config"`
 	RootDeviceName  any `json:"root_device_name"`
+	// PersistentDisks is Runway's own: how the stemcell's agent takes its
+	// persistent disks in the local driver's container mode (see there);
+	// the other drivers accept and ignore it.
+	PersistentDisks any `json:"persistent_disks"`
 }
 
 // AgentInit is what a warden stemcell starts its services (the agent,

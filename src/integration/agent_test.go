@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -173,11 +174,16 @@ sleep infinity
 `
 
 // boshStemcell uploads the bosh rootfs (scripts/rootfs-dev path bosh) as
-// a warden stemcell for the rest of the container, deleted after it.
-func boshStemcell() string {
+// a warden stemcell (with further cloud_properties) for the rest of the
+// container, deleted after it.
+func boshStemcell(props ...map[string]any) string {
 	image := os.Getenv("RUNWAY_TEST_BOSH_ROOTFS")
 	ExpectWithOffset(1, image).NotTo(BeEmpty(), "RUNWAY_TEST_BOSH_ROOTFS must name the bosh rootfs (scripts/rootfs-dev path bosh)")
-	stemcell := asString(call("create_stemcell", image, map[string]any{"infrastructure": "warden", "hypervisor": "boshlite"}))
+	cp := map[string]any{"infrastructure": "warden", "hypervisor": "boshlite"}
+	for _, p := range props {
+		maps.Copy(cp, p)
+	}
+	stemcell := asString(call("create_stemcell", image, cp))
 	DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
 	return stemcell
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
+	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
@@ -92,8 +93,12 @@ func (d *Driver) runtime() container.Runtime {
 // the OOM message) and network.
 func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 	ram, _ := c.d.limits(props)
-	return container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
+	st := container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
 		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(&rec), rec.Networks)}
+	if rec.DiskMounts == diskMountsService {
+		st.MountSocket, st.Locks = filepath.Join(c.devs(), mountsvc.SocketName), c.d.locks.Dir
+	}
+	return st
 }
 
 func (v containerVMs) check(cid string, props vmProps) error {

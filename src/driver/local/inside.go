@@ -209,6 +209,9 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 	}
 	c := d.ctr(rec.CID)
 	inside := container.DisksDir + "/" + disk
+	if rec.DiskMounts == diskMountsService {
+		return inside, d.holdDisk(rec, disk)
+	}
 	if storage.IsMountPoint(filepath.Join(c.devs(), disk)) {
 		return inside, nil // attached before
 	}
@@ -248,25 +251,58 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 	return inside, nil
 }
 
+// holdDisk mounts a disk for a mount-service VM (mountservice.go) aside,
+// in its supervisor's namespace, named as its agent settings name it.
+func (d *Driver) holdDisk(rec vmRecord, disk string) error {
+	c := d.ctr(rec.CID)
+	at := filepath.Join(c.held(), disk)
+	if storage.IsMountPoint(at) {
+		return nil // attached before
+	}
+	dr, err := d.loadDisk(disk)
+	if err != nil {
+		return err
+	}
+	if dr.Format != diskFormatExt4 {
+		return fmt.Errorf("disk %s is a directory, made in process mode: vm %s's stemcell mounts file systems only", disk, rec.CID)
+	}
+	image := filepath.Join(d.path(disks, disk), diskImage)
+	if err := storage.AwaitFree(context.Background(), image, freeWait); err != nil {
+		return fmt.Errorf("disk %s is still mounted where it was attached before (a process there keeps files open on it): %w", disk, err)
+	}
+	for _, dir := range []string{c.held(), at} {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	if err := storage.MountNamed(image, at, container.DisksDir+"/"+disk, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
+		return fmt.Errorf("mounting disk %s: %w", disk, err)
+	}
+	return nil
+}
+
 // detachInside unmounts a disk from the VM (it disappears inside at
 // once), with every mount the VM made of it.
-func (d *Driver) detachInside(vm, disk string) error {
-	c := d.ctr(vm)
-	at := filepath.Join(c.devs(), disk)
+func (d *Driver) detachInside(rec vmRecord, disk string) error {
+	c := d.ctr(rec.CID)
+	at, dir := filepath.Join(c.devs(), disk), c.devs()
+	if rec.DiskMounts == diskMountsService {
+		at, dir = filepath.Join(c.held(), disk), c.held()
+	}
 	if dr, err := d.loadDisk(disk); err == nil && dr.Format == diskFormatExt4 && storage.IsMountPoint(at) {
 		var st unix.Stat_t
 		if err := unix.Stat(at, &st); err != nil {
 			return err
 		}
 		// The image's own loop device: no other file system has it.
-		if err := d.unbindInVM(vm, st.Dev); err != nil {
+		if err := d.unbindInVM(rec.CID, st.Dev); err != nil {
 			return err
 		}
 	}
 	if err := storage.Unmount(at); err != nil {
 		return err
 	}
-	devs, err := os.OpenRoot(c.devs())
+	devs, err := os.OpenRoot(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

@@ -37,7 +37,7 @@ const (
 // namespace, a process VM's console writer — and exits; otherwise it
 // returns at once. cpi-local's main calls it first thing.
 func Supervised() {
-	container.Supervised(prepareInNS)
+	container.Supervised(prepareInNS, serveMount)
 	console.Served()
 	if op := os.Getenv(nsOpEnv); op != "" {
 		if err := nsOp(op, os.Getenv(nsDirEnv), os.Getenv(nsDiskEnv)); err != nil {
@@ -87,7 +87,7 @@ func nsOp(op, dir, disk string) error {
 			return err
 		}
 	case "detach":
-		if err := d.detachInside(rec.CID, disk); err != nil {
+		if err := d.detachInside(*rec, disk); err != nil {
 			return err
 		}
 	default:

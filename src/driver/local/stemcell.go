@@ -19,9 +19,37 @@ type stemcellRecord struct {
 }
 
 // stemcellProps: what stemcell.MF files carry in cloud_properties,
-// recorded; the local driver needs none of it.
+// recorded; the local driver reads persistent_disks only: "bind" (the
+// default: a warden stemcell's agent binds /warden-cpi-dev/<disk>) or
+// "mount_service" (its agent mounts the disk itself; mountservice.go).
 type stemcellProps struct {
 	driver.StemcellManifest
+}
+
+// diskMounts answers a stemcell's persistent_disks, checked.
+func (p stemcellProps) diskMounts() (string, error) {
+	switch v := p.PersistentDisks.(type) {
+	case nil:
+		return diskMountsBind, nil
+	case string:
+		if v == diskMountsBind || v == diskMountsService {
+			return v, nil
+		}
+	}
+	return "", driver.Invalid("stemcell cloud_properties.persistent_disks: %q is neither %q nor %q", fmt.Sprint(p.PersistentDisks), diskMountsBind, diskMountsService)
+}
+
+// diskMountsOf answers how VMs of stemcell cid take their disks.
+func (d *Driver) diskMountsOf(cid string) (string, error) {
+	rec, err := load[stemcellRecord](d, stemcells, cid)
+	if err != nil {
+		return "", err
+	}
+	var props stemcellProps
+	if err := rec.CloudProps.Decode("stemcell cloud_properties", &props); err != nil {
+		return "", err
+	}
+	return props.diskMounts()
 }
 
 // CreateStemcell implements driver.Driver: the image tarball (tar or
@@ -29,6 +57,9 @@ type stemcellProps struct {
 func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (string, error) {
 	var props stemcellProps
 	if err := spec.CloudProps.Decode("stemcell cloud_properties", &props); err != nil {
+		return "", err
+	}
+	if _, err := props.diskMounts(); err != nil {
 		return "", err
 	}
 	if spec.ImagePath == "" || !filepath.IsAbs(spec.ImagePath) {

@@ -36,9 +36,12 @@ type vmRecord struct {
 	// OwnDirs: the agent VM's /var/vcap/data and /home are file systems of
 	// its own (owndirs.go); a VM made before they were keeps its writes
 	// there in its root's layer.
-	OwnDirs   bool   `json:"own_dirs,omitempty"`
-	Stopped   bool   `json:"stopped,omitempty"`
-	CreatedAt string `json:"created_at"`
+	OwnDirs bool `json:"own_dirs,omitempty"`
+	// DiskMounts: how a container VM gets its persistent disks, from its
+	// stemcell: "" (bind) or diskMountsService (mountservice.go).
+	DiskMounts string `json:"disk_mounts,omitempty"`
+	Stopped    bool   `json:"stopped,omitempty"`
+	CreatedAt  string `json:"created_at"`
 }
 
 // loadVM reads a VM record; a missing VM is ErrVMNotFound.

@@ -144,6 +144,12 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 			return fail(err)
 		}
 		rec.Isolation, rec.IDs, rec.Agent, rec.OwnDirs = IsolationContainer, &ids, pl.agent, pl.agent
+		if rec.DiskMounts, err = d.diskMountsOf(spec.StemcellCID); err != nil {
+			return fail(err)
+		}
+		if rec.DiskMounts == diskMountsBind {
+			rec.DiskMounts = "" // what VMs made before the choice have
+		}
 		settings = withAddresses(settings, nets)
 	}
 	if settings != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
+	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
@@ -37,6 +39,16 @@ import (
 // The driver's executable calls Supervised first thing in its main.
 const superviseEnv = "RUNWAY_SUPERVISE_VM"
 
+// Served is a running VM as its mount service's handler needs it: its
+// directory, the state dir's locks and its init's pid.
+type Served struct {
+	Dir, Locks string
+	InitPID    int
+}
+
+// Mounts answers one of a VM's mount requests (package mountsvc).
+type Mounts func(ctx context.Context, vm Served, peer unix.Ucred, req mountsvc.Request) error
+
 // Prepare makes a VM's file systems, in the supervisor's own mount
 // namespace, before its container is made: they are the VM's alone, and
 // the host's mount table (which every runtime create copies) does not
@@ -45,9 +57,9 @@ type Prepare func(dir string) error
 
 // Supervised runs the supervisor when this process was started as one,
 // and exits; otherwise it returns at once.
-func Supervised(prepare Prepare) {
+func Supervised(prepare Prepare, mounts Mounts) {
 	if dir := os.Getenv(superviseEnv); dir != "" {
-		os.Exit(supervise(dir, prepare))
+		os.Exit(supervise(dir, prepare, mounts))
 	}
 }
 
@@ -61,6 +73,8 @@ type superviseSpec struct {
 	RAM         int          `json:"ram,omitempty"`
 	ConsoleMax  int64        `json:"console_max"`
 	Net         hostnet.Plan `json:"net"`
+	MountSocket string       `json:"mount_socket,omitempty"`
+	Locks       string       `json:"locks,omitempty"`
 }
 
 // Start is one container VM to start: its directory (vms/<cid>, where
@@ -73,13 +87,17 @@ type Start struct {
 	// ConsoleMax caps console.log (bytes).
 	ConsoleMax int64
 	Net        hostnet.Plan
+	// MountSocket: where the VM's mount service listens (the host's path
+	// of DisksDir/mountsvc.SocketName), when its stemcell's agent mounts
+	// its disks itself; Locks: the state dir's locks.
+	MountSocket, Locks string
 }
 
 // Run starts the VM's supervisor and returns once the VM runs (or failed
 // to start: then nothing of it runs).
 func (st Start) Run(ctx context.Context) error {
 	spec := superviseSpec{CID: st.CID, ID: st.ID, Runtime: st.Runtime.Path, RuntimeRoot: st.Runtime.Root,
-		Cgroup: st.Cgroup, RAM: st.RAM, ConsoleMax: st.ConsoleMax, Net: st.Net}
+		Cgroup: st.Cgroup, RAM: st.RAM, ConsoleMax: st.ConsoleMax, Net: st.Net, MountSocket: st.MountSocket, Locks: st.Locks}
 	if err := storage.WriteJSON(filepath.Join(st.Dir, "supervise.json"), spec); err != nil {
 		return err
 	}
@@ -147,7 +165,7 @@ func (st Start) Run(ctx context.Context) error {
 
 // supervise is the supervisor's main: fd 3 carries the go-ahead, fd 4 the
 // answer ("ok" once the VM runs, else the error).
-func supervise(dir string, prepare Prepare) int {
+func supervise(dir string, prepare Prepare, mounts Mounts) int {
 	goR, res := os.NewFile(3, "go"), os.NewFile(4, "answer")
 	fail := func(err error) int {
 		fmt.Fprintln(res, err)
@@ -186,6 +204,12 @@ func supervise(dir string, prepare Prepare) int {
 	if err != nil {
 		return fail(err)
 	}
+	stopMounts, err := v.serveMounts(pid, mounts)
+	if err != nil {
+		_ = v.rt("delete", "--force", s.ID)
+		return fail(err)
+	}
+	defer stopMounts()
 	fmt.Fprintln(res, "ok")
 	res.Close()
 	go func() {
@@ -195,6 +219,37 @@ func supervise(dir string, prepare Prepare) int {
 	}()
 	v.finish(waitExit(pid))
 	return 0
+}
+
+// serveMounts listens for the VM's mount requests while it runs, when
+// its stemcell asks for the service. The socket is on the VM's read-only
+// disks directory, open to every user of the VM (connecting needs write
+// permission on it; the handler checks who connected).
+func (v supervised) serveMounts(pid int, mounts Mounts) (func(), error) {
+	path := v.spec.MountSocket
+	if path == "" || mounts == nil {
+		return func() {}, nil
+	}
+	_ = os.Remove(path) // a supervisor's before a restart
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("the vm's mount service: %w", err)
+	}
+	l.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o666); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("the vm's mount service: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	vm := Served{Dir: v.dir, Locks: v.spec.Locks, InitPID: pid}
+	go func() {
+		defer close(done)
+		_ = mountsvc.Serve(ctx, l, func(ctx context.Context, peer unix.Ucred, req mountsvc.Request) error {
+			return mounts(ctx, vm, peer, req)
+		})
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // supervised is one container VM as its supervisor runs it.

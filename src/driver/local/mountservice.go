@@ -1,0 +1,114 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/lock"
+)
+
+// A stemcell with cloud_properties.persistent_disks: mount_service has an
+// agent that mounts its persistent disks itself (agent.json without
+// BindMountPersistentDisk), as on a real IaaS: the disk's settings path,
+// /warden-cpi-dev/<disk>, is what it mounts and what it then finds in
+// /proc/mounts. Its VMs get no bind of the disk: attach_disk mounts the
+// disk in the supervisor's namespace under that name (held/<disk>), and
+// the VM's mount.ext4 asks the supervisor (package mountsvc) for a copy
+// of it where the agent wants it. Every mount of a disk is then a mount
+// of its own, named as the settings name it, so the agent's migration to
+// a new disk (mount it at /var/vcap/store_migration_target, copy, move it
+// to /var/vcap/store) passes the agent's own checks; a bind of a mounted
+// directory carries that mount's name, and the agent refuses to mount a
+// device it sees mounted elsewhere.
+const (
+	diskMountsBind    = "bind"
+	diskMountsService = "mount_service"
+)
+
+func (c ctr) held() string { return filepath.Join(c.run(), "held") }
+
+// serveMount is a VM supervisor's mount service handler.
+func serveMount(ctx context.Context, vm container.Served, peer unix.Ucred, req mountsvc.Request) error {
+	d, rec, err := nsDriver(vm.Dir)
+	if err != nil {
+		return err
+	}
+	if d.locks, err = lock.New(vm.Locks, 10*time.Second, nil); err != nil {
+		return err
+	}
+	return d.mountForVM(ctx, rec, vm.InitPID, peer, req)
+}
+
+// mountForVM mounts one of VM rec's attached disks inside it, as its root
+// asked: a copy of the disk's mount, its owners seen through the VM's
+// ids, nosuid and nodev, at a directory resolved inside the VM's root
+// with no magic link followed.
+func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, peer unix.Ucred, req mountsvc.Request) error {
+	if rec.IDs == nil || peer.Uid != rec.IDs.Base {
+		return errors.New("only the vm's root may mount its disks")
+	}
+	disk, ok := strings.CutPrefix(req.Source, container.DisksDir+"/")
+	if !ok || checkCID("disk", disk) != nil {
+		return fmt.Errorf("source %q: a disk attached to this vm is %s/<disk> (its agent settings' path)", req.Source, container.DisksDir)
+	}
+	if !filepath.IsAbs(req.Target) || len(req.Target) > 4096 || strings.ContainsRune(req.Target, 0) {
+		return fmt.Errorf("target %q: not an absolute path", req.Target)
+	}
+	attrs, err := mountsvc.Options(req.Options)
+	if err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx, disks, disk)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	dr, err := d.loadDisk(disk)
+	if err != nil || dr.AttachedTo != rec.CID {
+		return fmt.Errorf("disk %s is not attached to this vm", disk)
+	}
+	held := filepath.Join(d.ctr(rec.CID).held(), disk)
+	if !storage.IsMountPoint(held) {
+		return fmt.Errorf("disk %s is not ready in this vm yet (its attach_disk has not finished)", disk)
+	}
+	pidfd, err := unix.PidfdOpen(initPID, 0)
+	if err != nil {
+		return errors.New("the vm is not running")
+	}
+	defer unix.Close(pidfd)
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", initPID))
+	if err != nil || unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
+		return errors.New("the vm is not running")
+	}
+	defer ns.Close()
+	fd, err := storage.CloneIDMapped(held, *rec.IDs, attrs)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return inMountNS(ns, func() error {
+		// The namespace's root is the VM's: the target resolves inside
+		// it, a /proc magic link refused.
+		t, err := unix.Openat2(unix.AT_FDCWD, req.Target, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+		if err != nil {
+			return fmt.Errorf("target %s: %w", req.Target, err)
+		}
+		defer unix.Close(t)
+		if err := unix.MoveMount(fd, "", t, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+			return fmt.Errorf("mounting disk %s at %s: %w", disk, req.Target, err)
+		}
+		d.log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
+		return nil
+	})
+}

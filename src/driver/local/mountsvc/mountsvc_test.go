@@ -1,0 +1,136 @@
+package mountsvc
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func serve(t *testing.T, h Handler) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), SocketName)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = Serve(ctx, l, h) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return sock
+}
+
+// raw sends b on a connection of its own and answers the reply.
+func raw(t *testing.T, sock string, b []byte) Reply {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write(b)
+	var rep Reply
+	if err := json.NewDecoder(c).Decode(&rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func TestAskReachesTheHandlerWithThePeer(t *testing.T) {
+	var got Request
+	var who unix.Ucred
+	sock := serve(t, func(_ context.Context, peer unix.Ucred, req Request) error {
+		got, who = req, peer
+		if req.Target == "/refused" {
+			return os.ErrPermission
+		}
+		return nil
+	})
+	want := Request{Source: "/warden-cpi-dev/disk-1", Target: "/var/vcap/store", Options: []string{"rw"}}
+	if err := Ask(sock, want); err != nil {
+		t.Fatal(err)
+	}
+	if got.Source != want.Source || got.Target != want.Target || len(got.Options) != 1 {
+		t.Errorf("the handler got %+v", got)
+	}
+	if int(who.Pid) != os.Getpid() || int(who.Uid) != os.Getuid() {
+		t.Errorf("peer %+v, not this process", who)
+	}
+	if err := Ask(sock, Request{Source: "x", Target: "/refused"}); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("a refusal came back as %v", err)
+	}
+}
+
+// The VM as the client: what it sends never reaches the handler unless
+// it is one request of the documented shape.
+func TestHostileRequestsNeverReachTheHandler(t *testing.T) {
+	calls := 0
+	sock := serve(t, func(context.Context, unix.Ucred, Request) error { calls++; return nil })
+	for name, b := range map[string][]byte{
+		"too big":       []byte(`{"source":"` + strings.Repeat("a", MaxRequest) + `"}`),
+		"unknown field": []byte(`{"source":"s","target":"/t","userns":"/proc/1/ns/user"}`),
+		"not json":      []byte("mount /dev/sda /\n"),
+		"wrong types":   []byte(`{"source":1}`),
+	} {
+		if rep := raw(t, sock, b); !strings.Contains(rep.Error, "request: not one JSON object") {
+			t.Errorf("%s: answered %q", name, rep.Error)
+		}
+	}
+	if calls != 0 {
+		t.Errorf("the handler ran %d times", calls)
+	}
+}
+
+// Connections that send nothing hold every slot until their deadline;
+// the request after them is then served, and each idle one is told why
+// it was dropped.
+func TestIdleClientsGiveWayAtTheirDeadline(t *testing.T) {
+	sock := serve(t, func(context.Context, unix.Ucred, Request) error { return nil })
+	idle := make([]net.Conn, Slots)
+	for i := range idle {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		idle[i] = c
+	}
+	if err := Ask(sock, Request{Source: "s", Target: "/t"}); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range idle {
+		var rep Reply
+		if err := json.NewDecoder(c).Decode(&rep); err != nil || !strings.Contains(rep.Error, "not sent within") {
+			t.Errorf("idle connection %d: %v %q", i, err, rep.Error)
+		}
+	}
+}
+
+func TestOptionsKeepNosuidAndNodevAndRefuseFileSystemOptions(t *testing.T) {
+	base := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	for opts, want := range map[string]uint64{
+		"rw":                     base,
+		"defaults":               base,
+		"ro":                     base | unix.MOUNT_ATTR_RDONLY,
+		"suid,dev,exec":          base,
+		"noexec,noatime":         base | unix.MOUNT_ATTR_NOEXEC | unix.MOUNT_ATTR_NOATIME,
+		"noatime,relatime":       base | unix.MOUNT_ATTR_RELATIME,
+		"strictatime,nodiratime": base | unix.MOUNT_ATTR_STRICTATIME | unix.MOUNT_ATTR_NODIRATIME,
+	} {
+		got, err := Options([]string{opts})
+		if err != nil || got != want {
+			t.Errorf("%s: %#x %v, want %#x", opts, got, err, want)
+		}
+	}
+	for _, bad := range []string{"remount", "bind", "data=journal", "errors=continue", "rw,loop", "uid=0"} {
+		if _, err := Options([]string{bad}); err == nil || !strings.Contains(err.Error(), "mount option") {
+			t.Errorf("%s: accepted (%v)", bad, err)
+		}
+	}
+}
