@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -68,24 +67,14 @@ func (d *Driver) unbindInVM(cid string, dev uint64) error {
 	})
 }
 
-// inMountNS runs f on a thread of its own inside the mount namespace ns
-// (a Go process cannot move as a whole). The thread never returns to the
-// scheduler: it ends with f.
+// inMountNS runs f on a thread of its own inside the mount namespace ns.
 func inMountNS(ns *os.File, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			errc <- err
-			return
-		}
+	return storage.OnOwnThread(func() error {
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("entering the vm's mount namespace: %w", err)
-			return
+			return fmt.Errorf("entering the vm's mount namespace: %w", err)
 		}
-		errc <- f()
-	}()
-	return <-errc
+		return f()
+	})
 }
 
 // parentOf answers pid's parent, 0 when it cannot tell.

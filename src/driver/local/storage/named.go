@@ -45,25 +45,16 @@ func MountNamed(image, dir, name string, attrs uint64) error {
 			return fmt.Errorf("opening ext4 for %s: %w", image, err)
 		}
 		defer unix.Close(fs)
-		errc := make(chan error, 1)
-		go func() {
-			// Never back to the scheduler: the thread ends chrooted.
-			runtime.LockOSThread()
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				errc <- err
-				return
-			}
+		err = OnOwnThread(func() error {
 			if err := unix.Chroot(scratch); err != nil {
-				errc <- err
-				return
+				return err
 			}
 			if err := unix.FsconfigSetString(fs, "source", name); err != nil {
-				errc <- err
-				return
+				return err
 			}
-			errc <- unix.FsconfigCreate(fs)
-		}()
-		if err := <-errc; err != nil {
+			return unix.FsconfigCreate(fs)
+		})
+		if err != nil {
 			return fmt.Errorf("mounting %s: %w", image, err)
 		}
 		mnt, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, int(attrs))
@@ -76,4 +67,21 @@ func MountNamed(image, dir, name string, attrs uint64) error {
 		}
 		return nil
 	})
+}
+
+// OnOwnThread runs f on a thread of its own with a root and working
+// directory of its own (f may chroot, or enter a mount namespace: a Go
+// process cannot as a whole). The thread never returns to the scheduler:
+// it ends with f.
+func OnOwnThread(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- err
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
 }
