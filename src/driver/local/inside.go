@@ -255,7 +255,7 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 // in its supervisor's namespace, named as its agent settings name it.
 func (d *Driver) holdDisk(rec vmRecord, disk string) error {
 	c := d.ctr(rec.CID)
-	at := filepath.Join(c.held(), disk)
+	at, _ := c.diskMount(rec, disk)
 	if storage.IsMountPoint(at) {
 		return nil // attached before
 	}
@@ -285,10 +285,7 @@ func (d *Driver) holdDisk(rec vmRecord, disk string) error {
 // once), with every mount the VM made of it.
 func (d *Driver) detachInside(rec vmRecord, disk string) error {
 	c := d.ctr(rec.CID)
-	at, dir := filepath.Join(c.devs(), disk), c.devs()
-	if rec.DiskMounts == diskMountsService {
-		at, dir = filepath.Join(c.held(), disk), c.held()
-	}
+	at, dir := c.diskMount(rec, disk)
 	if dr, err := d.loadDisk(disk); err == nil && dr.Format == diskFormatExt4 && storage.IsMountPoint(at) {
 		var st unix.Stat_t
 		if err := unix.Stat(at, &st); err != nil {

@@ -37,6 +37,17 @@ const (
 
 func (c ctr) held() string { return filepath.Join(c.run(), "held") }
 
+// diskMount answers where a disk attached to VM rec is mounted in its
+// supervisor's namespace (at), in directory dir: below devs (what the VM
+// sees as /warden-cpi-dev), or below held for a mount-service VM.
+func (c ctr) diskMount(rec vmRecord, disk string) (at, dir string) {
+	dir = c.devs()
+	if rec.DiskMounts == diskMountsService {
+		dir = c.held()
+	}
+	return filepath.Join(dir, disk), dir
+}
+
 // serveMount is a VM supervisor's mount service handler.
 func serveMount(ctx context.Context, vm container.Served, peer unix.Ucred, req mountsvc.Request) error {
 	d, rec, err := nsDriver(vm.Dir)
@@ -77,7 +88,7 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 	if err != nil || dr.AttachedTo != rec.CID {
 		return fmt.Errorf("disk %s is not attached to this vm", disk)
 	}
-	held := filepath.Join(d.ctr(rec.CID).held(), disk)
+	held, _ := d.ctr(rec.CID).diskMount(*rec, disk)
 	if !storage.IsMountPoint(held) {
 		return fmt.Errorf("disk %s is not ready in this vm yet (its attach_disk has not finished)", disk)
 	}

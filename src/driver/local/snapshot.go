@@ -91,7 +91,8 @@ func (d *Driver) copyDisk(ctx context.Context, rec *diskRecord, src, tmp string,
 	if err != nil {
 		return copyImage()
 	}
-	mounted := d.vmPathOf(vm, filepath.Join(d.ctr(vm.CID).devs(), rec.CID))
+	at, _ := d.ctr(vm.CID).diskMount(*vm, rec.CID)
+	mounted := d.vmPathOf(vm, at)
 	if mounted == "" || !storage.IsMountPoint(mounted) {
 		return copyImage()
 	}
