@@ -74,6 +74,15 @@ sv kill monit; sv start monit`)
 		Eventually(running, "20s", "200ms").Should(BeTrue())
 		Expect(m.Unmonitor("probe")).To(Succeed())
 		Eventually(func() int { st, _ := m.Status(); s, _ := st.Service("probe"); return s.Monitor }, "20s", "200ms").Should(Equal(0))
+		// The agent's drain, then its stop: the job stops (monit 5.33 alone
+		// ignores a stop of a service it does not monitor, and the job then
+		// holds /var/vcap/store), and stays unmonitored.
+		pid := strings.TrimSpace(vmExec(vm, "cat /var/vcap/sys/run/probe/pid"))
+		Expect(m.Stop("probe")).To(Succeed())
+		Eventually(func() string { return vmExec(vm, "kill -0 "+pid+" 2>/dev/null && echo alive || echo gone") }, "20s", "200ms").Should(Equal("gone\n"))
+		Expect(m.Status()).To(WithTransform(func(st agentprobe.MonitStatus) int { s, _ := st.Service("probe"); return s.Monitor }, Equal(0)))
+		Expect(m.Start("probe")).To(Succeed())
+		Eventually(running, "20s", "200ms").Should(BeTrue())
 		bad := m
 		bad.Password = "not-" + pw
 		_, err := bad.Status()

@@ -14,6 +14,14 @@
 // carrying no token gets one of its own, in both places, as monit's CLI
 // does. While monit is down it answers 503, which the agent retries as
 // it retries a monit still starting.
+//
+// One behaviour is mended too: bosh-agent stops a job after unmonitoring
+// it (drain, then stop), and expects the stop to stop it
+// (jobsupervisor/job_supervisor_interface.go: "Calling Stop after
+// Unmonitor should not re-monitor all jobs", but stop them); monit 5.33
+// ignores a stop for a service it does not monitor, the process lives on
+// and holds /var/vcap/store. A stop for such a service is preceded by a
+// monitor, awaited, as monit's own `monit monitor` then `monit stop`.
 package main
 
 import (
@@ -21,6 +29,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/xml"
 	"flag"
 	"fmt"
 	"io"
@@ -31,6 +40,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -56,7 +66,7 @@ func Handler(socket string) http.Handler {
 		},
 		DisableKeepAlives: true, // monit answers HTTP/1.0 and closes
 	}
-	return &httputil.ReverseProxy{
+	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.Out.URL.Scheme, r.Out.URL.Host = "http", "monit"
 			r.Out.Host = r.In.Host
@@ -69,6 +79,124 @@ func Handler(socket string) http.Handler {
 			http.Error(w, "monit is not running: "+err.Error(), http.StatusServiceUnavailable)
 		},
 	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if service := stopOf(r); service != "" {
+			m := monit{client: &http.Client{Transport: tr, Timeout: 5 * time.Second}, auth: r.Header.Get("Authorization")}
+			if err := m.monitorFirst(r.Context(), service); err != nil {
+				log.Printf("monit-agent-api: stop %s: %v", service, err)
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+// stopOf answers the service a `POST /<service>` with action=stop names
+// ("" for any other request); the body is left to be read again.
+func stopOf(r *http.Request) string {
+	name := strings.TrimPrefix(r.URL.Path, "/")
+	if r.Method != http.MethodPost || r.Body == nil || name == "" || strings.ContainsAny(name, "/") {
+		return ""
+	}
+	body, err := readForm(r)
+	if err != nil {
+		return ""
+	}
+	if form, err := url.ParseQuery(string(body)); err != nil || form.Get("action") != "stop" {
+		return ""
+	}
+	return name
+}
+
+// monit is the front's own client of monit, with the agent's credentials.
+type monit struct {
+	client *http.Client
+	auth   string
+}
+
+// monitorWait bounds the wait for monit to monitor a service again (its
+// daemon cycle is 10 s; an action wakes it at once).
+const monitorWait = 15 * time.Second
+
+// monitorFirst has monit monitor service again when it does not, and
+// waits until it does, so that a stop after it is carried out.
+func (m monit) monitorFirst(ctx context.Context, service string) error {
+	mon, err := m.monitored(ctx, service)
+	if err != nil || mon != 0 {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://monit/"+url.PathEscape(service), strings.NewReader("action=monitor"))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if err := addToken(req); err != nil {
+		return err
+	}
+	if err := m.do(req); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(monitorWait)
+	for time.Now().Before(deadline) {
+		if mon, err := m.monitored(ctx, service); err == nil && mon == 1 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("monit did not monitor it again within %s", monitorWait)
+}
+
+// monitored answers monit's monitor state of service (0 not, 1 yes, 2
+// starting to), from the status the agent reads.
+func (m monit) monitored(ctx context.Context, service string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://monit/_status2?format=xml", nil)
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		Services []struct {
+			Name    string `xml:"name,attr"`
+			Monitor int    `xml:"monitor"`
+			Pending int    `xml:"pendingaction"`
+		} `xml:"services>service"`
+	}
+	req.Header.Set("Authorization", m.auth)
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("status: %s", resp.Status)
+	}
+	if err := xml.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return 0, fmt.Errorf("status: %w", err)
+	}
+	for _, s := range st.Services {
+		if s.Name == service {
+			if s.Pending != 0 {
+				return 2, nil
+			}
+			return s.Monitor, nil
+		}
+	}
+	return 0, fmt.Errorf("status: no service %q", service)
+}
+
+func (m monit) do(req *http.Request) error {
+	req.Header.Set("Authorization", m.auth)
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status)
+	}
+	return nil
 }
 
 // addToken gives a form POST without a securitytoken field a fresh token,
@@ -77,20 +205,10 @@ func addToken(r *http.Request) error {
 	if r.Method != http.MethodPost || r.Body == nil {
 		return nil
 	}
-	orig := r.Body
-	body, err := io.ReadAll(io.LimitReader(orig, maxForm+1))
+	body, err := readForm(r)
 	if err != nil {
 		return err
 	}
-	if len(body) > maxForm { // the rest still to come, as it is
-		r.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(bytes.NewReader(body), orig), orig}
-		return fmt.Errorf("form of more than %d bytes passed on without a token", maxForm)
-	}
-	orig.Close()
-	setBody(r, body)
 	form, err := url.ParseQuery(string(body))
 	if err != nil || form.Has("securitytoken") {
 		return err
@@ -106,6 +224,26 @@ func addToken(r *http.Request) error {
 	setBody(r, append(body, "securitytoken="+token...))
 	r.AddCookie(&http.Cookie{Name: "securitytoken", Value: token})
 	return nil
+}
+
+// readForm reads a POST body of at most maxForm bytes and puts it back to
+// be read again; a larger one is put back as it is, with an error.
+func readForm(r *http.Request) ([]byte, error) {
+	orig := r.Body
+	body, err := io.ReadAll(io.LimitReader(orig, maxForm+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > maxForm { // the rest still to come, as it is
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), orig), orig}
+		return nil, fmt.Errorf("form of more than %d bytes passed on without a token", maxForm)
+	}
+	orig.Close()
+	setBody(r, body)
+	return body, nil
 }
 
 func setBody(r *http.Request, body []byte) {

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -27,6 +29,11 @@ func TestWhatMonitReceives(t *testing.T) {
 		if c != nil {
 			v = c.Value
 		}
+		if r.Header.Get("User-Agent") == "Go-http-client/1.1" && r.URL.Path == "/_status2" && r.Header.Get("X-Test") == "" {
+			// the front's own look before a stop: the service monitored
+			_, _ = io.WriteString(w, `<monit><services><service name="probe"><monitor>1</monitor></service></services></monit>`)
+			return
+		}
 		seen <- got{r.Method, r.URL.RequestURI(), r.Header.Get("Authorization"), v, string(b)}
 	})}}
 	backend.Start()
@@ -38,6 +45,7 @@ func TestWhatMonitReceives(t *testing.T) {
 		req, _ := http.NewRequest(method, front.URL+path, strings.NewReader(body))
 		req.SetBasicAuth("vcap", "pw")
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Test", "1")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -73,5 +81,74 @@ func TestMonitDown(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("monit down: %s, want 503", resp.Status)
+	}
+}
+
+// fakeMonit answers as monit 5.33 does where it matters here: a stop of a
+// service it does not monitor is ignored; a monitor makes it monitored.
+type fakeMonit struct {
+	mu      sync.Mutex
+	monitor int
+	stopped bool
+	actions []string
+}
+
+func (f *fakeMonit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r.Method == http.MethodGet {
+		fmt.Fprintf(w, `<monit><services><service name="probe"><monitor>%d</monitor><pendingaction>0</pendingaction></service></services></monit>`, f.monitor)
+		return
+	}
+	_ = r.ParseForm()
+	if r.PostForm.Get("securitytoken") == "" {
+		http.Error(w, "Invalid CSRF Token", http.StatusForbidden)
+		return
+	}
+	a := r.PostForm.Get("action")
+	f.actions = append(f.actions, a)
+	switch a {
+	case "monitor":
+		f.monitor = 1
+	case "unmonitor":
+		f.monitor = 0
+	case "stop":
+		if f.monitor != 0 {
+			f.stopped, f.monitor = true, 0
+		}
+	}
+}
+
+// The agent's drain then stop: the stop reaches a monitored service, and
+// stops it, unmonitored after as monit 5.2 leaves it.
+func TestStopAfterUnmonitorStops(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "monit.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeMonit{monitor: 1}
+	backend := &httptest.Server{Listener: ln, Config: &http.Server{Handler: fake}}
+	backend.Start()
+	defer backend.Close()
+	front := httptest.NewServer(Handler(sock))
+	defer front.Close()
+	for _, action := range []string{"unmonitor", "stop"} {
+		req, _ := http.NewRequest("POST", front.URL+"/probe", strings.NewReader("action="+action))
+		req.SetBasicAuth("vcap", "pw")
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s", action, resp.Status)
+		}
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if !fake.stopped || fake.monitor != 0 || strings.Join(fake.actions, ",") != "unmonitor,monitor,stop" {
+		t.Errorf("stopped %v, monitor %d, actions %v; want stopped, unmonitored, after unmonitor,monitor,stop", fake.stopped, fake.monitor, fake.actions)
 	}
 }
