@@ -79,7 +79,7 @@ sv kill monit; sv start monit`)
 		// holds /var/vcap/store), and stays unmonitored.
 		pid := strings.TrimSpace(vmExec(vm, "cat /var/vcap/sys/run/probe/pid"))
 		Expect(m.Stop("probe")).To(Succeed())
-		Eventually(func() string { return vmExec(vm, "kill -0 "+pid+" 2>/dev/null && echo alive || echo gone") }, "20s", "200ms").Should(Equal("gone\n"))
+		Eventually(func() string { return vmExec(vm, "kill -0 "+pid+" 2>/dev/null && echo alive || echo gone") }, "20s", "200ms").Should(Equal("gone\n"), func() string { st, _ := m.Status(); return fmt.Sprintf("%+v\n%s", st, console(vm)()) })
 		Expect(m.Status()).To(WithTransform(func(st agentprobe.MonitStatus) int { s, _ := st.Service("probe"); return s.Monitor }, Equal(0)))
 		Expect(m.Start("probe")).To(Succeed())
 		Eventually(running, "20s", "200ms").Should(BeTrue())

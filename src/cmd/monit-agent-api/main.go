@@ -42,6 +42,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/text/encoding/charmap"
 )
 
 // maxForm is the largest POST body read to add a token (monit's own forms
@@ -172,7 +174,14 @@ func (m monit) monitored(ctx context.Context, service string) (int, error) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("status: %s", resp.Status)
 	}
-	if err := xml.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+	dec := xml.NewDecoder(io.LimitReader(resp.Body, 1<<20))
+	dec.CharsetReader = func(label string, r io.Reader) (io.Reader, error) {
+		if !strings.EqualFold(label, "ISO-8859-1") { // what monit declares
+			return nil, fmt.Errorf("encoding %q", label)
+		}
+		return charmap.ISO8859_1.NewDecoder().Reader(r), nil
+	}
+	if err := dec.Decode(&st); err != nil {
 		return 0, fmt.Errorf("status: %w", err)
 	}
 	for _, s := range st.Services {

@@ -97,7 +97,7 @@ func (f *fakeMonit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if r.Method == http.MethodGet {
-		fmt.Fprintf(w, `<monit><services><service name="probe"><monitor>%d</monitor><pendingaction>0</pendingaction></service></services></monit>`, f.monitor)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="ISO-8859-1"?><monit><services><service name="probe"><monitor>%d</monitor><pendingaction>0</pendingaction></service></services></monit>`, f.monitor)
 		return
 	}
 	_ = r.ParseForm()
