@@ -201,6 +201,8 @@ func (m monit) do(req *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// Read to the end: monit logs a broken pipe for an answer not read.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		return fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status)
