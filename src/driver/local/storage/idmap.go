@@ -16,10 +16,10 @@ type IDRange struct {
 	Base, Size uint32
 }
 
-// userNS holds a user namespace with r's mapping open: a process made in
+// UserNS holds a user namespace with r's mapping open: a process made in
 // it (the kernel makes a user namespace only with a process), killed once
 // the namespace's file is open.
-func (r IDRange) userNS() (*os.File, error) {
+func (r IDRange) UserNS() (*os.File, error) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
 		return nil, fmt.Errorf("a user namespace needs a process to hold it: %w", err)
@@ -54,16 +54,27 @@ func BindIDMapped(src string, dir *os.Root, name string, r IDRange, attrs uint64
 // CloneIDMapped answers a detached copy of the mount at src (its owners
 // seen through r, attrs set) for the caller to attach and close.
 func CloneIDMapped(src string, r IDRange, attrs uint64) (int, error) {
-	ns, err := r.userNS()
+	ns, err := r.UserNS()
 	if err != nil {
 		return -1, err
 	}
 	defer ns.Close()
+	return CloneIDMappedIn(src, ns, attrs)
+}
+
+// CloneIDMappedIn is CloneIDMapped with the owners seen through the user
+// namespace ns (IDRange.UserNS).
+func CloneIDMappedIn(src string, ns *os.File, attrs uint64) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
 		return -1, fmt.Errorf("cloning %s: %w", src, err)
 	}
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | attrs, Userns_fd: uint64(ns.Fd())}
+	if attrs&unix.MOUNT_ATTR__ATIME != 0 {
+		// An access-time mode replaces the mount's: the kernel refuses
+		// one set without its field cleared (EINVAL).
+		attr.Attr_clr = unix.MOUNT_ATTR__ATIME
+	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("mapping the owners of %s: %w", src, err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -151,4 +152,29 @@ func Unmount(paths ...string) error {
 		}
 	}
 	return nil
+}
+
+// MountsFrom lists the mount points in a mountinfo table whose source
+// (the device as the table names it) begins with prefix.
+func MountsFrom(info []byte, prefix string) []string {
+	return mountPoints(info, func(f []string) bool {
+		sep := slices.Index(f, "-")
+		return sep > 0 && sep+2 < len(f) && strings.HasPrefix(UnescapeMount(f[sep+2]), prefix)
+	})
+}
+
+// NSFileMounts lists the mount points in a mountinfo table where a mount
+// namespace's file is bind-mounted (what keeps a namespace with no
+// process in it).
+func NSFileMounts(info []byte) []string {
+	var out []string
+	for _, line := range strings.Split(string(info), "\n") {
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if sep < 5 || sep+1 >= len(f) || f[sep+1] != "nsfs" || !strings.HasPrefix(f[3], "mnt:[") {
+			continue
+		}
+		out = append(out, UnescapeMount(f[4]))
+	}
+	return out
 }
