@@ -283,6 +283,47 @@ var _ = describeContainer("a hostile VM", Ordered, func() {
 	})
 })
 
+// Two operators on one host, each with the default container.uid_base
+// (issue 45): their VMs got the same host ids, and one VM using up its
+// user's pipe buffers left the other operator's VM none (EPERM).
+var _ = describeContainer("VMs of two state dirs", func() {
+	It("share no host id: one using up its user's pipe buffers leaves the other its own", func() {
+		a := newHostileDriver(map[string]any{"bridge": "rwhost8", "cidr": "10.250.28.0/24"})
+		b := newHostileDriver(map[string]any{"bridge": "rwhost9", "cidr": "10.250.29.0/24"})
+		hog := a.vmWith(map[string]any{"command": "vmprobe pipes 100000" + idle})
+		Eventually(a.console(hog), "15s", "50ms").Should(MatchRegexp(`PIPES-HELD \d+ operation not permitted`))
+		other := b.vmWith(map[string]any{"command": "vmprobe pipes 1" + idle})
+		Eventually(b.console(other), "15s", "50ms").Should(ContainSubstring("PIPES-HELD"))
+		Expect(b.console(other)()).To(ContainSubstring("PIPES-HELD 1 <nil>"))
+		ra, rb := idRange(a.state, hog), idRange(b.state, other)
+		Expect(ra[0]+ra[1] <= rb[0] || rb[0]+rb[1] <= ra[0]).To(BeTrue(), "id ranges %v and %v overlap", ra, rb)
+	})
+})
+
+// idRange is a running VM's user namespace's host range: base, size.
+func idRange(state, vm string) [2]uint64 {
+	b, err := os.ReadFile(filepath.Join(state, "vms", vm, "container.pid"))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	m, err := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/uid_map")
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	f := strings.Fields(string(m))
+	ExpectWithOffset(1, f).To(HaveLen(3), "one mapping")
+	base, _ := strconv.ParseUint(f[1], 10, 64)
+	size, _ := strconv.ParseUint(f[2], 10, 64)
+	return [2]uint64{base, size}
+}
+
+var _ = describeContainer("a VM replacing where its settings go", func() {
+	It("gets a clear error from reboot_vm, naming the link", func() {
+		h := newHostileDriver(map[string]any{"bridge": "rwhost10", "cidr": "10.250.30.0/24"})
+		vm := h.vmWith(map[string]any{"command": "rm -rf /var/vcap/bosh && ln -s /etc /var/vcap/bosh && echo REPLACED" + idle})
+		Eventually(h.console(vm), "15s", "50ms").Should(ContainSubstring("REPLACED"))
+		r := h.raw("reboot_vm", vm)
+		Expect(r.Error).NotTo(BeNil(), "reboot_vm wrote through the VM's link")
+		Expect(r.Error.Message).To(ContainSubstring(`/var/vcap/bosh in the vm is a link (to "/etc"), not a directory`))
+	})
+})
+
 // consoleFlood writes 3 MiB to the console, fast, then says CONSOLE-END.
 const consoleFlood = "yes 'runway console flood' | head -c 3145728; echo CONSOLE-END"
 

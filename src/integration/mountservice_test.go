@@ -1,13 +1,19 @@
 package integration_test
 
 import (
+	"bufio"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
 	"github.com/runway-cpi/runway/src/testkit/extimage"
+	"github.com/runway-cpi/runway/src/testkit/hostile"
 )
 
 // A stemcell whose agent mounts its persistent disks itself
@@ -65,7 +71,7 @@ var _ = describeContainer("a stemcell whose agent mounts its own disks", Ordered
 		Eventually(console(vm), "30s", "50ms").Should(ContainSubstring("HOSTILE-DONE"))
 		out := console(vm)()
 		for _, want := range []string{
-			`as vcap: .*only the vm's root may mount its disks`,
+			`as vcap: .*connect: permission denied`,
 			`their disk: .*disk ` + theirs + ` is not attached to this vm`,
 			`no disk: .*a disk attached to this vm is /warden-cpi-dev/<disk>`,
 			`magic link: .*target /proc/1/root/mnt: too many levels of symbolic links`,
@@ -82,6 +88,63 @@ var _ = describeContainer("a stemcell whose agent mounts its own disks", Ordered
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(mi)).NotTo(ContainSubstring("/warden-cpi-dev/"))
 		Expect(strings.Count(out, "/warden-cpi-dev/"+theirs+" ")).To(Equal(0))
+	})
+	// The VM's other users as the attacker (issue 45): uid 1000 holding
+	// connections to the service pushed root's mount from 0.06 s to
+	// 58.6 s; root's mounts through the service stacked without bound.
+	It("serves its root at once while another user floods the service; noatime; stacked mounts bounded; no host path in its mount table", func() {
+		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"sleep", "infinity"}}, dynamic)
+		disk := asString(call("create_disk", 16, map[string]any{}, vm))
+		DeferCleanup(func() {
+			runRaw(request("delete_vm", 2, vm))
+			runRaw(request("delete_disk", 2, disk))
+		})
+		call("attach_disk", vm, disk)
+		probe, err := hostile.Probe(GinkgoT().TempDir())
+		Expect(err).NotTo(HaveOccurred())
+		b, err := os.ReadFile(probe)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(vmRoot(vm), "var/vcap/bosh/bin/vmprobe"), b, 0o755)).To(Succeed())
+
+		flood := exec.Command("nsenter", vmNS(vm, "setpriv", "--reuid=1000", "--regid=1000", "--clear-groups",
+			"/var/vcap/bosh/bin/vmprobe", "flood", "/warden-cpi-dev/mount.sock")...)
+		out, err := flood.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		stop, err := flood.StdinPipe()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(flood.Start()).To(Succeed())
+		DeferCleanup(func() { _ = flood.Process.Kill(); _ = flood.Wait() })
+		lines := bufio.NewReader(out)
+		up, err := lines.ReadString('\n')
+		Expect(err).NotTo(HaveOccurred())
+		Expect(up).To(HavePrefix("FLOOD-UP"))
+
+		start := time.Now()
+		got := vmExec(vm, "mkdir -p /mnt/a && mount -o noatime /warden-cpi-dev/"+disk+" /mnt/a && grep ' /mnt/a ' /proc/mounts")
+		// Served before a flooding connection could have reached its
+		// deadline: none held the service.
+		Expect(time.Since(start)).To(BeNumerically("<", mountsvc.Deadline), "root waited for the flood")
+		Expect(got).To(ContainSubstring("noatime"))
+		// The socket is root's: the other user cannot even connect.
+		Expect(up).To(ContainSubstring("connected=0"))
+		Expect(up).To(ContainSubstring("permission denied"))
+		Expect(stop.Close()).To(Succeed())
+		end, _ := lines.ReadString('\n')
+		Expect(end).To(MatchRegexp(`FLOOD-END connected=0 dropped=0 refused=\d+`))
+
+		// Stacking mounts through the service stops at its bound.
+		got = vmExec(vm, `for i in $(seq 40); do mount /warden-cpi-dev/`+disk+` /mnt/a 2>&1 || { echo "REFUSED-AT $i"; break; }; done; echo "MOUNTS $(grep -c ' /mnt/a ' /proc/mounts)"`)
+		Expect(got).To(ContainSubstring("at most 32"))
+		Expect(got).To(ContainSubstring("MOUNTS 32"))
+		Expect(got).To(MatchRegexp(`REFUSED-AT (3[0-2]|[12]\d)\b`))
+
+		// Its mount table names no host path of its mount points.
+		mi := vmExec(vm, "cat /proc/self/mountinfo")
+		Expect(mi).NotTo(ContainSubstring(filepath.Dir(vmRun(vm))))
+		Expect(mi).NotTo(ContainSubstring(strings.TrimPrefix(filepath.Dir(vmRun(vm)), "/run")))
+		Expect(mi).NotTo(ContainSubstring(fx.StateDir))
+		vmExec(vm, "umount -R /mnt/a || while umount /mnt/a 2>/dev/null; do :; done")
+		call("detach_disk", vm, disk)
 	})
 })
 

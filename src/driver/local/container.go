@@ -38,6 +38,10 @@ type ctr struct {
 
 func (d *Driver) ctr(cid string) ctr { return ctr{d: d, cid: cid, dir: d.path(vms, cid)} }
 
+// disksSource is the source name of the VM's disks directory's file
+// system, as its mount table shows it.
+const disksSource = "runway-disks"
+
 // runRoot holds each container VM's mount points, outside the state dir:
 // the VM's root user (an unprivileged host uid) must be able to reach its
 // root file system and disks directory, and a state dir's parents may
@@ -97,6 +101,9 @@ func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(&rec), rec.Networks)}
 	if rec.DiskMounts == diskMountsService {
 		st.MountSocket, st.Locks = filepath.Join(c.devs(), mountsvc.SocketName), c.d.locks.Dir
+		if rec.IDs != nil {
+			st.MountUID = rec.IDs.Base
+		}
 	}
 	return st
 }
@@ -156,6 +163,9 @@ func (v containerVMs) restart(ctx context.Context, rec *vmRecord, props vmProps)
 	}
 	if rec.IDs == nil {
 		return errNoUserNS(rec.CID)
+	}
+	if err := v.d.claimIDs(ctx, rec); err != nil {
+		return err
 	}
 	if err := v.d.bridge.Ensure(ctx); err != nil {
 		return err
@@ -255,9 +265,16 @@ func (d *Driver) mountVM(rec vmRecord) error {
 		return err
 	}
 	layer := filepath.Join(c.run(), "layer")
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", filepath.Join(c.run(), "image"),
-		filepath.Join(layer, "upper"), filepath.Join(layer, "work"))
-	if err := unix.Mount("overlay", c.rootfs(), "overlay", unix.MS_NODEV, opts); err != nil {
+	// Made from inside the VM's run directory (chrooted): the overlay's
+	// options, which the VM reads in its mount table, name its layers
+	// /image and /layer, not the host's paths.
+	err = storage.OnOwnThread(func() error {
+		if err := unix.Chroot(c.run()); err != nil {
+			return err
+		}
+		return unix.Mount("overlay", "/rootfs", "overlay", unix.MS_NODEV, "lowerdir=/image,upperdir=/layer/upper,workdir=/layer/work")
+	})
+	if err != nil {
 		return fmt.Errorf("mounting the vm's root file system: %w", err)
 	}
 	// The overlay holds private copies of its layers' mounts: the host's
@@ -269,10 +286,13 @@ func (d *Driver) mountVM(rec vmRecord) error {
 		}
 	}
 	// Disks are mounted below devs on the host; being a shared mount, each
-	// one propagates into the running container's slave copy.
+	// one propagates into the running container's slave copy. A file
+	// system of its own (not a directory of the host's /run bound there),
+	// so the VM's mount table shows neither a host path nor the host's
+	// /run.
 	if !storage.IsMountPoint(c.devs()) {
-		if err := unix.Mount(c.devs(), c.devs(), "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("binding the disks directory: %w", err)
+		if err := unix.Mount(disksSource, c.devs(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755,size=64k,nr_inodes=4096"); err != nil {
+			return fmt.Errorf("mounting the disks directory: %w", err)
 		}
 		if err := unix.Mount("", c.devs(), "", unix.MS_SHARED, ""); err != nil {
 			return fmt.Errorf("sharing the disks directory: %w", err)
@@ -423,15 +443,14 @@ func (v containerVMs) attach(ctx context.Context, rec *vmRecord, disk string) (s
 }
 
 // detach takes the disk out of the VM if it runs (it disappears inside at
-// once) and out of its agent settings.
-func (v containerVMs) detach(ctx context.Context, rec *vmRecord, disk string) error {
+// once, from every mount namespace of the VM) and out of its agent
+// settings.
+func (v containerVMs) detach(ctx context.Context, rec *vmRecord, disk string) (bool, error) {
 	if err := v.d.updateDiskSettings(rec.CID, disk, ""); err != nil {
-		return fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
+		return false, fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
 	}
-	if _, err := v.d.inVM(ctx, rec, "detach", disk); err != nil {
-		return err
-	}
-	return nil
+	out, err := v.d.inVM(ctx, rec, "detach", disk)
+	return strings.Contains(out, cutOff), err
 }
 
 // retirePort hands the VM's port to the ports' guard for removal (in a

@@ -25,7 +25,11 @@ type diskRecord struct {
 	// Format: "ext4" for a file system image (disk.img, made in container
 	// mode: a device of its own in the VM, its size enforced); empty for
 	// a directory (data/, process mode).
-	Format    string `json:"format,omitempty"`
+	Format string `json:"format,omitempty"`
+	// HeldBy is the VM that kept the disk's file system past its
+	// detach_disk and was cut off from it; the disk is used again once
+	// that VM lets go of it.
+	HeldBy    string `json:"held_by,omitempty"`
 	NearVM    string `json:"near_vm,omitempty"`
 	CreatedAt string `json:"created_at"`
 }
@@ -114,6 +118,9 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if rec.AttachedTo != "" && d.vmExists(rec.AttachedTo) {
 		return fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 	}
+	if err := d.awaitFree(ctx, rec); err != nil {
+		return err
+	}
 	defer d.sweep(disks)
 	return d.remove(disks, cid)
 }
@@ -187,7 +194,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 	if err != nil && before == "" {
 		// Refused (the disk still held elsewhere) or failed: nothing of it
 		// stays in the VM, and the record says so.
-		if derr := d.isoOf(vmRec).detach(ctx, vmRec, disk); derr != nil {
+		if _, derr := d.isoOf(vmRec).detach(ctx, vmRec, disk); derr != nil {
 			return nil, errors.Join(err, derr)
 		}
 		rec.AttachedTo = ""
@@ -223,8 +230,14 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 	}
 	if rec.AttachedTo == vm {
 		// Out of the VM first: the record says attached until it is.
-		if err := d.isoOf(vmRec).detach(ctx, vmRec, disk); err != nil {
+		cut, err := d.isoOf(vmRec).detach(ctx, vmRec, disk)
+		if err != nil {
 			return err
+		}
+		if cut {
+			rec.HeldBy = vm
+			d.log.Warn("the vm still held the disk after every mount of it was taken away (an open file, a working directory or a mount it hid): its file system was flushed and shut down there, so the vm can neither read nor write it, and the disk keeps its data as of now; attach_disk, resize_disk, snapshot_disk and delete_disk wait for the vm to let go of it (delete the vm)",
+				"vm", vm, "disk", disk)
 		}
 	}
 	if rec.AttachedTo != vm {
@@ -322,6 +335,37 @@ const (
 	diskImage      = "disk.img"
 )
 
+// awaitFree waits (at most freeWait) until no file system holds disk
+// rec's image — a VM it was taken from lets go of it a moment later, or,
+// cut off, only when it ends — and says who holds it otherwise.
+func (d *Driver) awaitFree(ctx context.Context, rec *diskRecord) error {
+	if rec.Format != diskFormatExt4 {
+		return nil
+	}
+	wait := freeWait
+	if rec.HeldBy != "" && d.vmExists(rec.HeldBy) {
+		wait = 0 // a VM cut off lets go of it when it ends, not in a moment
+	}
+	err := storage.AwaitFree(ctx, filepath.Join(d.path(disks, rec.CID), diskImage), wait)
+	if err == nil && rec.HeldBy != "" {
+		rec.HeldBy = ""
+		return d.save(disks, rec.CID, rec)
+	}
+	return heldError(rec, err)
+}
+
+// heldError says why disk rec cannot be used yet, when err is that its
+// image is still in use.
+func heldError(rec *diskRecord, err error) error {
+	if !errors.Is(err, storage.ErrInUse) {
+		return err
+	}
+	if rec.HeldBy != "" {
+		return fmt.Errorf("disk %s is still held by vm %s, which kept it past its detach_disk (cut off: it can neither read nor write it) and has not let go of it; delete vm %s to free it: %w", rec.CID, rec.HeldBy, rec.HeldBy, err)
+	}
+	return fmt.Errorf("disk %s is still mounted where it was attached before (a process there keeps files open on it): %w", rec.CID, err)
+}
+
 // diskProps: the local driver takes no disk cloud properties.
 type diskProps struct{}
 
@@ -350,11 +394,10 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 			if rec.AttachedTo != "" && d.vmExists(rec.AttachedTo) {
 				return "", fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 			}
-			image := filepath.Join(d.path(disks, cid), diskImage)
-			if err := storage.AwaitFree(ctx, image, freeWait); err != nil {
-				return "", fmt.Errorf("disk %s cannot grow while it is still mounted (a process in the vm it was attached to keeps files open on it): %w", cid, err)
+			if err := d.awaitFree(ctx, rec); err != nil {
+				return "", fmt.Errorf("disk %s cannot grow: %w", cid, err)
 			}
-			if err := storage.GrowImage(ctx, image, size); err != nil {
+			if err := storage.GrowImage(ctx, filepath.Join(d.path(disks, cid), diskImage), size); err != nil {
 				return "", fmt.Errorf("growing disk %s: %w", cid, err)
 			}
 		}

@@ -48,8 +48,21 @@ func (v *vmFS) mkdirAll(dir string) error {
 	p := ""
 	for _, part := range strings.Split(strings.Trim(dir, "/"), "/") {
 		p = filepath.Join(p, part)
-		if _, err := v.root.Lstat(p); err == nil {
-			continue
+		if fi, err := v.root.Lstat(p); err == nil {
+			if fi.IsDir() {
+				continue
+			}
+			// The VM put something else there: the driver writes only
+			// into real directories, and says so rather than fail on
+			// the way.
+			what := "a " + fi.Mode().Type().String() + " file"
+			if fi.Mode()&fs.ModeSymlink != 0 {
+				target, _ := v.root.Readlink(p)
+				what = fmt.Sprintf("a link (to %q)", target)
+			} else if fi.Mode().IsRegular() {
+				what = "a file"
+			}
+			return fmt.Errorf("/%s in the vm is %s, not a directory: the vm replaced it, and the driver writes its settings only into real directories; recreate the vm", p, what)
 		}
 		if err := v.root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("making %s in the vm: %w", dir, err)
@@ -236,9 +249,8 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 		defer os.Remove(src)
 		// Mounted twice, an ext4 is lost: not while another VM (or this
 		// one, before) still holds it.
-		image := filepath.Join(d.path(disks, disk), diskImage)
-		if err := storage.AwaitFree(context.Background(), image, freeWait); err != nil {
-			return "", fmt.Errorf("disk %s is still mounted where it was attached before (a process there keeps files open on it): %w", disk, err)
+		if err := d.awaitFree(context.Background(), dr); err != nil {
+			return "", err
 		}
 		if err := storage.MountLoop(filepath.Join(d.path(disks, disk), diskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 			return "", fmt.Errorf("mounting disk %s: %w", disk, err)
@@ -266,10 +278,10 @@ func (d *Driver) holdDisk(rec vmRecord, disk string) error {
 	if dr.Format != diskFormatExt4 {
 		return fmt.Errorf("disk %s is a directory, made in process mode: vm %s's stemcell mounts file systems only", disk, rec.CID)
 	}
-	image := filepath.Join(d.path(disks, disk), diskImage)
-	if err := storage.AwaitFree(context.Background(), image, freeWait); err != nil {
-		return fmt.Errorf("disk %s is still mounted where it was attached before (a process there keeps files open on it): %w", disk, err)
+	if err := d.awaitFree(context.Background(), dr); err != nil {
+		return err
 	}
+	image := filepath.Join(d.path(disks, disk), diskImage)
 	for _, dir := range []string{c.held(), at} {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
@@ -282,35 +294,37 @@ func (d *Driver) holdDisk(rec vmRecord, disk string) error {
 }
 
 // detachInside unmounts a disk from the VM (it disappears inside at
-// once), with every mount the VM made of it.
-func (d *Driver) detachInside(rec vmRecord, disk string) error {
+// once), with every mount the VM made of it in any of its mount
+// namespaces, and answers whether the VM still held its file system
+// after that and was cut off from it (releaseDisk).
+func (d *Driver) detachInside(rec vmRecord, disk string) (cut bool, err error) {
 	c := d.ctr(rec.CID)
 	at, dir := c.diskMount(rec, disk)
 	if dr, err := d.loadDisk(disk); err == nil && dr.Format == diskFormatExt4 && storage.IsMountPoint(at) {
 		var st unix.Stat_t
 		if err := unix.Stat(at, &st); err != nil {
-			return err
+			return false, err
 		}
 		// The image's own loop device: no other file system has it.
-		if err := d.unbindInVM(rec.CID, st.Dev); err != nil {
-			return err
+		if cut, err = d.releaseDisk(rec, at, filepath.Join(d.path(disks, disk), diskImage), st.Dev); err != nil {
+			return cut, err
 		}
 	}
 	if err := storage.Unmount(at); err != nil {
-		return err
+		return cut, err
 	}
 	devs, err := os.OpenRoot(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return cut, nil
 	}
 	if err != nil {
-		return err
+		return cut, err
 	}
 	defer devs.Close()
 	if err := devs.Remove(disk); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+		return cut, err
 	}
-	return nil
+	return cut, nil
 }
 
 // settingsOf is the agent settings kept for a VM (its directory's copy,

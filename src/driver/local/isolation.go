@@ -31,9 +31,10 @@ type isolation interface {
 	// restart starts a stopped VM again.
 	restart(ctx context.Context, rec *vmRecord, props vmProps) error
 	// attach makes a disk (recorded as attached, linked under the VM's
-	// disks/) visible to the VM and answers where; detach takes it away.
+	// disks/) visible to the VM and answers where; detach takes it away,
+	// answering whether the VM still held it and was cut off from it.
 	attach(ctx context.Context, rec *vmRecord, disk string) (string, error)
-	detach(ctx context.Context, rec *vmRecord, disk string) error
+	detach(ctx context.Context, rec *vmRecord, disk string) (cut bool, err error)
 }
 
 // iso is the isolation new VMs get.
@@ -105,4 +106,4 @@ func (p processVMs) attach(_ context.Context, rec *vmRecord, disk string) (strin
 	return p.d.linkPath(rec.CID, disk), nil
 }
 
-func (processVMs) detach(context.Context, *vmRecord, string) error { return nil }
+func (processVMs) detach(context.Context, *vmRecord, string) (bool, error) { return false, nil }

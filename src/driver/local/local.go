@@ -69,6 +69,9 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: d.ownerAlive, Live: d.liveVMs}
 	if d.containers() {
 		cc := c.Container
+		if err := checkHostIDs(cc.UIDBase, readHostIDFiles()); err != nil {
+			return nil, err
+		}
 		d.bridge = &hostnet.Bridge{Name: cc.Bridge, Prefix: p, Key: d.stateKey(), Record: filepath.Join(stateDir, "bridge.json"),
 			NAT: cc.NAT, AllowVMToVM: cc.AllowVMToVM, Locks: locks}
 		d.ipam.Bridge = d.bridge

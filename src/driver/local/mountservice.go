@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,13 +59,21 @@ func serveMount(ctx context.Context, vm container.Served, peer unix.Ucred, req m
 	if d.locks, err = lock.New(vm.Locks, 10*time.Second, nil); err != nil {
 		return err
 	}
+	if d.self, err = os.Executable(); err != nil {
+		return err
+	}
 	return d.mountForVM(ctx, rec, vm.InitPID, peer, req)
 }
+
+// maxDiskMounts bounds the mounts of a VM's disks in its namespace that
+// the service adds to (the agent needs two or three at a time).
+const maxDiskMounts = 32
 
 // mountForVM mounts one of VM rec's attached disks inside it, as its root
 // asked: a copy of the disk's mount, its owners seen through the VM's
 // ids, nosuid and nodev, at a directory resolved inside the VM's root
-// with no magic link followed.
+// with no magic link followed. The copy is made by a process of the
+// VM's cgroups (vmMount), so the kernel counts its memory to the VM.
 func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, peer unix.Ucred, req mountsvc.Request) error {
 	if rec.IDs == nil || peer.Uid != rec.IDs.Base {
 		return errors.New("only the vm's root may mount its disks")
@@ -92,8 +102,50 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 	if !storage.IsMountPoint(held) {
 		return fmt.Errorf("disk %s is not ready in this vm yet (its attach_disk has not finished)", disk)
 	}
-	pidfd, err := unix.PidfdOpen(initPID, 0)
+	info, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", initPID))
 	if err != nil {
+		return errors.New("the vm is not running")
+	}
+	if n := len(storage.MountsFrom(info, container.DisksDir+"/")); n >= maxDiskMounts {
+		return fmt.Errorf("the vm has %d mounts of its disks already (at most %d): unmount one first", n, maxDiskMounts)
+	}
+	cmd := exec.Command(d.self)
+	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + d.path(vms, rec.CID),
+		nsDiskEnv + "=" + disk, nsInitEnv + "=" + strconv.Itoa(initPID), nsTargetEnv + "=" + req.Target,
+		nsAttrsEnv + "=" + strconv.FormatUint(attrs, 10)}
+	if out, err := container.RunChild(ctx, cmd); err != nil {
+		if msg := strings.TrimSpace(string(out)); msg != "" {
+			return errors.New(msg)
+		}
+		return fmt.Errorf("mounting disk %s: %w", disk, err)
+	}
+	d.log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
+	return nil
+}
+
+// vmMount is the mount service's mount itself, in a process of its own
+// (the supervisor's child) that joins VM rec's cgroups first: the mount
+// it makes is then the VM's kernel memory, under the VM's limits.
+func (d *Driver) vmMount(rec *vmRecord, disk string, initPID int, target string, attrs uint64) error {
+	c := d.ctr(rec.CID)
+	held, _ := c.diskMount(*rec, disk)
+	// The user namespace's holder process starts before this one joins
+	// the VM (it must not count against the VM's pids).
+	userNS, err := rec.IDs.UserNS()
+	if err != nil {
+		return err
+	}
+	defer userNS.Close()
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	for _, dir := range container.CgroupDirs(c.cgroup()) {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
+			return fmt.Errorf("joining the vm's cgroup %s: %w", dir, err)
+		}
+	}
+	// The VM's init is the supervisor's child: a pid reused by anything
+	// else is not entered.
+	pidfd, err := unix.PidfdOpen(initPID, 0)
+	if err != nil || parentOf(initPID) != os.Getppid() {
 		return errors.New("the vm is not running")
 	}
 	defer unix.Close(pidfd)
@@ -102,7 +154,7 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 		return errors.New("the vm is not running")
 	}
 	defer ns.Close()
-	fd, err := storage.CloneIDMapped(held, *rec.IDs, attrs)
+	fd, err := storage.CloneIDMappedIn(held, userNS, attrs)
 	if err != nil {
 		return err
 	}
@@ -110,16 +162,40 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 	return inMountNS(ns, func() error {
 		// The namespace's root is the VM's: the target resolves inside
 		// it, a /proc magic link refused.
-		t, err := unix.Openat2(unix.AT_FDCWD, req.Target, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		t, err := unix.Openat2(unix.AT_FDCWD, target, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
 		if err != nil {
-			return fmt.Errorf("target %s: %w", req.Target, err)
+			return fmt.Errorf("target %s: %w", target, err)
 		}
 		defer unix.Close(t)
 		if err := unix.MoveMount(fd, "", t, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-			return fmt.Errorf("mounting disk %s at %s: %w", disk, req.Target, err)
+			return fmt.Errorf("mounting disk %s at %s: %w", disk, target, err)
 		}
-		d.log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
 		return nil
+	})
+}
+
+// parentOf answers pid's parent, 0 when it cannot tell.
+func parentOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// inMountNS runs f on a thread of its own inside the mount namespace ns.
+func inMountNS(ns *os.File, f func() error) error {
+	return storage.OnOwnThread(func() error {
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("entering the vm's mount namespace: %w", err)
+		}
+		return f()
 	})
 }

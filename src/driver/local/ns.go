@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +32,12 @@ const (
 	nsOpEnv   = "RUNWAY_VM_NS_OP"
 	nsDirEnv  = "RUNWAY_VM_NS_DIR"
 	nsDiskEnv = "RUNWAY_VM_NS_DISK"
+	// The mount service's mount (vmMount): the VM's init, the target
+	// inside it, the mount's attributes.
+	nsMount     = "mount"
+	nsInitEnv   = "RUNWAY_VM_NS_INIT"
+	nsTargetEnv = "RUNWAY_VM_NS_TARGET"
+	nsAttrsEnv  = "RUNWAY_VM_NS_ATTRS"
 )
 
 // Supervised runs what the driver's executable may be started again for
@@ -40,6 +48,9 @@ func Supervised() {
 	container.Supervised(prepareInNS, serveMount)
 	console.Served()
 	if op := os.Getenv(nsOpEnv); op != "" {
+		// As the supervisor's: no namespace or root entered on a thread
+		// of its own may land on the main thread (/proc/self's).
+		runtime.LockOSThread()
 		if err := nsOp(op, os.Getenv(nsDirEnv), os.Getenv(nsDiskEnv)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -82,12 +93,20 @@ func nsOp(op, dir, disk string) error {
 		return err
 	}
 	switch op {
+	case nsMount:
+		init, _ := strconv.Atoi(os.Getenv(nsInitEnv))
+		attrs, _ := strconv.ParseUint(os.Getenv(nsAttrsEnv), 10, 64)
+		return d.vmMount(rec, disk, init, os.Getenv(nsTargetEnv), attrs)
 	case "attach":
 		if _, err := d.attachInside(*rec, disk); err != nil {
 			return err
 		}
 	case "detach":
-		if err := d.detachInside(*rec, disk); err != nil {
+		cut, err := d.detachInside(*rec, disk)
+		if cut {
+			fmt.Println(cutOff)
+		}
+		if err != nil {
 			return err
 		}
 	default:
@@ -96,37 +115,42 @@ func nsOp(op, dir, disk string) error {
 	return d.syncSettings(*rec)
 }
 
+// cutOff is what the detach operation prints when the VM still held the
+// disk's file system after its mounts were taken away (releaseDisk).
+const cutOff = "cut-off"
+
 // inVM runs op on disk inside VM rec's mount namespace, when it runs
-// (answering false when it does not: its file systems are mounted when
-// it starts). The supervisor is checked to be the VM's before entering.
-func (d *Driver) inVM(ctx context.Context, rec *vmRecord, op, disk string) (bool, error) {
+// (answering "" when it does not: its file systems are mounted when it
+// starts), and answers what op printed. The supervisor is checked to be
+// the VM's before entering.
+func (d *Driver) inVM(ctx context.Context, rec *vmRecord, op, disk string) (string, error) {
 	c := d.ctr(rec.CID)
 	pid := readPGID(c.dir)
 	if pid <= 1 {
-		return false, nil
+		return "", nil
 	}
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return false, nil // gone
+		return "", nil // gone
 	}
 	defer unix.Close(fd)
 	if !hasMarker(pid, rec.CID) {
-		return false, nil
+		return "", nil
 	}
 	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
 	if err != nil {
-		return false, nil
+		return "", nil
 	}
 	defer ns.Close()
 	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", d.self)
 	cmd.ExtraFiles = []*os.File{ns}
 	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + op, nsDirEnv + "=" + c.dir, nsDiskEnv + "=" + disk}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	var out, errs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errs
 	if err := cmd.Run(); err != nil {
-		return true, fmt.Errorf("%s of disk %s inside vm %s: %w: %s", op, disk, rec.CID, err, strings.TrimSpace(out.String()))
+		return out.String(), fmt.Errorf("%s of disk %s inside vm %s: %w: %s", op, disk, rec.CID, err, strings.TrimSpace(errs.String()))
 	}
-	return true, nil
+	return out.String(), nil
 }
 
 // vmPathOf is path (absolute, in the host's view of a VM's mount points)

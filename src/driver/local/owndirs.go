@@ -37,15 +37,17 @@ func (d *Driver) ownMounts(rec vmRecord) []container.OwnMount {
 	if !rec.OwnDirs {
 		return nil
 	}
-	c := d.ctr(rec.CID)
 	image := d.imageDir(rec.StemcellCID)
 	var out []container.OwnMount
 	for _, dir := range agentOwnDirs {
 		if !realDir(image, dir) {
 			continue
 		}
-		own := filepath.Join(c.run(), "layer", ownDir(dir))
-		out = append(out, container.OwnMount{Dest: dir, Lower: filepath.Join(c.run(), "image", dir),
+		// Relative to the VM's root file system's directory, where the
+		// runtime mounts from (runc's init runs there): the options the
+		// VM reads in its mount table name no host path.
+		own := filepath.Join("..", "layer", ownDir(dir))
+		out = append(out, container.OwnMount{Dest: dir, Lower: filepath.Join("..", "image", dir),
 			Upper: filepath.Join(own, "upper"), Work: filepath.Join(own, "work")})
 	}
 	return out

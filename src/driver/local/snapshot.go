@@ -78,23 +78,23 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
 
 // copyDisk copies a disk's data into a snapshot's staging directory: a
 // directory's files one by one, an image whole — frozen while a VM has it
-// mounted, so the copy is consistent.
+// mounted (every mount and open file of it is one file system, so every
+// holder waits), and otherwise only once nothing holds it.
 func (d *Driver) copyDisk(ctx context.Context, rec *diskRecord, src, tmp string, budget *storage.Budget) error {
 	if rec.Format != diskFormatExt4 {
 		return storage.CopyTree(ctx, src, filepath.Join(tmp, "data"), budget)
 	}
 	copyImage := func() error { return storage.CopyImage(src, filepath.Join(tmp, diskImage)) }
-	if rec.AttachedTo == "" {
-		return copyImage()
+	if rec.AttachedTo != "" {
+		if vm, err := d.loadVM(rec.AttachedTo); err == nil {
+			at, _ := d.ctr(vm.CID).diskMount(*vm, rec.CID)
+			if mounted := d.vmPathOf(vm, at); mounted != "" && storage.IsMountPoint(mounted) {
+				return storage.Frozen(mounted, copyImage)
+			}
+		}
 	}
-	vm, err := d.loadVM(rec.AttachedTo)
-	if err != nil {
-		return copyImage()
+	if err := d.awaitFree(ctx, rec); err != nil {
+		return fmt.Errorf("it cannot be copied consistently while it is in use and not attached where the driver can freeze it: %w", err)
 	}
-	at, _ := d.ctr(vm.CID).diskMount(*vm, rec.CID)
-	mounted := d.vmPathOf(vm, at)
-	if mounted == "" || !storage.IsMountPoint(mounted) {
-		return copyImage()
-	}
-	return storage.Frozen(mounted, copyImage)
+	return copyImage()
 }

@@ -16,15 +16,25 @@ import (
 // busybox (at /bin, with its applets) and /bin/vmprobe; it answers the
 // tarball's path.
 func Image(dir string) (string, error) {
-	probe := filepath.Join(dir, "vmprobe")
-	cmd := exec.Command("go", "build", "-o", probe, "github.com/runway-cpi/runway/src/testkit/hostile/cmd/vmprobe")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building vmprobe: %v\n%s", err, out)
+	probe, err := Probe(dir)
+	if err != nil {
+		return "", err
 	}
 	img := filepath.Join(dir, "hostile.tgz")
 	if err := rootfs.Write(img, map[string]string{"/bin/vmprobe": probe}); err != nil {
 		return "", err
 	}
 	return img, nil
+}
+
+// Probe builds vmprobe (static) into dir and answers its path, for a VM
+// of another image to be given.
+func Probe(dir string) (string, error) {
+	probe := filepath.Join(dir, "vmprobe")
+	cmd := exec.Command("go", "build", "-o", probe, "github.com/runway-cpi/runway/src/testkit/hostile/cmd/vmprobe")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building vmprobe: %v\n%s", err, out)
+	}
+	return probe, nil
 }

@@ -44,9 +44,9 @@ func (r Runtime) Run(ctx context.Context, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// cgroupDirs lists a cgroup's directories on this host, under every v1
+// CgroupDirs lists a cgroup's directories on this host, under every v1
 // controller hierarchy and the v2 one.
-func cgroupDirs(cgroup string) []string {
+func CgroupDirs(cgroup string) []string {
 	var out []string
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 	hier = append(hier, "/sys/fs/cgroup")
@@ -62,7 +62,7 @@ func cgroupDirs(cgroup string) []string {
 // KillCgroups kills every process left in the VM's cgroups and removes
 // them.
 func KillCgroups(ctx context.Context, cid, cgroup string) error {
-	dirs := cgroupDirs(cgroup)
+	dirs := CgroupDirs(cgroup)
 	if len(dirs) == 0 {
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,10 +41,10 @@ import (
 const superviseEnv = "RUNWAY_SUPERVISE_VM"
 
 // Served is a running VM as its mount service's handler needs it: its
-// directory, the state dir's locks and its init's pid.
+// directory, the state dir's locks, its init's pid and its cgroups.
 type Served struct {
-	Dir, Locks string
-	InitPID    int
+	Dir, Locks, Cgroup string
+	InitPID            int
 }
 
 // Mounts answers one of a VM's mount requests (package mountsvc).
@@ -74,6 +75,7 @@ type superviseSpec struct {
 	ConsoleMax  int64        `json:"console_max"`
 	Net         hostnet.Plan `json:"net"`
 	MountSocket string       `json:"mount_socket,omitempty"`
+	MountUID    uint32       `json:"mount_uid,omitempty"`
 	Locks       string       `json:"locks,omitempty"`
 }
 
@@ -89,15 +91,17 @@ type Start struct {
 	Net        hostnet.Plan
 	// MountSocket: where the VM's mount service listens (the host's path
 	// of DisksDir/mountsvc.SocketName), when its stemcell's agent mounts
-	// its disks itself; Locks: the state dir's locks.
+	// its disks itself; MountUID: the VM's root as the host sees it, the
+	// only user it serves; Locks: the state dir's locks.
 	MountSocket, Locks string
+	MountUID           uint32
 }
 
 // Run starts the VM's supervisor and returns once the VM runs (or failed
 // to start: then nothing of it runs).
 func (st Start) Run(ctx context.Context) error {
 	spec := superviseSpec{CID: st.CID, ID: st.ID, Runtime: st.Runtime.Path, RuntimeRoot: st.Runtime.Root,
-		Cgroup: st.Cgroup, RAM: st.RAM, ConsoleMax: st.ConsoleMax, Net: st.Net, MountSocket: st.MountSocket, Locks: st.Locks}
+		Cgroup: st.Cgroup, RAM: st.RAM, ConsoleMax: st.ConsoleMax, Net: st.Net, MountSocket: st.MountSocket, MountUID: st.MountUID, Locks: st.Locks}
 	if err := storage.WriteJSON(filepath.Join(st.Dir, "supervise.json"), spec); err != nil {
 		return err
 	}
@@ -166,6 +170,10 @@ func (st Start) Run(ctx context.Context) error {
 // supervise is the supervisor's main: fd 3 carries the go-ahead, fd 4 the
 // answer ("ok" once the VM runs, else the error).
 func supervise(dir string, prepare Prepare, mounts Mounts) int {
+	// The main thread stays this goroutine's: work done on a thread of
+	// its own in another root or namespace (storage.OnOwnThread) never
+	// lands on it, so /proc/<supervisor>/root stays the host's.
+	runtime.LockOSThread()
 	goR, res := os.NewFile(3, "go"), os.NewFile(4, "answer")
 	fail := func(err error) int {
 		fmt.Fprintln(res, err)
@@ -194,6 +202,9 @@ func supervise(dir string, prepare Prepare, mounts Mounts) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	children.Lock()
+	children.supervising = true
+	children.Unlock()
 	log, err := console.Open(filepath.Join(dir, "console.log"), s.ConsoleMax)
 	if err != nil {
 		return fail(fmt.Errorf("supervisor: %w", err))
@@ -223,8 +234,8 @@ func supervise(dir string, prepare Prepare, mounts Mounts) int {
 
 // serveMounts listens for the VM's mount requests while it runs, when
 // its stemcell asks for the service. The socket is on the VM's read-only
-// disks directory, open to every user of the VM (connecting needs write
-// permission on it; the handler checks who connected).
+// disks directory, its root's alone (0600: no other user of the VM can
+// connect), and who connects is checked again at accept.
 func (v supervised) serveMounts(pid int, mounts Mounts) (func(), error) {
 	path := v.spec.MountSocket
 	if path == "" || mounts == nil {
@@ -236,16 +247,21 @@ func (v supervised) serveMounts(pid int, mounts Mounts) (func(), error) {
 		return nil, fmt.Errorf("the vm's mount service: %w", err)
 	}
 	l.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o666); err != nil {
+	root := v.spec.MountUID
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("the vm's mount service: %w", err)
+	}
+	if err := os.Lchown(path, int(root), int(root)); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("the vm's mount service: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	vm := Served{Dir: v.dir, Locks: v.spec.Locks, InitPID: pid}
+	vm := Served{Dir: v.dir, Locks: v.spec.Locks, InitPID: pid, Cgroup: v.spec.Cgroup}
 	go func() {
 		defer close(done)
-		_ = mountsvc.Serve(ctx, l, func(ctx context.Context, peer unix.Ucred, req mountsvc.Request) error {
+		_ = mountsvc.Serve(ctx, l, func(p unix.Ucred) bool { return p.Uid == root }, func(ctx context.Context, peer unix.Ucred, req mountsvc.Request) error {
 			return mounts(ctx, vm, peer, req)
 		})
 	}()
@@ -359,6 +375,60 @@ func (v supervised) finish(status int) {
 	_ = v.rt("delete", "--force", s.ID)
 }
 
+// A supervisor reaps every child it has (a subreaper must: the runtime's
+// processes are left to it). The children it starts itself (RunChild)
+// get their status from that loop.
+var children = struct {
+	sync.Mutex
+	supervising bool
+	waiting     map[int]chan unix.WaitStatus
+}{waiting: map[int]chan unix.WaitStatus{}}
+
+// RunChild runs cmd (Stdout and Stderr unset) to its end and answers its
+// output; in a supervisor, through its reaping loop. ctx ending kills it.
+func RunChild(ctx context.Context, cmd *exec.Cmd) ([]byte, error) {
+	children.Lock()
+	supervising := children.supervising
+	children.Unlock()
+	if !supervising {
+		return cmd.CombinedOutput()
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	done := make(chan unix.WaitStatus, 1)
+	children.Lock()
+	err = cmd.Start()
+	if err == nil {
+		children.waiting[cmd.Process.Pid] = done
+	}
+	children.Unlock()
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		return nil, err
+	}
+	out := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(io.LimitReader(pr, 64<<10)); pr.Close(); out <- b }()
+	var ws unix.WaitStatus
+	select {
+	case ws = <-done:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill() // not reaped yet: the pid is still its
+		ws = <-done
+	}
+	b := <-out
+	if ws.Exited() && ws.ExitStatus() == 0 {
+		return b, nil
+	}
+	if ws.Signaled() {
+		return b, fmt.Errorf("%s: killed by %s", filepath.Base(cmd.Path), ws.Signal())
+	}
+	return b, fmt.Errorf("%s: exit status %d", filepath.Base(cmd.Path), ws.ExitStatus())
+}
+
 // waitExit reaps children until pid is among them and answers its status
 // the way a shell reports it (128+n for a signal).
 func waitExit(pid int) int {
@@ -371,6 +441,12 @@ func waitExit(pid int) int {
 		if err != nil {
 			return 255 // no child left: the VM is gone
 		}
+		children.Lock()
+		if ch, ok := children.waiting[got]; ok {
+			delete(children.waiting, got)
+			ch <- ws
+		}
+		children.Unlock()
 		if got != pid {
 			continue
 		}

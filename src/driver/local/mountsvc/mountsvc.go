@@ -53,29 +53,41 @@ type Reply struct {
 type Handler func(ctx context.Context, peer unix.Ucred, req Request) error
 
 // Serve answers requests on l until ctx ends; mounts run one at a time.
-func Serve(ctx context.Context, l *net.UnixListener, h Handler) error {
+// Who connected is checked first, at accept: a peer allow refuses is
+// closed at once, before a byte is read, and never holds a slot, so no
+// other user of the VM can keep its root waiting.
+func Serve(ctx context.Context, l *net.UnixListener, allow func(unix.Ucred) bool, h Handler) error {
 	go func() { <-ctx.Done(); l.Close() }()
 	slots := make(chan struct{}, Slots)
 	var one sync.Mutex
 	for {
-		slots <- struct{}{}
 		c, err := l.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				<-slots
 				continue
 			}
 			return err
+		}
+		peer, err := peerOf(c)
+		if err != nil || !allow(*peer) {
+			c.Close()
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			c.Close()
+			return nil
 		}
 		go func() {
 			defer func() { <-slots }()
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(Deadline))
 			rep := Reply{}
-			if err := serveOne(ctx, c, h, &one); err != nil {
+			if err := serveOne(ctx, c, *peer, h, &one); err != nil {
 				rep.Error = err.Error()
 			}
 			_ = c.SetWriteDeadline(time.Now().Add(Deadline)) // also past a read deadline
@@ -84,19 +96,21 @@ func Serve(ctx context.Context, l *net.UnixListener, h Handler) error {
 	}
 }
 
-func serveOne(ctx context.Context, c *net.UnixConn, h Handler, one *sync.Mutex) error {
+// peerOf is the connecting process's credentials as the host sees them.
+func peerOf(c *net.UnixConn) (*unix.Ucred, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var peer *unix.Ucred
 	var perr error
 	if err := raw.Control(func(fd uintptr) { peer, perr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return err
+		return nil, err
 	}
-	if perr != nil {
-		return perr
-	}
+	return peer, perr
+}
+
+func serveOne(ctx context.Context, c *net.UnixConn, peer unix.Ucred, h Handler, one *sync.Mutex) error {
 	var req Request
 	dec := json.NewDecoder(io.LimitReader(c, MaxRequest))
 	dec.DisallowUnknownFields()
@@ -112,7 +126,7 @@ func serveOne(ctx context.Context, c *net.UnixConn, h Handler, one *sync.Mutex) 
 	defer one.Unlock()
 	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return h(hctx, *peer, req)
+	return h(hctx, peer, req)
 }
 
 // Ask sends req to the service at socket and answers its error.

@@ -1,18 +1,28 @@
 package mountsvc
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 func serve(t *testing.T, h Handler) string {
+	t.Helper()
+	return serveFor(t, func(unix.Ucred) bool { return true }, h)
+}
+
+// serveFor is serve with the peers allow admits.
+func serveFor(t *testing.T, allow func(unix.Ucred) bool, h Handler) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), SocketName)
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
@@ -21,7 +31,7 @@ func serve(t *testing.T, h Handler) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = Serve(ctx, l, h) }()
+	go func() { defer close(done); _ = Serve(ctx, l, allow, h) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return sock
 }
@@ -132,5 +142,72 @@ func TestOptionsKeepNosuidAndNodevAndRefuseFileSystemOptions(t *testing.T) {
 		if _, err := Options([]string{bad}); err == nil || !strings.Contains(err.Error(), "mount option") {
 			t.Errorf("%s: accepted (%v)", bad, err)
 		}
+	}
+}
+
+// floodEnv makes the test binary the flooder: another process (another
+// user of the VM) holding as many connections as it can, opening a new
+// one whenever one is closed.
+const floodEnv = "MOUNTSVC_TEST_FLOOD"
+
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(floodEnv); sock != "" {
+		flood(sock)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func flood(sock string) {
+	const conns = 64
+	closed := make(chan struct{}, conns)
+	open := func() {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			closed <- struct{}{}
+			return
+		}
+		go func() { _, _ = c.Read(make([]byte, 1)); c.Close(); closed <- struct{}{} }()
+	}
+	for range conns {
+		open()
+	}
+	fmt.Println("FLOOD-UP")
+	for range closed {
+		open()
+	}
+}
+
+// Another user of the VM holding connections costs its root nothing:
+// before the peer was checked at accept, such connections held every
+// slot, and root waited for their deadlines (58.6 s was measured).
+func TestAFloodOfOtherPeersNeverDelaysTheAllowedOne(t *testing.T) {
+	me := int32(os.Getpid())
+	read := 0
+	sock := serveFor(t, func(p unix.Ucred) bool { return p.Pid == me }, func(context.Context, unix.Ucred, Request) error { read++; return nil })
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), floodEnv+"="+sock)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "FLOOD-UP\n" {
+		t.Fatalf("the flooder: %q %v", line, err)
+	}
+	start := time.Now()
+	if err := Ask(sock, Request{Source: "s", Target: "/t"}); err != nil {
+		t.Fatal(err)
+	}
+	// Served before any flooder's connection could have reached its
+	// deadline: none of them held a slot.
+	if took := time.Since(start); took >= Deadline {
+		t.Errorf("the allowed peer waited %s under the flood", took)
+	}
+	if read != 1 {
+		t.Errorf("the handler ran %d times, want once (the flood's never)", read)
 	}
 }
