@@ -2,9 +2,12 @@ package integration_test
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -132,11 +135,15 @@ var _ = describeContainer("a stemcell whose agent mounts its own disks", Ordered
 		end, _ := lines.ReadString('\n')
 		Expect(end).To(MatchRegexp(`FLOOD-END connected=0 dropped=0 refused=\d+`))
 
-		// Stacking mounts through the service stops at its bound.
+		// Stacking mounts through the service stops at its bound, and
+		// the kernel counts the mounts to the VM's memory (the VM idles:
+		// its shell here is the host's nsenter, in the host's cgroups).
+		kmem := vmKernelMemory(vm)
 		got = vmExec(vm, `for i in $(seq 40); do mount /warden-cpi-dev/`+disk+` /mnt/a 2>&1 || { echo "REFUSED-AT $i"; break; }; done; echo "MOUNTS $(grep -c ' /mnt/a ' /proc/mounts)"`)
 		Expect(got).To(ContainSubstring("at most 32"))
 		Expect(got).To(ContainSubstring("MOUNTS 32"))
 		Expect(got).To(MatchRegexp(`REFUSED-AT (3[0-2]|[12]\d)\b`))
+		Expect(vmKernelMemory(vm) - kmem).To(BeNumerically(">=", 8<<10), "31 mounts charged to the VM's memory cgroup")
 
 		// Its mount table names no host path of its mount points.
 		mi := vmExec(vm, "cat /proc/self/mountinfo")
@@ -201,3 +208,24 @@ echo "contained $(awk '$1 == "'$mine'" { print $2, $1, "" }' /proc/mounts | head
 echo HOSTILE-DONE
 sleep infinity
 `
+
+// vmKernelMemory is the kernel memory charged to a VM's memory cgroup
+// (cgroup v1's kmem counter, else v2's memory.stat kernel).
+func vmKernelMemory(vm string) int64 {
+	sum := sha256.Sum256([]byte(fx.StateDir))
+	cg := "runway/" + hex.EncodeToString(sum[:4]) + "-" + vm
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.kmem.usage_in_bytes")); err == nil {
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", cg, "memory.stat"))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "kernel "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	Fail("no kernel memory in " + cg + "'s memory.stat")
+	return 0
+}
