@@ -143,7 +143,7 @@ var _ = describeContainer("a stemcell whose agent mounts its own disks", Ordered
 		Expect(got).To(ContainSubstring("at most 32"))
 		Expect(got).To(ContainSubstring("MOUNTS 32"))
 		Expect(got).To(MatchRegexp(`REFUSED-AT (3[0-2]|[12]\d)\b`))
-		Expect(vmKernelMemory(vm) - kmem).To(BeNumerically(">=", 8<<10), "31 mounts charged to the VM's memory cgroup")
+		Expect(vmKernelMemory(vm)-kmem).To(BeNumerically(">=", 8<<10), "31 mounts charged to the VM's memory cgroup")
 
 		// Its mount table names no host path of its mount points.
 		mi := vmExec(vm, "cat /proc/self/mountinfo")
