@@ -195,44 +195,64 @@ func (c *Config) decodeOfficial(raw json.RawMessage) error {
 	}
 	c.Driver, c.StateDir = o.Plugin, DefaultStateDir()
 	c.Sections = map[string]json.RawMessage{}
+	row, _ := catalog.Lookup(o.Plugin)
 	for k, v := range o.Properties {
-		switch k {
-		case o.Plugin:
+		switch {
+		case slices.Contains(row.OfficialKeys, k):
+			// moved into the section after the loop, with stemcell.
+		case k == o.Plugin:
 			c.Sections[k] = v
-		case "agent":
+		case k == "agent":
 			if err := strict.JSON("cloud.properties.agent", v, &c.Agent); err != nil {
 				return err
 			}
-		case "registry", "debug":
+		case k == "registry" || k == "debug":
 			// The registry served pre-v2 stemcells (Runway hands agent
 			// settings over directly); debug.cpi.api_version caps the
 			// official CPI's API version, and Runway answers v3's
 			// contract to every caller. Both are read and have no effect
 			// (docs/configuration.md).
-		case "stemcell":
+		case k == "stemcell":
 			// aws: stemcell.kernel_id, refused by the aws section's check;
 			// moved into the section after the loop (map order is random).
 		default:
-			return strict.Unknown("cloud.properties", k, []string{o.Plugin, "agent", "registry", "debug", "stemcell"})
+			return strict.Unknown("cloud.properties", k, append([]string{o.Plugin, "agent", "registry", "debug", "stemcell"}, row.OfficialKeys...))
 		}
 	}
-	if st, ok := o.Properties["stemcell"]; ok {
-		var section map[string]json.RawMessage
-		if raw, ok := c.Sections[o.Plugin]; ok {
-			if err := json.Unmarshal(raw, &section); err != nil {
-				return fmt.Errorf("cloud.properties.%s: must be an object: %w", o.Plugin, err)
-			}
+	return c.moveIntoSection(o.Plugin, o.Properties, append([]string{"stemcell"}, row.OfficialKeys...))
+}
+
+// moveIntoSection puts the official properties named keys into the
+// plugin's section, beside what it holds.
+func (c *Config) moveIntoSection(plugin string, props map[string]json.RawMessage, keys []string) error {
+	for _, k := range keys {
+		if err := c.moveKey(plugin, k, props); err != nil {
+			return err
 		}
-		if section == nil {
-			section = map[string]json.RawMessage{}
-		}
-		section["stemcell"] = st
-		b, err := json.Marshal(section)
-		if err != nil {
-			return fmt.Errorf("cloud.properties.stemcell: %w", err)
-		}
-		c.Sections[o.Plugin] = b
 	}
+	return nil
+}
+
+func (c *Config) moveKey(plugin, key string, props map[string]json.RawMessage) error {
+	v, ok := props[key]
+	if !ok {
+		return nil
+	}
+	var section map[string]json.RawMessage
+	if raw, ok := c.Sections[plugin]; ok {
+		if err := json.Unmarshal(raw, &section); err != nil {
+			return fmt.Errorf("cloud.properties.%s: must be an object: %w", plugin, err)
+		}
+	}
+	if section == nil {
+		section = map[string]json.RawMessage{}
+	}
+	section[key] = v
+	b, err := json.Marshal(section)
+	if err != nil {
+		return fmt.Errorf("cloud.properties.%s: %w", key, err)
+	}
+	c.Sections[plugin] = b
 	return nil
 }
 

@@ -25,7 +25,7 @@ func TestSmallestConfigGetsDefaults(t *testing.T) {
 func TestErrorsNameTheField(t *testing.T) {
 	for doc, want := range map[string]string{
 		`{"state_dir": "/x"}`:                                                           "driver: is required",
-		`{"driver": "vsphere", "state_dir": "/x"}`:                                      `driver: unknown driver "vsphere"`,
+		`{"driver": "vcloud", "state_dir": "/x"}`:                                       `driver: unknown driver "vcloud"`,
 		`{"driver": "local"}`:                                                           "state_dir: is required",
 		`{"driver": "local", "state_dir": "rel/dir"}`:                                   "state_dir: must be an absolute path",
 		`{"driver": "local", "state_dir": "/x", "log_level": "loud"}`:                   "log_level:",
@@ -93,7 +93,7 @@ func TestOfficialConfigShape(t *testing.T) {
 		t.Fatalf("config = %+v section %s", c, c.DriverSection())
 	}
 	for doc, want := range map[string]string{
-		`{"cloud": {"plugin": "vsphere", "properties": {}}}`:                   `unknown plugin "vsphere"`,
+		`{"cloud": {"plugin": "vcloud", "properties": {}}}`:                    `unknown plugin "vcloud"`,
 		`{"cloud": {"plugin": "aws", "properties": {"aws": {}, "agnet": {}}}}`: `unknown key "agnet" (did you mean "agent"?)`,
 		`{"cloud": {"plugin": "aws", "properties": {}}, "driver": "aws"}`:      "takes no other top-level key",
 		`{"cloud": {"plugin": "aws", "properties": {"agent": {"ntp": "x"}}}}`:  `cloud.properties.agent.ntp: must be a list, got a string "x"`,
@@ -108,5 +108,14 @@ func TestOfficialConfigShape(t *testing.T) {
 	c, err = Parse([]byte(`{"cloud": {"plugin": "aws", "properties": {"aws": {"region": "r"}, "stemcell": {"kernel_id": "aki-1"}}}}`), "")
 	if err != nil || !strings.Contains(string(c.DriverSection()), `"kernel_id":"aki-1"`) {
 		t.Fatalf("section %s, %v", c.DriverSection(), err)
+	}
+	// The vSphere CPI's job renders its vCenter list and plugins beside
+	// agent, not under its name: they go into the section.
+	c, err = Parse([]byte(`{"cloud": {"plugin": "vsphere", "properties": {"vcenters": [{"host": "vc"}], "agent": {"ntp": ["n"]}, "plugins": {}}}}`), "")
+	if err != nil || c.Driver != "vsphere" || string(c.DriverSection()) != `{"plugins":{},"vcenters":[{"host":"vc"}]}` || len(c.Agent.NTP) != 1 {
+		t.Fatalf("vsphere: section %s, agent %+v, %v", c.DriverSection(), c.Agent, err)
+	}
+	if _, err := Parse([]byte(`{"cloud": {"plugin": "vsphere", "properties": {"vcenter": []}}}`), ""); err == nil || !strings.Contains(err.Error(), `did you mean "vcenters"`) {
+		t.Errorf("vsphere with a typo: %v", err)
 	}
 }

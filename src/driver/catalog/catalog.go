@@ -28,6 +28,10 @@ type Driver struct {
 	// ScriptUserData: the VM runs its user data as its process (no
 	// cloud-init), so garm's runner install is rendered as a script.
 	ScriptUserData bool
+	// OfficialKeys are keys of the official config's cloud.properties
+	// that belong to the driver's section although they are not under
+	// its name (the vSphere CPI's vcenters).
+	OfficialKeys []string
 }
 
 // Drivers is the table, in name order.
@@ -36,6 +40,7 @@ var Drivers = []Driver{
 	{Name: "kubernetes", StemcellFormats: []string{"kubernetes-light"}, ExtraKey: "registry", ExtraFormats: []string{"warden-tar"}, ScriptUserData: true},
 	{Name: "local", StemcellFormats: []string{"runway-local", "warden-tar", "general-tar"}, FormatsKey: "stemcell_formats", ScriptUserData: true},
 	{Name: "openstack", StemcellFormats: []string{"openstack-qcow2", "openstack-raw", "openstack-light"}},
+	{Name: "vsphere", StemcellFormats: []string{"vsphere-ovf", "vsphere-ova"}, OfficialKeys: []string{"vcenters", "plugins"}},
 }
 
 // Names lists the drivers' names.

@@ -16,6 +16,7 @@ import (
 	_ "github.com/runway-cpi/runway/src/driver/kubernetes"
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	_ "github.com/runway-cpi/runway/src/driver/openstack"
+	_ "github.com/runway-cpi/runway/src/driver/vsphere"
 )
 
 const module = "github.com/runway-cpi/runway/"
@@ -100,7 +101,7 @@ func TestAnsweredFormatsKey(t *testing.T) {
 	if f, _ := catalog.Answered("aws", json.RawMessage(`{"stemcell_formats": ["x"]}`)); !slices.Equal(f, catalog.Formats("aws")) {
 		t.Errorf("aws took stemcell_formats: %v", f)
 	}
-	if _, ok := catalog.Answered("vsphere", nil); ok {
+	if _, ok := catalog.Answered("no-such-driver", nil); ok {
 		t.Error("an unknown driver answered")
 	}
 }
