@@ -226,7 +226,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) error {
 	spec := types.VirtualMachineCloneSpec{
 		Location: types.VirtualMachineRelocateSpec{Datastore: &pl.ds.ref, Pool: &pl.cluster.pool,
 			DiskMoveType: string(types.VirtualMachineRelocateDiskMoveOptionsCreateNewChildDiskBacking)},
-		Snapshot: snap, Config: cfg,
+		Snapshot: snap,
 	}
 	t, err := src.Clone(ctx, folder, pl.name, spec)
 	var info *types.TaskInfo
@@ -238,6 +238,15 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) error {
 	}
 	vm := object.NewVirtualMachine(vc.c, info.Result.(types.ManagedObjectReference))
 	d.log.Info("vm cloned", "vm", pl.name, "cluster", pl.cluster.name, "datastore", pl.ds.name)
+	// The hardware as a reconfiguration of the clone, not in the clone
+	// spec: vCenter takes both the same way, vcsim only this one.
+	if t, err = vm.Reconfigure(ctx, *cfg); err == nil {
+		err = t.Wait(ctx)
+	}
+	if err != nil {
+		d.removeVM(context.WithoutCancel(ctx), vc, vm)
+		return d.cloudErr("configure "+pl.name, err)
+	}
 	if err := d.finishVM(ctx, pl, vm); err != nil {
 		d.removeVM(context.WithoutCancel(ctx), vc, vm)
 		return err
