@@ -14,13 +14,15 @@ import (
 // cpi.json.erb renders it (bosh-vsphere-cpi-release jobs/vsphere_cpi):
 // every key it always writes, with the job spec's defaults, and the
 // datacenter keys it copies from vcenter.datacenters (with its defaults
-// for the folders and allow_mixed_datastores).
+// for the folders and allow_mixed_datastores). Stemcells and ephemeral
+// disks go to one datastore: bin/cpi names stemcell copies as vCenter
+// does (" %2f "), which vcsim cannot store (see TestMain).
 func officialCPIJSON(sim *vcsim, vcenter map[string]any) map[string]any {
 	vc := map[string]any{
 		"host": sim.host, "user": sim.user, "password": sim.pass,
 		"datacenters": []any{map[string]any{
 			"name": "DC0", "vm_folder": "BOSH_VMs", "template_folder": "BOSH_Templates", "disk_path": "BOSH_Disks",
-			"allow_mixed_datastores": true, "datastore_pattern": `\ALocalDS_`, "persistent_datastore_pattern": `\ALocalDS_`,
+			"allow_mixed_datastores": true, "datastore_pattern": `\ALocalDS_0\z`, "persistent_datastore_pattern": `\ALocalDS_`,
 			"clusters": []any{"DC0_C0", map[string]any{"DC0_C1": map[string]any{"resource_pool": "DC0_C1_RP1"}}},
 		}},
 		"default_disk_type": "preallocated", "default_scsi_controller_type": "paravirtual",

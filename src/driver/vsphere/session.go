@@ -20,6 +20,7 @@ import (
 	"github.com/vmware/govmomi/fault"
 	govsession "github.com/vmware/govmomi/session"
 	"github.com/vmware/govmomi/vim25"
+	"github.com/vmware/govmomi/vim25/methods"
 	"github.com/vmware/govmomi/vim25/soap"
 	"github.com/vmware/govmomi/vim25/types"
 
@@ -106,7 +107,11 @@ func (s *session) login(ctx context.Context) error {
 func (s *session) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	method := methodName(req)
 	err := s.d.retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
+		resetFault(res)
 		err := s.sc.RoundTrip(ctx, req, res)
+		if err == nil {
+			err = missingAuth(res)
+		}
 		if err != nil && idempotent(method) {
 			return retryable{err}
 		}
@@ -124,8 +129,54 @@ func (s *session) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	}
 	s.d.log.Info("vCenter session had expired: logged in again", "method", method)
 	return s.d.retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
-		return s.sc.RoundTrip(ctx, req, res)
+		resetFault(res)
+		if err := s.sc.RoundTrip(ctx, req, res); err != nil {
+			return err
+		}
+		return missingAuth(res)
 	})
+}
+
+// resetFault clears an answer's fault before the call is sent again: the
+// decoder fills only what the new answer holds, so a fault of the last
+// one would stay and read as this one's.
+func resetFault(res soap.HasFault) {
+	v := reflect.ValueOf(res)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return
+	}
+	for _, name := range []string{"Fault_", "Res"} {
+		if f := v.Elem().FieldByName(name); f.IsValid() && f.CanSet() {
+			f.Set(reflect.Zero(f.Type()))
+		}
+	}
+}
+
+// errPropertiesNotAuthenticated: vcsim answers an expired session's
+// property reads with NotAuthenticated in each object's missingSet (a
+// vCenter answers a fault); either way the session is renewed.
+var errPropertiesNotAuthenticated = soap.WrapVimFault(&types.NotAuthenticated{})
+
+func missingAuth(res soap.HasFault) error {
+	var objs []types.ObjectContent
+	switch r := res.(type) {
+	case *methods.RetrievePropertiesExBody:
+		if r.Res != nil && r.Res.Returnval != nil {
+			objs = r.Res.Returnval.Objects
+		}
+	case *methods.RetrievePropertiesBody:
+		if r.Res != nil {
+			objs = r.Res.Returnval
+		}
+	}
+	for _, o := range objs {
+		for _, m := range o.MissingSet {
+			if _, ok := m.Fault.Fault.(*types.NotAuthenticated); ok {
+				return errPropertiesNotAuthenticated
+			}
+		}
+	}
+	return nil
 }
 
 // retryable marks an error of a call that reads only, so a transport

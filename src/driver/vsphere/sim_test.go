@@ -77,7 +77,7 @@ func (v *vcsim) newDriver(t testing.TB, extra map[string]any) *Driver {
 		t.Fatal(err)
 	}
 	p := retry.Default()
-	p.Base, p.MaxSleep, p.Budget = time.Millisecond, 10*time.Millisecond, 2*time.Second
+	p.Base, p.MaxSleep, p.Budget = time.Millisecond, 10*time.Millisecond, 500*time.Millisecond
 	d, err := New(v.section(extra), driver.Deps{StateDir: dir, Locker: locks, Retry: p, Logger: logging.Discard()})
 	if err != nil {
 		t.Fatal(err)
