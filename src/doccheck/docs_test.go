@@ -19,6 +19,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/kubernetes"
 	"github.com/runway-cpi/runway/src/driver/local"
 	"github.com/runway-cpi/runway/src/driver/openstack"
+	"github.com/runway-cpi/runway/src/driver/vsphere"
 	"github.com/runway-cpi/runway/src/garm"
 	"github.com/runway-cpi/runway/src/hooks"
 	orchcfg "github.com/runway-cpi/runway/src/orchestrator/config"
@@ -42,6 +43,7 @@ func TestConfigDocsMatchTheCode(t *testing.T) {
 		{doc: "openstack.md", heading: "## Configuration", v: openstack.Config{}, tag: "json"},
 		{doc: "aws.md", heading: "## Configuration", v: aws.Config{}, tag: "json"},
 		{doc: "kubernetes.md", heading: "## Configuration", v: kubernetes.Config{}, tag: "json"},
+		{doc: "vsphere.md", heading: "## Configuration", v: vsphere.Config{}, tag: "json", leaves: []string{"datacenters[].clusters"}},
 		{doc: "hooks.md", heading: "## Configuration (the `hooks` section of the CPI config)", v: hooks.Config{}, tag: "json",
 			leaves: []string{"extensions[].settings"}},
 		{doc: "garm.md", heading: "## garm configuration", v: garm.Config{}, tag: "json",
@@ -200,7 +202,9 @@ func TestMigrationTablesCoverEveryOfficialKey(t *testing.T) {
 	if err := yaml.Unmarshal(b, &spec); err != nil {
 		t.Fatal(err)
 	}
-	for _, iaas := range []string{"openstack", "aws"} {
+	// The official job's property prefix, where it is not the driver's name.
+	prefix := map[string]string{"vsphere": "vcenter"}
+	for _, iaas := range []string{"openstack", "aws", "vsphere"} {
 		doc := docKeys(t, iaas+".md", "## Migration from the official CPI", 0)
 		covered := func(k string) bool {
 			return slices.ContainsFunc(doc, func(d string) bool { return d == k || strings.HasPrefix(d, k+".") })
@@ -208,7 +212,11 @@ func TestMigrationTablesCoverEveryOfficialKey(t *testing.T) {
 		reg, _ := driver.Lookup(iaas)
 		official := reg.AliasKeys()
 		for p := range spec.Properties {
-			if k, ok := strings.CutPrefix(p, iaas+"."); ok {
+			pre := iaas
+			if x, ok := prefix[iaas]; ok {
+				pre = x
+			}
+			if k, ok := strings.CutPrefix(p, pre+"."); ok {
 				official = append(official, k)
 			}
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/catalog" // the drivers bin/cpi carries: config knows their sections
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	_ "github.com/runway-cpi/runway/src/driver/openstack"
+	_ "github.com/runway-cpi/runway/src/driver/vsphere"
 	orchcfg "github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
@@ -149,6 +150,23 @@ func TestCPIJobRendersForEachDriver(t *testing.T) {
 					t.Errorf("rendered %v", doc)
 				}
 			}},
+		// An official vsphere_cpi manifest (bosh.io's example), unchanged:
+		// the driver follows from vcenter.*.
+		"official vsphere_cpi properties": {props: map[string]any{
+			"vcenter": map[string]any{"address": "172.16.68.3", "user": "root", "password": "vmware", "default_disk_type": "thin",
+				"enable_auto_anti_affinity_drs_rules": true, "connection_options": map[string]any{"ca_cert": testPEM},
+				"datacenters": []any{map[string]any{"name": "BOSH_DC", "vm_folder": "prod-vms", "template_folder": "prod-templates",
+					"disk_path": "prod-disks", "datastore_pattern": `\Aprod-ds\z`, "persistent_datastore_pattern": `\Aprod-ds\z`,
+					"clusters": []any{map[string]any{"BOSH_CL": map[string]any{"resource_pool": "BOSH_RP"}}}}}},
+			"nats": map[string]any{"user": "n", "password": "np", "address": "10.0.0.6"}},
+			check: func(t *testing.T, doc map[string]any) {
+				vs := doc["vsphere"].(map[string]any)
+				if doc["driver"] != "vsphere" || vs["address"] != "172.16.68.3" || vs["password"] != "vmware" ||
+					vs["datacenters"].([]any)[0].(map[string]any)["disk_path"] != "prod-disks" ||
+					doc["agent"].(map[string]any)["mbus"] != "nats://n:np@10.0.0.6:4222" {
+					t.Errorf("rendered %v", doc)
+				}
+			}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			out := renderRepoJob(t, "runway_cpi", tc.props)
@@ -206,9 +224,11 @@ func TestCPIJobRefusesToGuessTheDriver(t *testing.T) {
 		props map[string]any
 		want  string
 	}{
-		"nothing":      {map[string]any{"ntp": []string{"x"}}, "no driver chosen: set runway.driver (local, openstack or aws), or the official openstack.* or aws.* properties"},
-		"two IaaS's":   {map[string]any{"openstack": map[string]any{"auth_url": "http://k/v3"}, "aws": map[string]any{"region": "r"}}, "both openstack.* (auth_url) and aws.* (region) are set"},
-		"another IaaS": {map[string]any{"runway": map[string]any{"driver": "local"}, "aws": map[string]any{"region": "r"}}, "runway.driver is local but aws.* properties are set (region)"},
+		"nothing":              {map[string]any{"ntp": []string{"x"}}, "no driver chosen: set runway.driver (local, openstack, aws, kubernetes or vsphere), or the official openstack.*, aws.* or vcenter.* properties"},
+		"two IaaS's":           {map[string]any{"openstack": map[string]any{"auth_url": "http://k/v3"}, "aws": map[string]any{"region": "r"}}, "the official properties of several IaaSes are set (openstack.*: auth_url; aws.*: region)"},
+		"vcenter and aws":      {map[string]any{"vcenter": map[string]any{"host": "vc"}, "aws": map[string]any{"region": "r"}}, "vcenter.*: host"},
+		"vcenter, not vsphere": {map[string]any{"runway": map[string]any{"driver": "local"}, "vcenter": map[string]any{"host": "vc"}}, "runway.driver is local but vcenter.* properties are set (host)"},
+		"another IaaS":         {map[string]any{"runway": map[string]any{"driver": "local"}, "aws": map[string]any{"region": "r"}}, "runway.driver is local but aws.* properties are set (region)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			pf := filepath.Join(t.TempDir(), "props.json")
