@@ -157,3 +157,13 @@ func TestCreateVMWhoseCloneTaskFails(t *testing.T) {
 		t.Fatal("the failed create removed a VM it did not make")
 	}
 }
+
+// A wrong password is named as such, and the password never shows.
+func TestWrongPassword(t *testing.T) {
+	sim := newSim(t)
+	d := sim.newDriver(t, map[string]any{"password": "wrong-pw-0472"})
+	_, err := d.HasVM(bg, "vm-00000000-0000-4000-8000-000000000000")
+	if err == nil || !strings.Contains(err.Error(), `refused user "bosh@vsphere.local"'s login`) || strings.Contains(err.Error(), "wrong-pw-0472") {
+		t.Fatalf("wrong password: %v", err)
+	}
+}

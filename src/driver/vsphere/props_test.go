@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vmware/govmomi/object"
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
 
@@ -92,7 +91,6 @@ func TestEveryOfficialVMCloudPropertyHasAVerdict(t *testing.T) {
 	if !groups["cpi-vm-group"] || !rules["dir-dep-web"] {
 		t.Errorf("DRS groups %v, anti-affinity rules %v; want cpi-vm-group and dir-dep-web", groups, rules)
 	}
-	_ = object.VirtualDeviceList{}
 }
 
 func want(t *testing.T, ok bool) {

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -43,6 +44,9 @@ func newSim(t testing.TB) *vcsim {
 		t.Fatal(err)
 	}
 	m.Service.TLS = new(tls.Config)
+	// An account of its own: vcsim then checks the password (its default
+	// one, "pass", is a word errors contain).
+	m.Service.Listen = &url.URL{User: url.UserPassword("bosh@vsphere.local", "vc-secret-0471")}
 	s := m.Service.NewServer()
 	t.Cleanup(func() { s.Close(); m.Remove() })
 	pw, _ := s.URL.User.Password()
