@@ -30,9 +30,9 @@ type throttler struct {
 	caPEM   string
 }
 
-func newThrottler(t *testing.T, sim *vcsim) *throttler {
+func newThrottler(t *testing.T, sim *sim) *throttler {
 	th := &throttler{}
-	target := *sim.server.URL
+	target := *sim.Server.URL
 	target.User, target.Path = nil, ""
 	proxy := httputil.NewSingleHostReverseProxy(&target)
 	proxy.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // vcsim's own cert, in this test
@@ -120,7 +120,7 @@ func TestCreateVMFailingPowerOnCleansUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim.model.Service.AddFaultRule(&simulator.FaultInjectionRule{MethodName: "PowerOnVM_Task", ObjectType: "*", ObjectName: "*",
+	sim.Model.Service.AddFaultRule(&simulator.FaultInjectionRule{MethodName: "PowerOnVM_Task", ObjectType: "*", ObjectName: "*",
 		Probability: 1, Enabled: true, MaxCount: 1, FaultType: simulator.FaultTypeCustom,
 		Fault: &types.InsufficientResourcesFault{}})
 	_, err = d.CreateVM(bg, driver.VMSpec{Name: "vm-11111111-1111-4111-8111-111111111111", StemcellCID: sc, CloudProps: smallVM(nil),

@@ -17,7 +17,7 @@ import (
 // for the folders and allow_mixed_datastores). Stemcells and ephemeral
 // disks go to one datastore: bin/cpi names stemcell copies as vCenter
 // does (" %2f "), which vcsim cannot store (see TestMain).
-func officialCPIJSON(sim *vcsim, vcenter map[string]any) map[string]any {
+func officialCPIJSON(sim *sim, vcenter map[string]any) map[string]any {
 	vc := map[string]any{
 		"host": sim.host, "user": sim.user, "password": sim.pass,
 		"datacenters": []any{map[string]any{

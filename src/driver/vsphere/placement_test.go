@@ -60,9 +60,15 @@ func TestCPIConfigContextsPickTheDatacenter(t *testing.T) {
 // official CPI moves disks a VM's cluster cannot reach.
 func TestAttachMovesADiskTheVMCannotReach(t *testing.T) {
 	sim := newSim(t)
-	d := sim.newDriver(t, map[string]any{"datacenters": []any{map[string]any{
-		"name": "DC0", "datastore_pattern": `\ALocalDS_0\z`, "persistent_datastore_pattern": `\A(LocalDS_|C1ONLY)`,
-		"clusters": []any{"DC0_C0", "DC0_C1"}}}})
+	// d places VMs on DC0_C0 only (vcsim gives a clone its source's
+	// host, whatever the pool: the stemcell must be on DC0_C0 too); both
+	// make disks on either cluster's datastores.
+	dcs := func(clusters ...any) map[string]any {
+		return map[string]any{"datacenters": []any{map[string]any{
+			"name": "DC0", "datastore_pattern": `\ALocalDS_0\z`, "persistent_datastore_pattern": `\A(LocalDS_|C1ONLY)`, "clusters": clusters}}}
+	}
+	d := sim.newDriver(t, dcs("DC0_C0"))
+	both := sim.newDriver(t, dcs("DC0_C0", "DC0_C1"))
 	vc, err := d.client(bg)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +88,7 @@ func TestAttachMovesADiskTheVMCannotReach(t *testing.T) {
 	if _, err := dss.CreateLocalDatastore(bg, "C1ONLY", dir); err != nil {
 		t.Fatal(err)
 	}
-	disk, err := d.CreateDisk(bg, driver.DiskSpec{SizeMiB: 256, CloudProps: driver.PropsOf(map[string]any{"datastores": []string{"C1ONLY"}})})
+	disk, err := both.CreateDisk(bg, driver.DiskSpec{SizeMiB: 256, CloudProps: driver.PropsOf(map[string]any{"datastores": []string{"C1ONLY"}})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +99,7 @@ func TestAttachMovesADiskTheVMCannotReach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vm, err := d.CreateVM(bg, driver.VMSpec{StemcellCID: sc, Networks: manualNet("10.0.4.1", "VM Network"),
-		CloudProps: smallVM(map[string]any{"datacenters": []any{map[string]any{"clusters": []any{"DC0_C0"}}}})})
+	vm, err := d.CreateVM(bg, driver.VMSpec{StemcellCID: sc, Networks: manualNet("10.0.4.1", "VM Network"), CloudProps: smallVM(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
