@@ -49,7 +49,9 @@ func (v *sim) newDriver(t testing.TB, extra map[string]any) *Driver {
 
 func stemcellImage(t testing.TB) string { return vcsim.StemcellImage(t) }
 
-func driverSpec(t testing.TB) driver.StemcellSpec { return driver.StemcellSpec{ImagePath: stemcellImage(t)} }
+func driverSpec(t testing.TB) driver.StemcellSpec {
+	return driver.StemcellSpec{ImagePath: stemcellImage(t)}
+}
 
 // smallVM is a small VM for the tests.
 func smallVM(extra map[string]any) driver.Props {
