@@ -53,10 +53,7 @@ func (d *Driver) writeEnv(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 			return d.cloudErr("upload "+name+" of "+pl.name, err)
 		}
 	}
-	cfg := types.VirtualMachineConfigSpec{ExtraConfig: []types.BaseOptionValue{
-		&types.OptionValue{Key: "guestinfo.userdata", Value: base64.StdEncoding.EncodeToString(settings)},
-		&types.OptionValue{Key: "guestinfo.userdata.encoding", Value: "base64"},
-	}}
+	cfg := types.VirtualMachineConfigSpec{ExtraConfig: guestinfo(pl, settings)}
 	ch, err := cdromChange(devices, dsPath(pl.ds.name, pl.name+"/"+envISO), pl.ds.ref)
 	if err != nil {
 		return err
@@ -67,6 +64,27 @@ func (d *Driver) writeEnv(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 		err = t.Wait(ctx)
 	}
 	return d.cloudErr("insert env.iso into "+pl.name, err)
+}
+
+// guestinfo is what cloud-init's VMware source reads: the agent settings,
+// or a caller's own user data (garm's runner install, env.user_data, as
+// the other drivers take it) with the metadata cloud-init then needs.
+func guestinfo(pl *vmPlan, settings []byte) []types.BaseOptionValue {
+	b64 := base64.StdEncoding.EncodeToString
+	ud, ok := pl.spec.Env["user_data"].(string)
+	if !ok {
+		return []types.BaseOptionValue{
+			&types.OptionValue{Key: "guestinfo.userdata", Value: b64(settings)},
+			&types.OptionValue{Key: "guestinfo.userdata.encoding", Value: "base64"},
+		}
+	}
+	md, _ := json.Marshal(map[string]string{"instance-id": pl.name, "local-hostname": pl.name})
+	return []types.BaseOptionValue{
+		&types.OptionValue{Key: "guestinfo.userdata", Value: b64([]byte(ud))},
+		&types.OptionValue{Key: "guestinfo.userdata.encoding", Value: "base64"},
+		&types.OptionValue{Key: "guestinfo.metadata", Value: b64(md)},
+		&types.OptionValue{Key: "guestinfo.metadata.encoding", Value: "base64"},
+	}
 }
 
 // agentSettings is the JSON the agent reads: the CPI's settings (or, for
