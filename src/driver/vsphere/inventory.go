@@ -46,6 +46,22 @@ func (vc *vcenter) retrieve(ctx context.Context, root types.ManagedObjectReferen
 
 // folder finds the datacenter folder rel (under vm/), making what is missing.
 func (d *Driver) folder(ctx context.Context, vc *vcenter, rel string) (*object.Folder, error) {
+	vc.mu.Lock()
+	defer vc.mu.Unlock()
+	if f, ok := vc.folders[rel]; ok {
+		return f, nil
+	}
+	f, err := d.findFolder(ctx, vc, rel)
+	if err == nil {
+		if vc.folders == nil {
+			vc.folders = map[string]*object.Folder{}
+		}
+		vc.folders[rel] = f
+	}
+	return f, err
+}
+
+func (d *Driver) findFolder(ctx context.Context, vc *vcenter, rel string) (*object.Folder, error) {
 	folders, err := vc.dc.Folders(ctx)
 	if err != nil {
 		return nil, d.cloudErr("find folders", err)

@@ -91,6 +91,9 @@ type vcenter struct {
 	finder *find.Finder
 	dc     *object.Datacenter
 	sess   *session
+
+	mu      sync.Mutex
+	folders map[string]*object.Folder // found or made in this process
 }
 
 // client connects (once per process) and finds the datacenter.
