@@ -58,7 +58,9 @@ func BenchmarkMethods(b *testing.B) {
 	})
 	run("has_vm", func(int) { _, err := d.HasVM(bg, vm.CID); check(err) })
 	run("has_vm(absent)", func(int) { _, err := d.HasVM(bg, "vm-00000000-0000-4000-8000-000000000000"); check(err) })
-	run("set_vm_metadata", func(int) { check(d.SetVMMetadata(bg, vm.CID, map[string]string{"deployment": "d", "job": "j", "index": "0"})) })
+	run("set_vm_metadata", func(int) {
+		check(d.SetVMMetadata(bg, vm.CID, map[string]string{"deployment": "d", "job": "j", "index": "0"}))
+	})
 	run("reboot_vm", func(int) { check(d.RebootVM(bg, vm.CID)) })
 	run("create_disk+delete_disk", func(int) {
 		disk, err := d.CreateDisk(bg, driver.DiskSpec{SizeMiB: 256, VMCID: vm.CID})
