@@ -108,7 +108,7 @@ func TestInvalidConfigsAreRefusedForInfoToo(t *testing.T) {
 		`{"driver":"local","state_dir":"/x","stat":1}`:           `unknown key "stat"`,
 		`{"driver":"local","state_dir":"rel/dir"}`:               "state_dir: must be an absolute path",
 		`{"driver":"local","state_dir":"/x","log_level":"loud"}`: "log_level",
-		`{"driver":"vsphere","state_dir":"/x"}`:                  `driver: unknown driver "vsphere"`,
+		`{"driver":"vcloud","state_dir":"/x"}`:                   `driver: unknown driver "vcloud"`,
 	} {
 		out, got := runWith(t, cfg, info, nil)
 		r, err := rpc.ParseReply([]byte(out))
