@@ -66,6 +66,88 @@ func TestChartLintsAndRenders(t *testing.T) {
 	}
 }
 
+// The Role reads Secrets by name only (secrets.names, and the Secrets of
+// the forges given as values), or every Secret with secrets.byLabel
+// alone; makes and deletes the runner pods' settings Secrets but reads
+// none back; takes its Lease by name; the admission policy holds the
+// pods its service account makes to runners.serviceAccounts. The
+// store's DSN cannot be allow-listed.
+func TestChartRoleIsNarrow(t *testing.T) {
+	render := func(args ...string) map[string]*unstructured.Unstructured {
+		t.Helper()
+		out, err := helm(t, append([]string{"template", "rel", "config/helm/runway", "-n", "ci"}, args...)...)
+		if err != nil {
+			t.Fatalf("helm template: %v\n%s", err, out)
+		}
+		kinds := map[string]*unstructured.Unstructured{}
+		for _, u := range parseObjects(t, []byte(out)) {
+			kinds[u.GetKind()] = u
+		}
+		return kinds
+	}
+	// rules: the Role's verbs by resource, each verb with its resourceNames
+	// ("*": any).
+	rules := func(role *unstructured.Unstructured) map[string]map[string]string {
+		out := map[string]map[string]string{}
+		rs, _, _ := unstructured.NestedSlice(role.Object, "rules")
+		for _, r := range rs {
+			m := r.(map[string]any)
+			names := "*"
+			if n, ok := m["resourceNames"]; ok {
+				names = strings.Join(toStrings(n), ",")
+			}
+			for _, res := range toStrings(m["resources"]) {
+				if out[res] == nil {
+					out[res] = map[string]string{}
+				}
+				for _, v := range toStrings(m["verbs"]) {
+					out[res][v] = names
+				}
+			}
+		}
+		return out
+	}
+	k := render("--set", "secrets.names={gitea-auth-token}", "--set",
+		"forges[0].name=gh,forges[0].type=github,forges[0].token.name=gh-token,forges[0].token.key=k,forges[0].webhookSecret.name=gh-hook,forges[0].webhookSecret.key=h")
+	r := rules(k["Role"])
+	for _, v := range []string{"get", "list", "watch"} {
+		if got := r["secrets"][v]; got != "gitea-auth-token,gh-token,gh-hook" {
+			t.Errorf("secrets %s: %q, want the three named", v, got)
+		}
+	}
+	if r["secrets"]["patch"] != "" || r["secrets"]["update"] != "" || r["secrets"]["create"] != "*" || r["secrets"]["delete"] != "*" {
+		t.Errorf("secrets: %v, want create and delete (settings) and no patch or update (each reads a Secret back)", r["secrets"])
+	}
+	if r["leases"]["get"] != "rel-runway" || r["leases"]["update"] != "rel-runway" || r["leases"]["list"] != "" {
+		t.Errorf("leases: %v, want get and update of rel-runway only", r["leases"])
+	}
+	d := k["Deployment"]
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	args := strings.Join(toStrings(containers[0].(map[string]any)["args"]), " ")
+	if !strings.Contains(args, "-secret-names=gitea-auth-token,gh-token,gh-hook") || !strings.Contains(args, "-secrets-by-label=false") {
+		t.Errorf("args %q", args)
+	}
+	vap := k["ValidatingAdmissionPolicy"]
+	if vap == nil || k["ValidatingAdmissionPolicyBinding"] == nil {
+		t.Fatal("no ValidatingAdmissionPolicy and binding for the runner pods")
+	}
+	expr := fmt.Sprint(vap.Object["spec"])
+	if !strings.Contains(expr, "system:serviceaccount:ci:rel-runway") || !strings.Contains(expr, "automountServiceAccountToken") {
+		t.Errorf("policy %s", expr)
+	}
+
+	if r := rules(render("--set", "secrets.byLabel=true")["Role"]); r["secrets"]["list"] != "*" {
+		t.Errorf("byLabel: secrets %v", r["secrets"])
+	}
+	if r := rules(render()["Role"]); r["secrets"]["get"] != "" || r["secrets"]["list"] != "" {
+		t.Errorf("no Secret named: secrets %v, want none read", r["secrets"])
+	}
+	if out, err := helm(t, "template", "rel", "config/helm/runway", "--set", "secrets.names={runway-postgres}"); err == nil ||
+		!strings.Contains(out, "the store's DSN") {
+		t.Errorf("the DSN's Secret allow-listed: %v %s", err, out)
+	}
+}
+
 func toStrings(v any) []string {
 	var out []string
 	for _, x := range v.([]any) {

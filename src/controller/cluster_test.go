@@ -37,6 +37,7 @@ type fakeEngine struct {
 	groups   []config.GroupConfig
 	states   map[string]GroupState
 	checkErr error
+	checked  []config.ForgeConfig // every forge Check asked
 }
 
 func (f *fakeEngine) Replace(forges []config.ForgeConfig, groups []config.GroupConfig) error {
@@ -58,9 +59,10 @@ func (f *fakeEngine) State(name string) (GroupState, bool) {
 	return s, ok
 }
 
-func (f *fakeEngine) Check(context.Context, config.ForgeConfig, config.GroupConfig) error {
+func (f *fakeEngine) Check(_ context.Context, fc config.ForgeConfig, _ config.GroupConfig) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.checked = append(f.checked, fc)
 	return f.checkErr
 }
 
@@ -216,9 +218,10 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 // start runs a controller on the test's namespace with engine e.
 func (c *cluster) start(t *testing.T, e Engine) *Controller {
-	ctl := New(Options{Kube: c.kube, Dyn: c.dyn, Namespace: c.ns, Engine: e, StatusInterval: 200 * time.Millisecond,
-		Seed: Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner", PollInterval: time.Second},
-		Log:  logging.Fields{Logger: logging.Discard()}})
+	ctl := New(Options{Kube: c.kube, Dyn: c.dyn, Namespaces: []string{c.ns}, Engine: e, StatusInterval: 200 * time.Millisecond,
+		Secrets: SecretAccess{Names: []string{"gitea-auth-token", "gitea-registration-token", "gh"}},
+		Seed:    Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner", PollInterval: time.Second},
+		Log:     logging.Fields{Logger: logging.Discard()}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { ctl.Run(ctx); close(done) }()

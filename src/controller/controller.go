@@ -1,7 +1,8 @@
 // Package controller is Runway's Kubernetes face: a config source for
 // the one engine, not a second engine. It watches seed 001's RunnerGroup
 // (gitea.bpg.pw) and Runway's own Forge and RunnerGroup (runway.io) and
-// the Secrets they name, through informers and a work queue reconciling
+// the Secrets they name (only those the operator marked for Runway),
+// through informers and a work queue reconciling
 // one object at a time (client-go's sample-controller pattern), turns
 // them into the orchestrator's forges and groups, and hands the engine
 // the whole set through one call (Engine.Replace). It writes each
@@ -15,11 +16,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -68,15 +73,48 @@ var ErrTokenScope = errors.New("the forge refuses the token")
 // gone.
 const Finalizer = "runway.io/runners"
 
+// SecretLabel marks a Secret of a watched namespace as Runway's to read
+// (with SecretAccess.ByLabel): SecretLabel=true.
+const SecretLabel = "runway.io/secret"
+
+// SecretAccess is which Secrets of a watched namespace the controller
+// reads: those named (the chart's secrets.names, which its Role names
+// too) and, with ByLabel, those labelled SecretLabel=true. A resource
+// naming any other is refused on its status and the Secret is not read:
+// whoever may write a RunnerGroup must not make Runway send another
+// Secret of the namespace (the store's DSN, another team's token) to a
+// URL of their choosing.
+type SecretAccess struct {
+	Names   []string
+	ByLabel bool
+}
+
+// allows says whether name may be read by name.
+func (a SecretAccess) allows(name string) bool { return slices.Contains(a.Names, name) }
+
+// rule says which Secrets may be read, for a refusal's message.
+func (a SecretAccess) rule() string {
+	named := "none is named in the chart's secrets.names"
+	if len(a.Names) > 0 {
+		named = "those named in the chart's secrets.names (" + strings.Join(a.Names, ", ") + ")"
+	}
+	if a.ByLabel {
+		return named + ", and those labelled " + SecretLabel + "=true"
+	}
+	return named + " (secrets.byLabel is off)"
+}
+
 // Options configure the controller.
 type Options struct {
 	Kube kubernetes.Interface
 	Dyn  dynamic.Interface
-	// Namespace watched ("": every namespace).
-	Namespace string
-	Engine    Engine
-	Seed      Seed
-	Log       logging.Fields
+	// Namespaces watched (none: every namespace).
+	Namespaces []string
+	// Secrets it may read.
+	Secrets SecretAccess
+	Engine  Engine
+	Seed    Seed
+	Log     logging.Fields
 	// Redactor learns every secret value read.
 	Redactor *logging.Redactor
 	// StatusInterval paces status refreshes from the engine (default 2s).
@@ -87,10 +125,13 @@ type Options struct {
 
 // Controller is the reconcile loop.
 type Controller struct {
-	opt      Options
-	queue    workqueue.TypedRateLimitingInterface[string]
-	infs     map[string]cache.SharedIndexInformer // by kind
-	secrets  cache.SharedIndexInformer
+	opt   Options
+	queue workqueue.TypedRateLimitingInterface[string]
+	infs  map[string]map[string]cache.SharedIndexInformer // by kind, then namespace ("": all)
+	// secrets: the readable Secrets' informers, by namespace and name
+	// (one each: its list and watch name it, as the Role does), and by
+	// namespace and "" for the labelled ones.
+	secrets  map[[2]string]cache.SharedIndexInformer
 	recorder record.EventRecorder
 	bcast    record.EventBroadcaster
 
@@ -135,27 +176,40 @@ func New(opt Options) *Controller {
 	if opt.Redactor == nil {
 		opt.Redactor = &logging.Redactor{}
 	}
-	c := &Controller{opt: opt, infs: map[string]cache.SharedIndexInformer{}, entries: map[string]*entry{},
-		sources: map[string]*secretSource{}, byGroup: map[string]string{},
+	c := &Controller{opt: opt, infs: map[string]map[string]cache.SharedIndexInformer{}, entries: map[string]*entry{},
+		sources: map[string]*secretSource{}, byGroup: map[string]string{}, secrets: map[[2]string]cache.SharedIndexInformer{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "runway"})}
-	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(opt.Dyn, 10*time.Minute, opt.Namespace, nil)
-	for kind, gvr := range gvrs {
-		inf := df.ForResource(gvr).Informer()
-		inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { c.enqueueObj(kind, o) },
-			UpdateFunc: func(_, o any) { c.enqueueObj(kind, o) },
-			DeleteFunc: func(o any) { c.enqueueObj(kind, o) },
-		})
-		c.infs[kind] = inf
+	namespaces := opt.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
 	}
-	sf := informers.NewSharedInformerFactoryWithOptions(opt.Kube, 10*time.Minute, informers.WithNamespace(opt.Namespace))
-	c.secrets = sf.Core().V1().Secrets().Informer()
-	c.secrets.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.secretChanged,
-		UpdateFunc: func(_, o any) { c.secretChanged(o) },
-		DeleteFunc: c.secretChanged,
-	})
+	for _, ns := range namespaces {
+		df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(opt.Dyn, 10*time.Minute, ns, nil)
+		for kind, gvr := range gvrs {
+			inf := df.ForResource(gvr).Informer()
+			inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(o any) { c.enqueueObj(kind, o) },
+				UpdateFunc: func(_, o any) { c.enqueueObj(kind, o) },
+				DeleteFunc: func(o any) { c.enqueueObj(kind, o) },
+			})
+			if c.infs[kind] == nil {
+				c.infs[kind] = map[string]cache.SharedIndexInformer{}
+			}
+			c.infs[kind][ns] = inf
+		}
+		// Only the Secrets it may read are ever listed or watched.
+		for _, name := range opt.Secrets.Names {
+			c.secrets[[2]string{ns, name}] = c.secretInformer(ns, func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+			})
+		}
+		if opt.Secrets.ByLabel {
+			c.secrets[[2]string{ns, ""}] = c.secretInformer(ns, func(o *metav1.ListOptions) {
+				o.LabelSelector = SecretLabel + "=true"
+			})
+		}
+	}
 	sch := runtime.NewScheme()
 	_ = scheme.AddToScheme(sch)
 	_ = giteav1.AddToScheme(sch)
@@ -165,21 +219,38 @@ func New(opt Options) *Controller {
 	return c
 }
 
+// secretInformer watches the Secrets of ns that tweak selects.
+func (c *Controller) secretInformer(ns string, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	inf := informers.NewSharedInformerFactoryWithOptions(c.opt.Kube, 10*time.Minute, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(tweak)).Core().V1().Secrets().Informer()
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.secretChanged,
+		UpdateFunc: func(_, o any) { c.secretChanged(o) },
+		DeleteFunc: c.secretChanged,
+	})
+	return inf
+}
+
 // Run reconciles until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
-	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.opt.Kube.CoreV1().Events(c.opt.Namespace)})
+	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.opt.Kube.CoreV1().Events(metav1.NamespaceAll)})
 	defer c.bcast.Shutdown()
 	defer c.queue.ShutDown()
-	synced := []cache.InformerSynced{c.secrets.HasSynced}
-	go c.secrets.Run(ctx.Done())
-	for _, inf := range c.infs {
+	var synced []cache.InformerSynced
+	for _, inf := range c.secrets {
 		go inf.Run(ctx.Done())
 		synced = append(synced, inf.HasSynced)
+	}
+	for _, byNS := range c.infs {
+		for _, inf := range byNS {
+			go inf.Run(ctx.Done())
+			synced = append(synced, inf.HasSynced)
+		}
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return errors.New("controller: informers did not sync")
 	}
-	c.opt.Log.Info("controller synced", "namespace", c.opt.Namespace)
+	c.opt.Log.Info("controller synced", "namespaces", strings.Join(c.opt.Namespaces, ","), "secrets", c.opt.Secrets.rule())
 	var wg sync.WaitGroup
 	for range c.opt.Workers {
 		wg.Add(1)
@@ -275,18 +346,50 @@ func (c *Controller) secretChanged(o any) {
 	}
 }
 
-// readSecret reads a Secret's key from the informer's cache and teaches
-// the redactor its value.
-func (c *Controller) readSecret(ns, name, key string) (string, bool) {
-	o, ok, err := c.secrets.GetStore().GetByKey(ns + "/" + name)
-	if err != nil || !ok {
-		return "", false
+// readSecret answers a key of a Secret of ns for a resource's field, if
+// the Secret is one the controller may read (else it is not looked at:
+// refused, naming the field and the rule), and teaches the redactor its
+// value.
+func (c *Controller) readSecret(ns, field, name, key string) (string, error) {
+	var sec *corev1.Secret
+	inf := c.secrets[[2]string{ns, name}]
+	if inf == nil {
+		inf = c.secrets[[2]string{metav1.NamespaceAll, name}]
 	}
-	b, ok := o.(*corev1.Secret).Data[key]
-	if ok {
-		c.opt.Redactor.Add(string(b))
+	labelled := c.secrets[[2]string{ns, ""}]
+	if labelled == nil {
+		labelled = c.secrets[[2]string{metav1.NamespaceAll, ""}]
 	}
-	return string(b), ok
+	switch {
+	case c.opt.Secrets.allows(name) && inf != nil:
+		if o, ok, _ := inf.GetStore().GetByKey(ns + "/" + name); ok {
+			sec = o.(*corev1.Secret)
+		}
+	case labelled != nil:
+		if o, ok, _ := labelled.GetStore().GetByKey(ns + "/" + name); ok && o.(*corev1.Secret).Labels[SecretLabel] == "true" {
+			sec = o.(*corev1.Secret)
+		}
+		if sec == nil {
+			return "", &notReady{ReasonSecretNotAllowed, fmt.Sprintf("%s: no Secret %s/%s labelled %s=true: Runway reads only %s (one not marked is not read)",
+				field, ns, name, SecretLabel, c.opt.Secrets.rule())}
+		}
+	default:
+		return "", &notReady{ReasonSecretNotAllowed, fmt.Sprintf("%s: Runway may not read Secret %s/%s and did not: it reads only %s",
+			field, ns, name, c.opt.Secrets.rule())}
+	}
+	var v []byte
+	ok := false
+	if sec != nil {
+		v, ok = sec.Data[key]
+	}
+	if !ok {
+		return "", &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s has no key %q (or does not exist)", field, ns, name, key)}
+	}
+	c.opt.Redactor.Add(string(v))
+	if strings.TrimSpace(string(v)) == "" {
+		return "", &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s key %q is empty", field, ns, name, key)}
+	}
+	return strings.TrimSpace(string(v)), nil
 }
 
 // RunnerEvent records an engine's runner event on the group's object.

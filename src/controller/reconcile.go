@@ -13,6 +13,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -26,7 +27,14 @@ import (
 func (c *Controller) reconcile(ctx context.Context, key string) error {
 	kind, rest, _ := strings.Cut(key, "/")
 	ns, name, _ := strings.Cut(rest, "/")
-	o, exists, err := c.infs[kind].GetStore().GetByKey(ns + "/" + name)
+	inf := c.infs[kind][ns]
+	if inf == nil {
+		inf = c.infs[kind][metav1.NamespaceAll]
+	}
+	if inf == nil {
+		return nil // a namespace not watched
+	}
+	o, exists, err := inf.GetStore().GetByKey(ns + "/" + name)
 	if err != nil {
 		return err
 	}
@@ -284,11 +292,7 @@ func (c *Controller) check(ctx context.Context, e *entry) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	e.checkErr = c.opt.Engine.Check(cctx, *e.forge, *e.group)
-	e.checkKey = key
-	if e.checkErr != nil {
-		c.opt.Log.Warn("the forge refuses what the group needs", "object", e.kind+"/"+e.ns+"/"+e.name,
-			"err", c.opt.Redactor.Redact(e.checkErr.Error()))
-	}
+	e.checkKey = key // the engine logs what the forge said; the status has it briefly
 }
 
 // setFinalizers writes the object's finalizers (optimistically: a

@@ -29,6 +29,7 @@ const (
 const (
 	ReasonReady             = "Ready"
 	ReasonSecretMissing     = "SecretMissing"
+	ReasonSecretNotAllowed  = "SecretNotAllowed"
 	ReasonForgeMissing      = "ForgeMissing"
 	ReasonForgeUnreachable  = "ForgeUnreachable"
 	ReasonTokenScopeMissing = "TokenScopeMissing"
@@ -85,20 +86,9 @@ func (s *secretSource) set(token, hook string) {
 	s.mu.Unlock()
 }
 
-// secretReader answers a key of a Secret of the object's namespace.
-type secretReader func(ns, name, key string) (string, bool)
-
-// readSecret reads one selector's value, or says which is missing.
-func readSecret(read secretReader, ns, field, name, key string) (string, error) {
-	v, ok := read(ns, name, key)
-	if !ok {
-		return "", &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s has no key %q (or does not exist)", field, ns, name, key)}
-	}
-	if strings.TrimSpace(v) == "" {
-		return "", &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s key %q is empty", field, ns, name, key)}
-	}
-	return strings.TrimSpace(v), nil
-}
+// secretReader answers a key of a Secret of the object's namespace for
+// one of its fields, or why not (a *notReady).
+type secretReader func(ns, field, name, key string) (string, error)
 
 // Seed holds what seed 001's groups run, which its resource does not say:
 // the runner's image (the seed's own by default), command and arguments,
@@ -116,12 +106,12 @@ func seedGroup(rg *giteav1.RunnerGroup, seed Seed, read secretReader) (config.Fo
 	name := engineName(kindSeed, rg.Namespace, rg.Name)
 	s := rg.Spec
 	an, ak := s.AuthToken.Ref()
-	token, err := readSecret(read, rg.Namespace, "spec.authToken", an, ak)
+	token, err := read(rg.Namespace, "spec.authToken", an, ak)
 	if err != nil {
 		return config.ForgeConfig{}, config.GroupConfig{}, "", "", err
 	}
 	rn, rk := s.RegistrationToken.Ref()
-	if _, err := readSecret(read, rg.Namespace, "spec.registrationToken", rn, rk); err != nil {
+	if _, err := read(rg.Namespace, "spec.registrationToken", rn, rk); err != nil {
 		return config.ForgeConfig{}, config.GroupConfig{}, "", "", err
 	}
 	fc := config.ForgeConfig{Name: name, Type: "gitea", URL: s.URL(), PollInterval: config.Duration{Duration: seed.PollInterval}}
@@ -146,13 +136,13 @@ func seedGroup(rg *giteav1.RunnerGroup, seed Seed, read secretReader) (config.Fo
 // runwayForge turns a Forge into a forge.
 func runwayForge(f *runwayv1.Forge, read secretReader) (config.ForgeConfig, string, string, error) {
 	s := f.Spec
-	token, err := readSecret(read, f.Namespace, "spec.token", s.Token.Name, s.Token.Key)
+	token, err := read(f.Namespace, "spec.token", s.Token.Name, s.Token.Key)
 	if err != nil {
 		return config.ForgeConfig{}, "", "", err
 	}
 	hook := ""
 	if s.WebhookSecret != nil {
-		if hook, err = readSecret(read, f.Namespace, "spec.webhookSecret", s.WebhookSecret.Name, s.WebhookSecret.Key); err != nil {
+		if hook, err = read(f.Namespace, "spec.webhookSecret", s.WebhookSecret.Name, s.WebhookSecret.Key); err != nil {
 			return config.ForgeConfig{}, "", "", err
 		}
 	}

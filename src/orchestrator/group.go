@@ -97,7 +97,11 @@ type GroupStatus struct {
 	Drained          bool      `json:"drained"`
 	LastCheckTime    time.Time `json:"last_check_time"`
 	LastError        string    `json:"last_error,omitempty"`
-	BackoffUntil     time.Time `json:"backoff_until,omitzero"`
+	// LastErrorBrief is LastError with what a forge answered cut to its
+	// status (forge.Brief): for whoever wrote the group but not the
+	// daemon's config (a Kubernetes object's status).
+	LastErrorBrief string    `json:"-"`
+	BackoffUntil   time.Time `json:"backoff_until,omitzero"`
 	// ScaleSet: a scale-set group's scale set and its statistics (while
 	// this process acts for the group).
 	ScaleSet *ScaleSetStatus `json:"scale_set,omitempty"`
@@ -181,14 +185,20 @@ func (g *group) loop(ctx context.Context) {
 			g.backoff = min(max(g.backoff*2, minBackoff), maxBackoff)
 			next = g.backoff
 			g.status.LastError = g.o.redact.Redact(err.Error())
+			g.status.LastErrorBrief = g.o.redact.Redact(forge.Brief(err))
 			g.status.BackoffUntil = g.o.now().Add(next)
 			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
 			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
 		} else {
 			g.backoff = 0
 			g.status.LastError = g.leadErr // "" unless leadership is unknown
+			g.status.LastErrorBrief = g.leadErr
 			if g.status.LastError == "" && g.status.ScaleSet != nil && g.status.Acting {
 				g.status.LastError = g.status.ScaleSet.LastError // the session's trouble
+				if g.status.LastError != "" {
+					// Its words may be the service's answer: the log has them.
+					g.status.LastErrorBrief = "the scale set's message session fails (the daemon's log says why)"
+				}
 			}
 			g.status.BackoffUntil = time.Time{}
 		}

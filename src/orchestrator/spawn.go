@@ -73,7 +73,7 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 			// The next pass reports it, so the group backs off instead of
 			// trying again at once.
 			o.log.Warn("spawn failed", "group", g.cfg().Name, "runner", name, "err", err)
-			o.event(g.cfg().Name, name, RunnerFailed, err.Error())
+			o.event(g.cfg().Name, name, RunnerFailed, forge.Brief(err)) // events reach the group's author
 			g.mu.Lock()
 			g.spawnErr = errors.Join(g.spawnErr, err)
 			g.mu.Unlock()

@@ -40,6 +40,8 @@ type controllerFlags struct {
 	leaseName, leaseNamespace, identity string
 	seedImage, seedCommand, seedArgs    string
 	seedPoll                            time.Duration
+	secretNames                         string
+	secretsByLabel                      bool
 }
 
 func parseControllerFlags(args []string) (*controllerFlags, error) {
@@ -47,7 +49,9 @@ func parseControllerFlags(args []string) (*controllerFlags, error) {
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	fs.StringVar(&f.cfgPath, "config", "runway.yml", "the daemon's config (YAML; forges and groups come from resources)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: the pod's service account)")
-	fs.StringVar(&f.namespace, "namespace", "", "namespace whose resources are watched (default: every namespace)")
+	fs.StringVar(&f.namespace, "namespace", "", "namespaces whose resources are watched, comma-separated (default: every namespace)")
+	fs.StringVar(&f.secretNames, "secret-names", "", "the Secrets of those namespaces the resources may name, comma-separated (no other is read)")
+	fs.BoolVar(&f.secretsByLabel, "secrets-by-label", false, "also read the Secrets labelled "+controller.SecretLabel+"=true (the Role must let it list Secrets)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "act only while holding the Lease (replicas)")
 	fs.StringVar(&f.leaseName, "lease-name", "runway-controller", "the Lease's name")
 	fs.StringVar(&f.leaseNamespace, "lease-namespace", "", "the Lease's namespace (default: the pod's)")
@@ -68,7 +72,7 @@ func parseControllerFlags(args []string) (*controllerFlags, error) {
 		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 		f.leaseNamespace = strings.TrimSpace(string(b))
 		if err != nil || f.leaseNamespace == "" {
-			f.leaseNamespace = f.namespace
+			f.leaseNamespace, _, _ = strings.Cut(f.namespace, ",")
 		}
 	}
 	return f, nil
@@ -207,7 +211,8 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 	if f.seedArgs != "" {
 		args = strings.Split(f.seedArgs, ",")
 	}
-	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespace: f.namespace, Engine: engine{o, redact, olog},
+	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespaces: splitList(f.namespace),
+		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Engine: engine{o, redact, olog},
 		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll},
 		Log:  logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})
 	ctl.Store(c)
@@ -263,7 +268,7 @@ func (e engine) State(name string) (controller.GroupState, bool) {
 	for _, s := range e.o.Groups() {
 		if s.Name == name {
 			return controller.GroupState{ActiveRunners: s.ActiveRunners, QueuedJobs: s.QueuedJobs, Idle: s.Idle, Busy: s.Busy,
-				LastCheckTime: s.LastCheckTime, LastError: s.LastError, Retired: s.Retired}, true
+				LastCheckTime: s.LastCheckTime, LastError: s.LastErrorBrief, Retired: s.Retired}, true
 		}
 	}
 	return controller.GroupState{}, false
@@ -279,13 +284,26 @@ func (e engine) Check(ctx context.Context, fc config.ForgeConfig, gc config.Grou
 	if err == nil {
 		return nil
 	}
-	msg := e.redact.Redact(err.Error())
+	// Said on the group's status: what the forge answered stays in the log.
+	e.log.Warn("the forge refuses what the group needs", "group", gc.Name, "err", e.redact.Redact(err.Error()))
+	msg := e.redact.Redact(forge.Brief(err))
 	var ae *forge.APIError
 	if (errors.As(err, &ae) && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden)) ||
 		strings.Contains(msg, "lacks the scope") {
 		return fmt.Errorf("%w: %s", controller.ErrTokenScope, msg)
 	}
 	return errors.New(msg)
+}
+
+// splitList splits a comma-separated flag, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 func metav1ObjectMeta(name, ns string) metav1.ObjectMeta {

@@ -23,7 +23,7 @@ func BenchmarkHundredJobs(b *testing.B) {
 	gh := forgetest.NewGitHub(token)
 	defer gh.Close()
 	gh.URL = c.serve(0, gh.Config.Handler)
-	c.install(image, c.postgres())
+	c.install(image, c.postgres(), "secrets.names={forges}")
 	c.watchRunnerPods()
 	c.apply(parseYAML(b, fmt.Sprintf(`
 apiVersion: v1

@@ -39,7 +39,7 @@ func TestRunwayResourcesOnTheChart(t *testing.T) {
 	defer fj.Close()
 	var fjRegs atomic.Int64
 	fjURL := c.serve(0, counting(fj.Config.Handler, &fjRegs))
-	c.install(image, c.postgres())
+	c.install(image, c.postgres(), "secrets.names={forges}")
 	c.watchRunnerPods()
 	c.apply(parseYAML(t, fmt.Sprintf(`
 apiVersion: v1

@@ -62,7 +62,7 @@ func TestSeedRunnerGroupOnTheChart(t *testing.T) {
 	var registrations atomic.Int64
 	// The example's gitea.url: the host's end of the link, port 3000.
 	c.serve(3000, counting(gitea.Config.Handler, &registrations))
-	c.install(image, c.postgres())
+	c.install(image, c.postgres(), "secrets.names={gitea-auth-token,gitea-registration-token}")
 	c.watchRunnerPods()
 	c.apply(seed)
 

@@ -46,16 +46,18 @@ func (c *Client) Check(ctx context.Context, s forge.Scope) error {
 
 // required is Gitea's list of acceptable scopes in a 403's message:
 // "token does not have at least one of required scope(s), required=[read:repository], token scope=write:organization".
-var required = regexp.MustCompile(`required=\[([^\]]*)\]`)
+// Only scope names are taken from it: the answer is the forge's words
+// (forge.Brief leaves them out where the URL's author reads them).
+var required = regexp.MustCompile(`required=\[([a-z:_ ,-]{1,200})\]`)
 
 func scopeError(what string, err error) error {
 	var ae *forge.APIError
 	if errors.As(err, &ae) {
 		switch m := required.FindStringSubmatch(ae.Message); {
 		case ae.Status == 403 && m != nil:
-			return fmt.Errorf("%s: the token lacks the scope %s (Gitea: %s)", what, strings.ReplaceAll(m[1], " ", " or "), ae.Message)
+			return fmt.Errorf("%s: the token lacks the scope %s (Gitea: %w)", what, strings.ReplaceAll(m[1], " ", " or "), err)
 		case ae.Status == 401:
-			return fmt.Errorf("%s: Gitea refuses the token (HTTP 401: %s)", what, ae.Message)
+			return fmt.Errorf("%s: Gitea refuses the token (%w)", what, err)
 		}
 	}
 	return fmt.Errorf("%s: %w", what, err)

@@ -25,3 +25,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secrets Runway may read: secrets.names and the forges' own. */}}
+{{- define "runway.secretNames" -}}
+{{- $names := .Values.secrets.names | default list -}}
+{{- range .Values.forges -}}
+{{- $names = append $names .token.name -}}
+{{- with .webhookSecret }}{{ $names = append $names .name }}{{ end -}}
+{{- end -}}
+{{- if has .Values.store.postgres.dsnSecret.name $names -}}
+{{- fail (printf "secrets.names holds %s, the store's DSN: a RunnerGroup could name it and have Runway send the DSN to its URL" .Values.store.postgres.dsnSecret.name) -}}
+{{- end -}}
+{{- $names | uniq | join "," -}}
+{{- end -}}
