@@ -63,6 +63,10 @@ type GroupState struct {
 	LastCheckTime                         time.Time
 	LastError                             string
 	Retired                               bool
+	// NotTakingJobs: runners registered that take none of the group's
+	// queued jobs; SpawnsHeldUntil: the group makes none until then.
+	NotTakingJobs   int
+	SpawnsHeldUntil time.Time
 }
 
 // ErrTokenScope is wrapped by Check's errors when the forge refused the
@@ -410,6 +414,8 @@ func (c *Controller) RunnerEvent(group, runner, typ, msg string) {
 		c.recorder.Eventf(obj, corev1.EventTypeNormal, "RunnerCreated", "runner %s: %s", runner, msg)
 	case "deleted":
 		c.recorder.Eventf(obj, corev1.EventTypeNormal, "RunnerDeleted", "runner %s: %s", runner, msg)
+	case "not_taking":
+		c.recorder.Eventf(obj, corev1.EventTypeWarning, ReasonNotTakingJobs, "runner %s: %s", runner, msg)
 	default:
 		c.recorder.Eventf(obj, corev1.EventTypeWarning, "RunnerFailed", "runner %s: %s", runner, c.opt.Redactor.Redact(msg))
 	}

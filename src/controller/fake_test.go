@@ -89,9 +89,14 @@ func (f *fakeCluster) secretRequests() []string {
 }
 
 func (f *fakeCluster) start(t *testing.T, e Engine) *Controller {
+	return f.startSeed(t, e, nil)
+}
+
+// startSeed starts a controller whose seed groups get defaults.
+func (f *fakeCluster) startSeed(t *testing.T, e Engine, defaults []string) *Controller {
 	ctl := New(Options{Kube: f.kube, Dyn: f.dyn, Namespaces: []string{f.ns}, Secrets: f.access, Engine: e,
-		StatusInterval: 100 * time.Millisecond, Seed: Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner"},
-		Log: logging.Fields{Logger: logging.Discard()}})
+		StatusInterval: 100 * time.Millisecond, Seed: Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner",
+			DefaultLabels: defaults}, Log: logging.Fields{Logger: logging.Discard()}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { ctl.Run(ctx); close(done) }()

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	giteav1 "github.com/runway-cpi/runway/src/controller/apis/gitea/v1alpha1"
 	runwayv1 "github.com/runway-cpi/runway/src/controller/apis/runway/v1alpha1"
+	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
@@ -35,6 +37,7 @@ const (
 	ReasonTokenScopeMissing = "TokenScopeMissing"
 	ReasonInvalid           = "Invalid"
 	ReasonDeleting          = "Deleting"
+	ReasonNotTakingJobs     = "RunnersNotTakingJobs"
 )
 
 // notReady is why an object cannot be handed to the engine (yet).
@@ -92,13 +95,31 @@ type secretReader func(ns, field, name, key string) (string, error)
 
 // Seed holds what seed 001's groups run, which its resource does not say:
 // the runner's image (the seed's own by default), command and arguments,
-// its pod's cloud properties, and the poll interval.
+// its pod's cloud properties, the poll interval, and the default labels
+// the seed adds to every group's.
 type Seed struct {
 	Image           string
 	Command         string
 	Args            []string
 	CloudProperties map[string]any
 	PollInterval    time.Duration
+	DefaultLabels   []string
+}
+
+// effectiveLabels are seed 001's: the group's labels, then each default
+// whose name none of them has ("unless explicitly overridden":
+// ubuntu-latest:host in the group's replaces the default
+// ubuntu-latest:docker://…).
+func effectiveLabels(labels, defaults []string) []string {
+	out := slices.Clone(labels)
+	names := forge.LabelNames(labels)
+	for _, d := range defaults {
+		if n := forge.ParseLabel(d).Name; !slices.Contains(names, n) {
+			out = append(out, d)
+			names = append(names, n)
+		}
+	}
+	return out
 }
 
 // seedGroup turns a seed RunnerGroup into a forge and a group.
@@ -114,8 +135,13 @@ func seedGroup(rg *giteav1.RunnerGroup, seed Seed, read secretReader) (config.Fo
 	if _, err := read(rg.Namespace, "spec.registrationToken", rn, rk); err != nil {
 		return config.ForgeConfig{}, config.GroupConfig{}, "", "", err
 	}
+	labels := effectiveLabels(s.Labels, seed.DefaultLabels)
+	if len(labels) == 0 {
+		return config.ForgeConfig{}, config.GroupConfig{}, "", "", &notReady{ReasonInvalid,
+			"spec.labels: none, and no default labels are set (the chart's seed.defaultLabels): name at least one"}
+	}
 	fc := config.ForgeConfig{Name: name, Type: "gitea", URL: s.URL(), PollInterval: config.Duration{Duration: seed.PollInterval}}
-	gc := config.GroupConfig{Name: name, Forge: name, Scope: s.Scope, Org: s.Org, User: s.User, Labels: s.Labels,
+	gc := config.GroupConfig{Name: name, Forge: name, Scope: s.Scope, Org: s.Org, User: s.User, Labels: labels,
 		MaxActiveRunners: int(s.MaxActiveRunners), Stemcell: config.StemcellConfig{CloudProperties: map[string]any{"image": seed.Image}},
 		CloudProperties: cloneMap(seed.CloudProperties), Runner: config.RunnerConfig{Command: seed.Command, Args: seed.Args}}
 	switch {
@@ -182,7 +208,8 @@ func runwayGroup(rg *runwayv1.RunnerGroup, forge string) (config.GroupConfig, er
 		field, v string
 		to       *config.Duration
 	}{{"spec.pollInterval", s.PollInterval, &gc.PollInterval}, {"spec.timeouts.spawn", s.Timeouts.Spawn, &gc.Timeouts.Spawn},
-		{"spec.timeouts.idle", s.Timeouts.Idle, &gc.Timeouts.Idle}, {"spec.timeouts.maxLifetime", s.Timeouts.MaxLifetime, &gc.Timeouts.MaxLifetime}} {
+		{"spec.timeouts.idle", s.Timeouts.Idle, &gc.Timeouts.Idle}, {"spec.timeouts.maxLifetime", s.Timeouts.MaxLifetime, &gc.Timeouts.MaxLifetime},
+		{"spec.timeouts.pickup", s.Timeouts.Pickup, &gc.Timeouts.Pickup}} {
 		if *d.to, err = duration(d.field, d.v); err != nil {
 			return gc, err
 		}

@@ -97,6 +97,13 @@ func (c *Controller) readiness(e *entry, st GroupState, known bool) metav1.Condi
 		return no(ReasonForgeUnreachable, e.checkErr.Error())
 	case known && st.LastError != "":
 		return no(ReasonEngineError, st.LastError)
+	case known && st.NotTakingJobs > 0:
+		return no(ReasonNotTakingJobs, fmt.Sprintf("%d runners registered and took none of the %d jobs queued for the group's labels "+
+			"(the RunnerNotTakingJobs events name them): it makes no more while they are there — check what its runner registers",
+			st.NotTakingJobs, st.QueuedJobs))
+	case known && st.SpawnsHeldUntil.After(time.Now()):
+		return no(ReasonNotTakingJobs, fmt.Sprintf("its last runners registered and took none of the jobs queued for the group's labels: "+
+			"it makes no runner until %s", st.SpawnsHeldUntil.UTC().Format(time.RFC3339)))
 	}
 	return metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: ReasonReady,
 		Message: "runners are made for the queued jobs it claims", ObservedGeneration: e.generation}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -183,9 +184,11 @@ func (e *APIError) Unwrap() error {
 	return nil
 }
 
-// Match reports whether a group offering labels can run a job needing
-// jobLabels: every job label equals one of the group's labels, or the
-// name part of a `name:scheme` label. No default labels are added.
+// Match reports whether a group whose runners register labels can run a
+// job needing jobLabels: every job label is one of the names they
+// register (seed 001's exact match, "linux", and its schema match,
+// "ubuntu-latest" for "ubuntu-latest:docker://…"). A job asking for
+// "x:docker://…" matches nothing: no runner registers that.
 func Match(jobLabels []string, labels LabelSet) bool {
 	for _, l := range jobLabels {
 		if _, ok := labels[l]; !ok {
@@ -195,29 +198,78 @@ func Match(jobLabels []string, labels LabelSet) bool {
 	return true
 }
 
-// LabelSet is a group's effective labels by the names jobs can ask for.
+// LabelSet is the label names a group's runners register.
 type LabelSet map[string]struct{}
 
-// NewLabelSet indexes labels by full text and by name (before the first ':').
+// NewLabelSet indexes labels by the names their runners register.
 func NewLabelSet(labels []string) LabelSet {
 	s := LabelSet{}
-	for _, l := range labels {
-		s[l] = struct{}{}
-		if name, _, ok := strings.Cut(l, ":"); ok {
-			s[name] = struct{}{}
-		}
+	for _, name := range LabelNames(labels) {
+		s[name] = struct{}{}
 	}
 	return s
 }
 
-// LabelNames are the names a runner reports to the forge.
+// LabelNames are the names a runner registers for labels (ParseLabel):
+// what Runway sends a forge that registers runners itself, what the
+// test runner registers, and what jobs are matched on.
 func LabelNames(labels []string) []string {
 	out := make([]string, 0, len(labels))
 	for _, l := range labels {
-		name, _, _ := strings.Cut(l, ":")
-		out = append(out, name)
+		out = append(out, ParseLabel(l).Name)
 	}
 	return out
+}
+
+// Label is a runner label as act_runner (gitea-runner) and
+// forgejo-runner read it: name[:schema[:argument]], the schema host when
+// there is none. The runner registers the name only; the schema and its
+// argument say how it runs a job (docker://image: in that image).
+type Label struct{ Name, Schema, Arg string }
+
+// ParseLabel splits a label as the runners do (internal/pkg/labels:
+// at the first two colons).
+func ParseLabel(s string) Label {
+	parts := strings.SplitN(s, ":", 3)
+	l := Label{Name: parts[0], Schema: "host"}
+	if len(parts) > 1 {
+		l.Schema = parts[1]
+	}
+	if len(parts) > 2 {
+		l.Arg = parts[2]
+	}
+	return l
+}
+
+// schemas are the schemas each forge's runner takes.
+var schemas = map[string][]string{"gitea": {"host", "docker"}, "forgejo": {"host", "docker", "lxc"}, "github": {"host", "docker"}}
+
+// Check says why a runner of forgeType could not register the label as
+// written, if it could not. A schema the runner does not know is
+// refused: act_runner up to 0.2.13 and forgejo-runner refuse to register
+// with it ("unsupported schema"), later act_runners register the whole
+// label as one name — which one a group's image runs, Runway cannot
+// know, and the group would make runners that take none of its jobs.
+func (l Label) Check(forgeType string) error {
+	switch {
+	case l.Name == "":
+		return errors.New("no name before the ':' (a runner would register an empty label)")
+	case strings.ContainsAny(l.Name+l.Schema+l.Arg, ", \t\r\n"):
+		return errors.New("a comma or a space: runners split their labels there")
+	case !slices.Contains(schemas[forgeType], l.Schema):
+		return fmt.Errorf("the runner reads %q after the ':' as the label's schema, and takes only %s: "+
+			"act_runner up to 0.2.13 and forgejo-runner refuse to register, later act_runners register %q whole; "+
+			"write %q (or %q) to offer %q", l.Schema, strings.Join(schemas[forgeType], ", "), l.Name+":"+l.Schema+l.colonArg(),
+			l.Name, l.Name+":host", l.Name)
+	}
+	return nil
+}
+
+func (l Label) colonArg() string {
+	if l.Arg == "" {
+		return ""
+	}
+	return ":" + l.Arg
 }
 
 // JobJSON is a job as both forges' REST APIs and `workflow_job` payloads

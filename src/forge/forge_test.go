@@ -1,9 +1,14 @@
 package forge
 
 import (
+	"strings"
 	"testing"
 )
 
+// Jobs are matched on the names the group's runners register: seed
+// 001's exact ("linux") and schema ("ubuntu-latest" for
+// "ubuntu-latest:docker://…") matches; a job asking for a label with its
+// schema matches nothing, as at the forge (no runner registers that).
 func TestMatch(t *testing.T) {
 	group := NewLabelSet([]string{"ubuntu-latest:docker://node:20-bookworm", "linux", "gpu:host"})
 	for _, c := range []struct {
@@ -12,7 +17,8 @@ func TestMatch(t *testing.T) {
 	}{
 		{[]string{"ubuntu-latest"}, true},
 		{[]string{"linux", "gpu"}, true},
-		{[]string{"gpu:host"}, true},
+		{[]string{"gpu:host"}, false},
+		{[]string{"ubuntu-latest:docker://node:20-bookworm"}, false},
 		{[]string{"linux", "arm64"}, false},
 		{[]string{"ubuntu"}, false},
 		{[]string{"docker"}, false},
@@ -24,6 +30,41 @@ func TestMatch(t *testing.T) {
 	}
 	if Match([]string{"ubuntu-latest"}, NewLabelSet([]string{"linux"})) {
 		t.Error("no default labels may be assumed")
+	}
+}
+
+// Labels split as act_runner's and forgejo-runner's own tests have them
+// (internal/pkg/labels): the name registered, the schema and argument
+// kept; a label a runner would not register as written is refused,
+// saying why.
+func TestParseLabel(t *testing.T) {
+	for _, c := range []struct {
+		in, forge string
+		want      Label
+		refused   string
+	}{
+		{in: "ubuntu:docker://node:18", forge: "gitea", want: Label{"ubuntu", "docker", "//node:18"}},
+		{in: "ubuntu:host", forge: "gitea", want: Label{"ubuntu", "host", ""}},
+		{in: "ubuntu", forge: "gitea", want: Label{"ubuntu", "host", ""}},
+		{in: "ubuntu-latest:docker://docker.gitea.com/runner-images:ubuntu-latest", forge: "gitea",
+			want: Label{"ubuntu-latest", "docker", "//docker.gitea.com/runner-images:ubuntu-latest"}},
+		{in: "alpine:lxc://alpine:3", forge: "forgejo", want: Label{"alpine", "lxc", "//alpine:3"}},
+		{in: "alpine:lxc://alpine:3", forge: "gitea", want: Label{"alpine", "lxc", "//alpine:3"}, refused: `"lxc" after the ':'`},
+		{in: "app:infra", forge: "gitea", want: Label{"app", "infra", ""}, refused: `write "app" (or "app:host")`},
+		{in: "pool:e57e18d4-10d4-406f-93bf-60f127221bdd", forge: "forgejo", want: Label{"pool", "e57e18d4-10d4-406f-93bf-60f127221bdd", ""}, refused: "schema"},
+		{in: "ubuntu:vm:ubuntu-18.04", forge: "gitea", want: Label{"ubuntu", "vm", "ubuntu-18.04"}, refused: `"vm"`},
+		{in: ":host", forge: "gitea", want: Label{"", "host", ""}, refused: "no name"},
+		{in: "", forge: "gitea", want: Label{"", "host", ""}, refused: "no name"},
+		{in: "a b", forge: "gitea", want: Label{"a b", "host", ""}, refused: "space"},
+	} {
+		got := ParseLabel(c.in)
+		if got != c.want {
+			t.Errorf("ParseLabel(%q) = %+v, want %+v", c.in, got, c.want)
+		}
+		err := got.Check(c.forge)
+		if (err != nil) != (c.refused != "") || (err != nil && !strings.Contains(err.Error(), c.refused)) {
+			t.Errorf("%q on %s: %v, want refused %q", c.in, c.forge, err, c.refused)
+		}
 	}
 }
 

@@ -61,6 +61,13 @@ type group struct {
 	// retired, its loop drops it and ends.
 	dropping     atomic.Bool
 	spawnCancels map[string]context.CancelFunc // spawns in flight (stopSpawns)
+	// Runners registered that take none of the group's jobs: how long
+	// the group makes no new runner (doubling each time), until when,
+	// and which were reported.
+	pickupHold time.Duration
+	holdUntil  time.Time
+	stuck      bool // the last pass had such runners
+	reported   map[string]bool
 	// ss: the group's scale set (demand: scale_set), else nil.
 	ss *scaleSetGroup
 }
@@ -102,6 +109,11 @@ type GroupStatus struct {
 	// daemon's config (a Kubernetes object's status).
 	LastErrorBrief string    `json:"-"`
 	BackoffUntil   time.Time `json:"backoff_until,omitzero"`
+	// NotTakingJobs: runners online past timeouts.pickup that took none
+	// of the group's jobs queued beside them; meanwhile, and until
+	// SpawnsHeldUntil, the group makes no runner.
+	NotTakingJobs   int       `json:"not_taking_jobs,omitempty"`
+	SpawnsHeldUntil time.Time `json:"spawns_held_until,omitzero"`
 	// ScaleSet: a scale-set group's scale set and its statistics (while
 	// this process acts for the group).
 	ScaleSet *ScaleSetStatus `json:"scale_set,omitempty"`
@@ -274,6 +286,7 @@ func (g *group) pass(ctx context.Context) error {
 	c := g.cfg()
 	pc, runners := g.planConfig(c.GroupConfig, runners)
 	d := plan(&pc, now, l, l.owned[c.Name], runners, inflight, finished, drained)
+	g.checkPickup(&d, now)
 	o.metrics.queued.WithLabelValues(g.cfg().Name).Set(float64(d.queued))
 	// Spawns start before the pass deletes runners and sweeps (a
 	// delete_vm waits for its VM to go: it would delay a webhook's runner
@@ -283,9 +296,7 @@ func (g *group) pass(ctx context.Context) error {
 	// among the supply.
 	started := spawnErr == nil
 	if started {
-		for _, trigger := range d.spawn {
-			g.startSpawn(ctx, trigger, l.jobs[trigger].Repo)
-		}
+		g.startSpawns(ctx, d.spawn, l)
 	}
 	removed, sweepNow, errs, err := g.act(ctx, d, runners, now)
 	if err != nil {
@@ -318,6 +329,9 @@ func (g *group) pass(ctx context.Context) error {
 		if fresh, err := o.store.Active(g.cfg().Name); err == nil {
 			pc, fresh := g.planConfig(c.GroupConfig, fresh)
 			d.spawn = plan(&pc, now, l, l.owned[c.Name], fresh, g.inflightNow(), nil, drained).spawn
+			if g.spawnsHeld(now) {
+				d.spawn = nil
+			}
 		} else {
 			errs = append(errs, err)
 			d.spawn = nil
@@ -325,12 +339,17 @@ func (g *group) pass(ctx context.Context) error {
 		started = false
 	}
 	if spawnErr == nil && !started {
-		for _, trigger := range d.spawn {
-			g.startSpawn(ctx, trigger, l.jobs[trigger].Repo)
-		}
+		g.startSpawns(ctx, d.spawn, l)
 	}
 	g.refreshStatus(d.queued)
 	return errors.Join(append(errs, spawnErr, reapErr)...)
+}
+
+// startSpawns starts a runner for each trigger job.
+func (g *group) startSpawns(ctx context.Context, triggers []int64, l listing) {
+	for _, trigger := range triggers {
+		g.startSpawn(ctx, trigger, l.jobs[trigger].Repo)
+	}
 }
 
 // listing is the scope's jobs split among the groups. A forge that cannot

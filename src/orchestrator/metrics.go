@@ -22,6 +22,7 @@ type Metrics struct {
 	webhooks           *prometheus.CounterVec
 	httpCut            *prometheus.CounterVec
 	foreignVMs         *prometheus.GaugeVec
+	notTaking          *prometheus.GaugeVec
 	acting             *prometheus.GaugeVec
 	// The durations users watch, as actions-runner-controller's listener
 	// exports them: job queue time, runner start-up time, job run time.
@@ -72,6 +73,8 @@ func NewMetrics() *Metrics {
 			Help: "Connections the daemon closed on their client, by reason: idle or stalled (to make room at the cap), client_limit (stalled beyond the client's share), body_timeout."}, []string{"reason"}),
 		foreignVMs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_foreign_vms",
 			Help: "VMs of the group made by another state store (left alone)."}, []string{"group"}),
+		notTaking: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_runners_not_taking_jobs",
+			Help: "Runners online at the forge that took none of the group's queued jobs within timeouts.pickup (the group makes no more meanwhile)."}, []string{"group"}),
 		acting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runway_group_acting",
 			Help: "1 while this process acts for the group (replicas on PostgreSQL: one does)."}, []string{"group"}),
 		jobQueue: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_job_queue_seconds",
@@ -87,7 +90,7 @@ func NewMetrics() *Metrics {
 		r.MustRegister(m.scaleSetGauges[name])
 	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
-		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.httpCut, m.foreignVMs, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.httpCut, m.foreignVMs, m.notTaking, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -27,15 +27,18 @@ func endedByItself(reason string) bool {
 // decision is what one pass decided, before any side effect: pure, so it
 // can be tested and benchmarked without a forge or CPI.
 type decision struct {
-	busy     map[string]forge.Job // idle runner → the job it took
-	confirm  []store.Runner       // runner whose job left the listing
-	taken    []store.Runner       // idle runner whose trigger job another runner took
-	recover  []store.Runner       // spawn cut short: adopt or delete its VM
-	reap     map[string]string    // runner → reason
-	spawn    []int64              // trigger job per new runner (0: warm pool)
-	queued   int
-	active   int
-	unassign int
+	busy    map[string]forge.Job // idle runner → the job it took
+	confirm []store.Runner       // runner whose job left the listing
+	taken   []store.Runner       // idle runner whose trigger job another runner took
+	recover []store.Runner       // spawn cut short: adopt or delete its VM
+	reap    map[string]string    // runner → reason
+	spawn   []int64              // trigger job per new runner (0: warm pool)
+	// notTaking: idle runners online past timeouts.pickup beside a job
+	// of the group's queued as long, which they did not take.
+	notTaking []store.Runner
+	queued    int
+	active    int
+	unassign  int
 }
 
 // plan decides one pass. jobs is the scope's listing; owned the queued
@@ -89,6 +92,9 @@ func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 				d.reap[r.Name] = "max lifetime"
 				continue
 			}
+			if !r.OnlineAt.IsZero() && waitedFor(owned, r.OnlineAt, now, cfg.Timeouts.Pickup.Duration) {
+				d.notTaking = append(d.notTaking, r)
+			}
 			if r.TriggerJob != 0 {
 				switch j, listed := jobs[r.TriggerJob]; {
 				case !listed:
@@ -122,21 +128,51 @@ func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 			covered[r.TriggerJob] = true
 		}
 	}
-	if drained {
+	if drained || len(d.notTaking) > 0 {
+		// Runners that register and take nothing: more would too.
 		return d
 	}
-	target := max(len(owned), cfg.MinIdle)
-	n := min(target-d.unassign, cfg.MaxActiveRunners-d.active)
+	d.spawn = spawns(cfg, owned, covered, d.unassign, d.active)
+	return d
+}
+
+// spawns: a trigger job per new runner (0: warm pool), for the queued
+// jobs no unassigned runner covers, within max_active_runners.
+func spawns(cfg *config.GroupConfig, owned []forge.Job, covered map[int64]bool, unassigned, active int) []int64 {
+	var out []int64
+	n := min(max(len(owned), cfg.MinIdle)-unassigned, cfg.MaxActiveRunners-active)
 	for _, j := range owned {
-		if n <= len(d.spawn) {
+		if n <= len(out) {
 			break
 		}
 		if !covered[j.ID] {
-			d.spawn = append(d.spawn, j.ID)
+			out = append(out, j.ID)
 		}
 	}
-	for len(d.spawn) < n {
-		d.spawn = append(d.spawn, 0)
+	for len(out) < n {
+		out = append(out, 0)
 	}
-	return d
+	return out
+}
+
+// waitedFor: a queued job of owned was there beside a runner online
+// since online for longer than pickup (a job's unknown date counts from
+// the runner's).
+func waitedFor(owned []forge.Job, online, now time.Time, pickup time.Duration) bool {
+	if pickup <= 0 || now.Sub(online) <= pickup {
+		return false
+	}
+	for _, j := range owned {
+		if j.Status == forge.StatusQueued && now.Sub(later(j.CreatedAt, online)) > pickup {
+			return true
+		}
+	}
+	return false
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -26,6 +26,9 @@ const (
 	RunnerCreated = "created"
 	RunnerDeleted = "deleted"
 	RunnerFailed  = "failed"
+	// RunnerNotTaking: registered, online, and taking none of the jobs
+	// queued for its labels (the group makes no more meanwhile).
+	RunnerNotTaking = "not_taking"
 )
 
 // reasonRetired is the reap reason of a retiring group's runners.

@@ -29,6 +29,16 @@ type vmCPI struct {
 	n        int
 	vms      map[string]map[string]any // cid → list_vms entry
 	giteaURL string
+	// registerAs: the names each VM's runner registers instead of its
+	// labels' (a runner configured apart from the group).
+	registerAs []string
+}
+
+// made counts the VMs ever made.
+func (c *vmCPI) made() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
 }
 
 var exported = regexp.MustCompile(`(?m)^export ([A-Z_]+)='([^']*)'$`)
@@ -48,10 +58,17 @@ func (c *vmCPI) Call(_ context.Context, method, _ string, args ...any) (*cpiclie
 			vars[m[1]] = m[2]
 		}
 		name := vars["GITEA_RUNNER_NAME"]
-		if _, err := gitearunner.Register(c.giteaURL, vars["GITEA_RUNNER_REGISTRATION_TOKEN"], name,
-			gitearunner.LabelNames(strings.Split(vars["GITEA_RUNNER_LABELS"], ",")), true); err != nil {
+		labels := forge.LabelNames(strings.Split(vars["GITEA_RUNNER_LABELS"], ","))
+		if c.registerAs != nil {
+			labels = c.registerAs
+		}
+		r, err := gitearunner.Register(c.giteaURL, vars["GITEA_RUNNER_REGISTRATION_TOKEN"], name, labels, true)
+		if err != nil {
 			e := &rpc.Error{Type: rpc.TypeVMCreationFailed, Message: err.Error()}
 			return &cpiclient.Response{Reply: rpc.Reply{Error: e}}, e
+		}
+		if c.registerAs != nil {
+			r.FetchTask() // it asks for a task, as a runner does: online, given none
 		}
 		c.n++
 		cid := fmt.Sprintf("vm-%d", c.n)
@@ -108,6 +125,35 @@ func statusOf(o *Orchestrator, name string) (GroupStatus, bool) {
 	return GroupStatus{}, false
 }
 
+// startOnGitea runs an engine (daemon keys extra) of groups, YAML list
+// items, on one Gitea forge at url (token "tok", polled every 100 ms),
+// until the test ends.
+func startOnGitea(t *testing.T, url, extra, groups string, cpi CPI, events func(RunnerEvent)) (*Orchestrator, *config.Config) {
+	t.Helper()
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
+state_dir: %s
+%s
+cpi: {path: /nonexistent}
+forges:
+  - {name: gitea, type: gitea, url: %q, token_env: UNUSED, poll_interval: 100ms}
+groups:%s
+`, t.TempDir(), extra, url, groups)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := New(cfg, Options{CPI: cpi, Logger: logging.Discard(), Events: events, NewForge: func(fc config.ForgeConfig) (Forge, error) {
+		return Forge{Client: gitea.New(fc.URL, forge.NewTransport(func() string { return "token tok" }))}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { o.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; o.Close() })
+	return o, cfg
+}
+
 // A running engine takes a new set through Replace: a group's
 // max_active_runners raised takes effect without a restart, a group
 // added starts at once, a group left out is retired — its VMs deleted,
@@ -120,33 +166,13 @@ func TestReplaceChangesGroupsWhileRunning(t *testing.T) {
 	cpi := &vmCPI{vms: map[string]map[string]any{}, giteaURL: srv.URL}
 	var evMu sync.Mutex
 	events := map[string]int{}
-	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
-state_dir: %s
-sweep_interval: 200ms
-cpi: {path: /nonexistent}
-forges:
-  - {name: gitea, type: gitea, url: %q, token_env: UNUSED, poll_interval: 100ms}
-groups:
-  - {name: a, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
-`, t.TempDir(), srv.URL)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	newForge := func(fc config.ForgeConfig) (Forge, error) {
-		return Forge{Client: gitea.New(fc.URL, forge.NewTransport(func() string { return "token tok" }))}, nil
-	}
-	o, err := New(cfg, Options{CPI: cpi, NewForge: newForge, Logger: logging.Discard(), Events: func(e RunnerEvent) {
-		evMu.Lock()
-		events[e.Group+"/"+e.Type]++
-		evMu.Unlock()
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go o.Run(ctx)
+	o, cfg := startOnGitea(t, srv.URL, "sweep_interval: 200ms", `
+  - {name: a, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}`,
+		cpi, func(e RunnerEvent) {
+			evMu.Lock()
+			events[e.Group+"/"+e.Type]++
+			evMu.Unlock()
+		})
 	for range 3 {
 		srv.AddJob("acme/app", "build", []string{"linux"}, "queued")
 	}

@@ -214,6 +214,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 	o := g.o
 	g.mu.Lock()
 	delete(g.spawnedAt, r.Name)
+	delete(g.reported, r.Name)
 	g.mu.Unlock()
 	if r.State != store.Deleting {
 		r.State, r.StateAt, r.Reason = store.Deleting, o.now(), reason

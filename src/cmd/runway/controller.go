@@ -33,12 +33,19 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 )
 
+// seedDefaultLabels are act_runner's documented defaults (Gitea's docs,
+// "Labels"), which seed 001 adds to every group's ("ubuntu-latest:
+// docker://node:16-bullseye, ubuntu-22.04:..., etc.").
+var seedDefaultLabels = []string{"ubuntu-latest:docker://node:16-bullseye", "ubuntu-22.04:docker://node:16-bullseye",
+	"ubuntu-20.04:docker://node:16-bullseye", "ubuntu-18.04:docker://node:16-buster"}
+
 // controllerFlags are `runway controller`'s flags.
 type controllerFlags struct {
 	cfgPath, kubeconfig, namespace      string
 	leaderElect                         bool
 	leaseName, leaseNamespace, identity string
 	seedImage, seedCommand, seedArgs    string
+	seedLabels                          string
 	seedPoll                            time.Duration
 	secretNames                         string
 	secretsByLabel                      bool
@@ -64,9 +71,16 @@ func parseControllerFlags(args []string) (*controllerFlags, error) {
 	fs.StringVar(&f.seedImage, "seed-image", "gitea/act_runner:nightly-dind-rootless", "the runner image of seed 001's RunnerGroups")
 	fs.StringVar(&f.seedCommand, "seed-command", "/usr/bin/supervisord", "what their runner pods run (the bootstrap execs it)")
 	fs.StringVar(&f.seedArgs, "seed-args", "-c,/etc/supervisord.conf", "its arguments, comma-separated")
+	fs.StringVar(&f.seedLabels, "seed-default-labels", strings.Join(seedDefaultLabels, ","),
+		"labels added to every seed RunnerGroup's, comma-separated, unless it has one of the same name (seed 001's defaults)")
 	fs.DurationVar(&f.seedPoll, "seed-poll-interval", 10*time.Second, "how often their Gitea queues are read (they have no webhook)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	for _, l := range splitList(f.seedLabels) {
+		if err := forge.ParseLabel(l).Check("gitea"); err != nil {
+			return nil, fmt.Errorf("-seed-default-labels: %q cannot be registered as written: %w", l, err)
+		}
 	}
 	if f.leaseNamespace == "" {
 		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -213,8 +227,9 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 	}
 	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespaces: splitList(f.namespace),
 		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Engine: engine{o, redact, olog},
-		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll},
-		Log:  logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})
+		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll,
+			DefaultLabels: splitList(f.seedLabels)},
+		Log: logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})
 	ctl.Store(c)
 	markLeader(ctx, kube, f.leaseNamespace, logging.Fields{Logger: logger, Tag: "runway"}, true)
 	done := make(chan error, 1)
@@ -268,7 +283,8 @@ func (e engine) State(name string) (controller.GroupState, bool) {
 	for _, s := range e.o.Groups() {
 		if s.Name == name {
 			return controller.GroupState{ActiveRunners: s.ActiveRunners, QueuedJobs: s.QueuedJobs, Idle: s.Idle, Busy: s.Busy,
-				LastCheckTime: s.LastCheckTime, LastError: s.LastErrorBrief, Retired: s.Retired}, true
+				LastCheckTime: s.LastCheckTime, LastError: s.LastErrorBrief, Retired: s.Retired, NotTakingJobs: s.NotTakingJobs,
+				SpawnsHeldUntil: s.SpawnsHeldUntil}, true
 		}
 	}
 	return controller.GroupState{}, false

@@ -198,6 +198,9 @@ type Timeouts struct {
 	Spawn       Duration `yaml:"spawn"`        // create_vm to registered
 	Idle        Duration `yaml:"idle"`         // created, no job taken
 	MaxLifetime Duration `yaml:"max_lifetime"` // whatever it is doing
+	// Pickup: a runner online this long that took none of the group's
+	// jobs queued as long is not taking jobs.
+	Pickup Duration `yaml:"pickup"`
 }
 
 // Duration reads "90s", "15m", "2h".
@@ -346,6 +349,7 @@ func defaultSet(forges []ForgeConfig, groups []GroupConfig) {
 		def(&g.Timeouts.Spawn, 10*time.Minute)
 		def(&g.Timeouts.Idle, 15*time.Minute)
 		def(&g.Timeouts.MaxLifetime, 6*time.Hour)
+		def(&g.Timeouts.Pickup, 2*time.Minute)
 		if g.SpawnConcurrency == 0 {
 			g.SpawnConcurrency = 4
 		}

@@ -56,6 +56,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"scope: org", "scope: team", "groups[0].scope"},
 		{"    org: acme\n", "", "groups[0].org"},
 		{"labels: [linux]", "labels: []", "groups[0].labels"},
+		// Seed 001's own label shape: the runner reads "infra" as a schema.
+		{"labels: [linux]", "labels: [linux, \"app:infra\"]", `groups[0].labels[1]: "app:infra" cannot be registered as written`},
+		{"labels: [linux]", "labels: [\"linux:lxc://debian\"]", `groups[0].labels[0]: "linux:lxc://debian" cannot be registered as written`},
 		{"max_active_runners: 2", "max_active_runners: 0", "groups[0].max_active_runners"},
 		{"stemcell: {cid: sc-1}", "stemcell: {cid: sc-1, image: /x.tgz}", "groups[0].stemcell"},
 		{"stemcell: {cid: sc-1}", "stemcell: {}", "groups[0].stemcell: set exactly one of cid or image, or cloud_properties alone"},

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
 )
 
@@ -142,8 +143,11 @@ func (g GroupConfig) validate(errs *fieldErrors, p string, forges map[string]For
 		errs.bad(p+".labels", "at least one label is required (no default labels are added)")
 	}
 	for j, l := range g.Labels {
-		if strings.TrimSpace(l) == "" || strings.Contains(l, ",") {
-			errs.bad(fmt.Sprintf("%s.labels[%d]", p, j), "%q is not a label", l)
+		// Demand is matched on the names runners register: a label they
+		// cannot register as written would make runners that take none
+		// of the jobs they were made for.
+		if err := forge.ParseLabel(l).Check(f.Type); err != nil {
+			errs.bad(fmt.Sprintf("%s.labels[%d]", p, j), "%q cannot be registered as written: %v", l, err)
 		}
 	}
 	if g.MaxActiveRunners < 1 {

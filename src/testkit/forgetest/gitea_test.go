@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
@@ -42,7 +43,7 @@ func TestGiteaLabelsMatchAsRegistered(t *testing.T) {
 	if got := fetch(t, schemed); got != "" {
 		t.Fatalf("a runner registered as linux:host took task %s for runs-on linux", got)
 	}
-	named := register(t, g, "/orgs/acme", gitearunner.LabelNames([]string{"linux:host"}), true)
+	named := register(t, g, "/orgs/acme", forge.LabelNames([]string{"linux:host"}), true)
 	if got := fetch(t, named); got != id(job) {
 		t.Fatalf("a runner registered with label names got %q, want task %s", got, id(job))
 	}

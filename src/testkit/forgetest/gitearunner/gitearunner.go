@@ -37,22 +37,9 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("%s: HTTP %d: %s", e.Method, e.Code, e.Body)
 }
 
-// LabelNames is what gitea-runner reports of its labels: the name before
-// the first colon ("linux:host" → "linux"); the schema stays on its side.
-func LabelNames(labels []string) []string {
-	var out []string
-	for _, l := range labels {
-		name, _, _ := strings.Cut(strings.TrimSpace(l), ":")
-		if name != "" {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
 // Register registers a runner at instanceURL with a registration token.
-// labels are sent as given: pass them through LabelNames first to do
-// what gitea-runner does.
+// labels are sent as given: pass them through forge.LabelNames first to
+// do what gitea-runner does (it registers the names only).
 func Register(instanceURL, token, name string, labels []string, ephemeral bool) (*Runner, error) {
 	r := &Runner{Name: name, base: strings.TrimRight(instanceURL, "/") + "/api/actions/runner.v1.RunnerService/", TasksVersion: "0"}
 	var reg struct {

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
@@ -59,7 +60,7 @@ func run() error {
 // connect registers with the Gitea token, or connects as the runner
 // Forgejo's REST API registered.
 func connect() (*gitearunner.Runner, error) {
-	labels := func(v string) []string { return gitearunner.LabelNames(strings.Split(os.Getenv(v), ",")) }
+	labels := func(v string) []string { return forge.LabelNames(strings.Split(os.Getenv(v), ",")) }
 	if uuid := os.Getenv("FORGEJO_RUNNER_UUID"); uuid != "" {
 		return gitearunner.Connect(os.Getenv("FORGEJO_INSTANCE_URL"), uuid, os.Getenv("FORGEJO_RUNNER_TOKEN"),
 			os.Getenv("FORGEJO_RUNNER_NAME"), labels("FORGEJO_RUNNER_LABELS"))

@@ -50,8 +50,11 @@ type RunnerGroupSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="giteaURL cannot change: delete the group and make it anew"
 	GiteaURL string `json:"giteaURL,omitempty"`
 
-	// Labels the runners offer. Runway adds no default labels (the seed
-	// adds ubuntu-latest and others): a group runs what it says.
+	// Labels the runners offer (name, name:host, name:docker://image): the
+	// runners register the names, which jobs are matched on. The
+	// operator's default labels (the seed's ubuntu-latest and others) are
+	// added, but for names the group has; a label a runner could not
+	// register as written (app:infra) is refused on the status.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MinLength=1

@@ -37,8 +37,10 @@ type RunnerGroupSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=200
 	Repo string `json:"repo,omitempty"`
-	// Labels the runners offer: name, name:host, name:docker://image. No
-	// default labels are added.
+	// Labels the runners offer: name, name:host, name:docker://image (the
+	// runners register the names, which jobs are matched on; a label a
+	// runner could not register as written is refused). No default
+	// labels are added.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MinLength=1
@@ -151,6 +153,13 @@ type Timeouts struct {
 	// +kubebuilder:default="6h"
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
 	MaxLifetime string `json:"maxLifetime,omitempty"`
+	// Pickup: a runner online this long that took none of the group's
+	// jobs queued as long takes none (condition RunnersNotTakingJobs):
+	// the group makes no more meanwhile.
+	// +optional
+	// +kubebuilder:default="2m"
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	Pickup string `json:"pickup,omitempty"`
 }
 
 // RunnerGroupStatus is seed 001's status and Runway's additions.
