@@ -107,7 +107,7 @@ func TestChartRoleIsNarrow(t *testing.T) {
 		}
 		return out
 	}
-	k := render("--set", "secrets.names={gitea-auth-token}", "--set",
+	k := render("--set", "secrets.names={gitea-auth-token}", "--set", "forgeURLs.deny={10.0.0.0/16}", "--set",
 		"forges[0].name=gh,forges[0].type=github,forges[0].token.name=gh-token,forges[0].token.key=k,forges[0].webhookSecret.name=gh-hook,forges[0].webhookSecret.key=h")
 	r := rules(k["Role"])
 	for _, v := range []string{"get", "list", "watch"} {
@@ -124,8 +124,10 @@ func TestChartRoleIsNarrow(t *testing.T) {
 	d := k["Deployment"]
 	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
 	args := strings.Join(toStrings(containers[0].(map[string]any)["args"]), " ")
-	if !strings.Contains(args, "-secret-names=gitea-auth-token,gh-token,gh-hook") || !strings.Contains(args, "-secrets-by-label=false") {
-		t.Errorf("args %q", args)
+	env := fmt.Sprint(containers[0].(map[string]any)["env"])
+	if !strings.Contains(args, "-secret-names=gitea-auth-token,gh-token,gh-hook") || !strings.Contains(args, "-secrets-by-label=false") ||
+		!strings.Contains(args, "-forge-deny=10.0.0.0/16") || !strings.Contains(env, "status.hostIPs") {
+		t.Errorf("args %q, env %s", args, env)
 	}
 	vap := k["ValidatingAdmissionPolicy"]
 	if vap == nil || k["ValidatingAdmissionPolicyBinding"] == nil {

@@ -116,9 +116,11 @@ type Options struct {
 	Namespaces []string
 	// Secrets it may read.
 	Secrets SecretAccess
-	Engine  Engine
-	Seed    Seed
-	Log     logging.Fields
+	// Addresses the resources' forge URLs may reach (nil: any).
+	Addresses *AddressPolicy
+	Engine    Engine
+	Seed      Seed
+	Log       logging.Fields
 	// Redactor learns every secret value read.
 	Redactor *logging.Redactor
 	// StatusInterval paces status refreshes from the engine (default 2s).

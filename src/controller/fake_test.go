@@ -94,9 +94,16 @@ func (f *fakeCluster) start(t *testing.T, e Engine) *Controller {
 
 // startSeed starts a controller whose seed groups get defaults.
 func (f *fakeCluster) startSeed(t *testing.T, e Engine, defaults []string) *Controller {
-	ctl := New(Options{Kube: f.kube, Dyn: f.dyn, Namespaces: []string{f.ns}, Secrets: f.access, Engine: e,
-		StatusInterval: 100 * time.Millisecond, Seed: Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner",
-			DefaultLabels: defaults}, Log: logging.Fields{Logger: logging.Discard()}})
+	return f.startWith(t, e, func(o *Options) { o.Seed.DefaultLabels = defaults })
+}
+
+// startWith starts a controller with the options edit makes.
+func (f *fakeCluster) startWith(t *testing.T, e Engine, edit func(*Options)) *Controller {
+	opt := Options{Kube: f.kube, Dyn: f.dyn, Namespaces: []string{f.ns}, Secrets: f.access, Engine: e,
+		StatusInterval: 100 * time.Millisecond, Seed: Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner"},
+		Log: logging.Fields{Logger: logging.Discard()}}
+	edit(&opt)
+	ctl := New(opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { ctl.Run(ctx); close(done) }()

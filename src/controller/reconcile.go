@@ -173,6 +173,16 @@ func (c *Controller) buildGroup(e *entry, u *unstructured.Unstructured) error {
 // accept validates a forge (and a group of it) as the engine will, and
 // keeps them with the forge's secrets.
 func (c *Controller) accept(e *entry, fc config.ForgeConfig, gc *config.GroupConfig, token, hook string) error {
+	field := "spec.url"
+	if e.kind == kindSeed {
+		field = "spec.gitea.url"
+	}
+	if err := c.opt.Addresses.checkURL(field, fc.URL); err != nil {
+		return err
+	}
+	if c.opt.Addresses != nil {
+		fc.Guard = c.opt.Addresses
+	}
 	c.mu.Lock()
 	src := c.sources[fc.Name]
 	if src == nil {

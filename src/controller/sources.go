@@ -38,6 +38,9 @@ const (
 	ReasonInvalid           = "Invalid"
 	ReasonDeleting          = "Deleting"
 	ReasonNotTakingJobs     = "RunnersNotTakingJobs"
+	// ReasonForgeAddressRefused: the forge URL's host is an address
+	// Runway sends no token to (AddressPolicy).
+	ReasonForgeAddressRefused = "ForgeAddressRefused"
 )
 
 // notReady is why an object cannot be handed to the engine (yet).

@@ -49,6 +49,7 @@ type controllerFlags struct {
 	seedPoll                            time.Duration
 	secretNames                         string
 	secretsByLabel                      bool
+	forgeAllow, forgeDeny               string
 }
 
 func parseControllerFlags(args []string) (*controllerFlags, error) {
@@ -58,6 +59,8 @@ func parseControllerFlags(args []string) (*controllerFlags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig (default: the pod's service account)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespaces whose resources are watched, comma-separated (default: every namespace)")
 	fs.StringVar(&f.secretNames, "secret-names", "", "the Secrets of those namespaces the resources may name, comma-separated (no other is read)")
+	fs.StringVar(&f.forgeAllow, "forge-allow", "", "addresses (CIDRs) forge URLs may reach though denied, comma-separated")
+	fs.StringVar(&f.forgeDeny, "forge-deny", "", "more addresses (CIDRs: the nodes' network) forge URLs may not reach, comma-separated")
 	fs.BoolVar(&f.secretsByLabel, "secrets-by-label", false, "also read the Secrets labelled "+controller.SecretLabel+"=true (the Role must let it list Secrets)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "act only while holding the Lease (replicas)")
 	fs.StringVar(&f.leaseName, "lease-name", "runway-controller", "the Lease's name")
@@ -121,6 +124,10 @@ func controllerCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	addrs, err := addressPolicy(f, rc.Host, os.Environ())
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	metrics := orchestrator.NewMetrics()
@@ -132,7 +139,7 @@ func controllerCmd(args []string) error {
 	served := make(chan error, 1)
 	go func() { served <- httpapi.Serve(ctx, cfg.HTTP, ln, standbyHandler(&active), metrics); stop() }()
 	run := func(ctx context.Context) error {
-		return runController(ctx, cfg, f, kube, dyn, metrics, &active, logger, redact)
+		return runController(ctx, cfg, f, kube, dyn, addrs, metrics, &active, logger, redact)
 	}
 	// The webhook Service selects the leader by a label on its pod: a
 	// replica starting (a restarted leader's container keeps its pod's
@@ -201,7 +208,7 @@ func leadThenRun(ctx context.Context, f *controllerFlags, kube kubernetes.Interf
 // runController is the leader's work: the engine, its HTTP interface and
 // the controller feeding it.
 func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, kube kubernetes.Interface, dyn dynamic.Interface,
-	metrics *orchestrator.Metrics, active *atomic.Pointer[http.Handler], logger logging.Logger, redact *logging.Redactor) error {
+	addrs *controller.AddressPolicy, metrics *orchestrator.Metrics, active *atomic.Pointer[http.Handler], logger logging.Logger, redact *logging.Redactor) error {
 	olog := logging.Fields{Logger: logger, Tag: "orchestrator"}
 	var ctl atomic.Pointer[controller.Controller]
 	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact, Metrics: metrics,
@@ -226,7 +233,8 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 		args = strings.Split(f.seedArgs, ",")
 	}
 	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespaces: splitList(f.namespace),
-		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Engine: engine{o, redact, olog},
+		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Addresses: addrs,
+		Engine: engine{o, redact, olog},
 		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll,
 			DefaultLabels: splitList(f.seedLabels)},
 		Log: logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})

@@ -50,6 +50,9 @@ func buildForge(fc config.ForgeConfig, m *orchestrator.Metrics, redact *logging.
 		tokenOf, hookOf = token.Get, hook.Get
 	}
 	tr := forge.NewTransport(nil)
+	if fc.Guard != nil {
+		tr.Base = &forge.ETagCache{Base: forge.GuardedTransport(fc.Guard.Check)}
+	}
 	budget := &forge.RateBudget{}
 	tr.Observe = func(method string, status int, h http.Header) { budget.Observe(h) }
 	if m != nil {

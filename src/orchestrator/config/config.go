@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"regexp"
 	"strings"
@@ -94,6 +95,15 @@ type ForgeConfig struct {
 	// a file or the environment: a config source other than the file
 	// (Kubernetes Secrets) sets it, and keeps it current itself.
 	Secrets SecretSource `yaml:"-"`
+	// Guard, when set, refuses the addresses the forge's requests may
+	// not reach (the Kubernetes controller's forges: their URLs are their
+	// authors').
+	Guard AddressGuard `yaml:"-"`
+}
+
+// AddressGuard says why a forge may not be reached at an address.
+type AddressGuard interface {
+	Check(addr netip.Addr) error
 }
 
 // SecretSource is a forge's token and webhook secret held in memory,
