@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/runway-cpi/runway/src/driver"
@@ -68,6 +69,13 @@ type Config struct {
 	AllowedPriorityClasses  []string `json:"allowed_priority_classes,omitempty"`
 	AllowedImagePullSecrets []string `json:"allowed_image_pull_secrets,omitempty"`
 	AllowedRuntimeClasses   []string `json:"allowed_runtime_classes,omitempty"`
+	// Scheduling a VM type may ask for, each as the config writes it: a
+	// toleration (one tolerating every taint, a taint of the control
+	// plane's), a node_selector pair key=value, a whole affinity (a pod
+	// affinity can probe other namespaces' pods) must be listed.
+	AllowedTolerations   []corev1.Toleration `json:"allowed_tolerations,omitempty"`
+	AllowedNodeSelectors []string            `json:"allowed_node_selectors,omitempty"`
+	AllowedAffinities    []corev1.Affinity   `json:"allowed_affinities,omitempty"`
 	// MaxCPU and MaxRAM (MiB) bound a VM type's cpu and ram.
 	MaxCPU int `json:"max_cpu,omitempty"`
 	MaxRAM int `json:"max_ram,omitempty"`
@@ -173,6 +181,12 @@ func (c *Config) allowLists() error {
 			if errs := l.check(n); len(errs) > 0 {
 				return fmt.Errorf("kubernetes.%s[%d] %q: %s", l.key, i, n, errs[0])
 			}
+		}
+	}
+	for i, kv := range c.AllowedNodeSelectors {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(v)) > 0 {
+			return fmt.Errorf("kubernetes.allowed_node_selectors[%d] %q: want a node label as key=value", i, kv)
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -114,7 +115,56 @@ func (p vmProps) allowed(cfg Config) error {
 			return err
 		}
 	}
+	return p.scheduling(cfg)
+}
+
+// scheduling refuses, by name, tolerations, node_selector pairs and an
+// affinity the config does not list: where a pod runs is the
+// operator's (a toleration of every taint puts it next to the control
+// plane; a pod affinity probes other namespaces' pods).
+func (p vmProps) scheduling(cfg Config) error {
+	for i, t := range p.Tolerations {
+		if !slices.ContainsFunc(cfg.AllowedTolerations, func(a corev1.Toleration) bool { return sameToleration(a, t) }) {
+			return driver.Invalid("cloud_properties.tolerations[%d] %s is not one of kubernetes.allowed_tolerations (%d listed)", i, quoteJSON(t),
+				len(cfg.AllowedTolerations))
+		}
+	}
+	keys := make([]string, 0, len(p.NodeSelector))
+	for k := range p.NodeSelector {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if kv := k + "=" + p.NodeSelector[k]; !slices.Contains(cfg.AllowedNodeSelectors, kv) {
+			may := "none"
+			if len(cfg.AllowedNodeSelectors) > 0 {
+				may = strings.Join(cfg.AllowedNodeSelectors, ", ")
+			}
+			return driver.Invalid("cloud_properties.node_selector %q is not one of kubernetes.allowed_node_selectors (%s)", kv, may)
+		}
+	}
+	if p.Affinity != nil && !slices.ContainsFunc(cfg.AllowedAffinities, func(a corev1.Affinity) bool { return equality.Semantic.DeepEqual(a, *p.Affinity) }) {
+		return driver.Invalid("cloud_properties.affinity is not one of kubernetes.allowed_affinities (%d listed)", len(cfg.AllowedAffinities))
+	}
 	return nil
+}
+
+// sameToleration: equal as the scheduler reads them (no operator is
+// Equal).
+func sameToleration(a, b corev1.Toleration) bool {
+	op := func(t corev1.Toleration) corev1.TolerationOperator {
+		if t.Operator == "" {
+			return corev1.TolerationOpEqual
+		}
+		return t.Operator
+	}
+	return a.Key == b.Key && op(a) == op(b) && a.Value == b.Value && a.Effect == b.Effect &&
+		equality.Semantic.DeepEqual(a.TolerationSeconds, b.TolerationSeconds)
+}
+
+func quoteJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
 
 // command is the container's command: an argv array, or a shell string.
