@@ -14,6 +14,9 @@ import (
 
 // call runs one CPI method, with metrics.
 func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclient.Response, error) {
+	if err := g.o.fenced(); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	resp, err := g.cpi.Call(ctx, method, "runway-"+g.cfg().Name+"-"+randHex(4), args...)
 	g.o.metrics.cpiDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())

@@ -109,6 +109,9 @@ func (o *Orchestrator) listen(ctx context.Context) {
 // rows left for the new leader to recover) and waits for it to stop.
 func (g *group) lead(ctx context.Context) (context.Context, bool) {
 	ok, err := g.o.leader.Lead(ctx, g.cfg().Name)
+	if ferr := g.o.fenced(); ferr != nil {
+		ok, err = false, ferr
+	}
 	msg := ""
 	if err != nil && ctx.Err() == nil {
 		msg = "leadership unknown (not acting): " + g.o.redact.Redact(err.Error())

@@ -49,6 +49,8 @@ type Orchestrator struct {
 	newForge func(config.ForgeConfig) (Forge, error)
 	cpiOpt   CPI               // Options.CPI (tests)
 	events   func(RunnerEvent) // Options.Events
+	fence    func() error      // Options.Fence
+	takeOver bool              // Options.TakeOver
 	runCtx   context.Context   // set by Run: new groups' loops start under it
 	loops    sync.WaitGroup    // the groups' loops
 
@@ -101,6 +103,16 @@ type Options struct {
 	NewForge func(config.ForgeConfig) (Forge, error)
 	// Events, when set, hears of each runner made, deleted or failed.
 	Events func(RunnerEvent)
+	// Fence, when set, says whether this process may still act (the
+	// Kubernetes controller: it holds the Lease as of a recent renewal).
+	// An error stops every side effect — CPI calls, forge changes, store
+	// writes — and every group's acting, until it answers nil again.
+	Fence func() error
+	// TakeOver: this process was chosen as the one to act by an outside
+	// lease; other replicas' leadership sessions (PostgreSQL) are stale,
+	// and Run ends them before acting (a frozen old leader's session
+	// would otherwise hold its groups).
+	TakeOver bool
 }
 
 // New opens the state store (taking the state dir's lock, so two daemons
@@ -141,7 +153,8 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 		lk.Unlock()
 		return nil, err
 	}
-	o.newForge, o.cpiOpt, o.events = opt.NewForge, opt.CPI, opt.Events
+	o.newForge, o.cpiOpt, o.events, o.fence, o.takeOver = opt.NewForge, opt.CPI, opt.Events, opt.Fence, opt.TakeOver
+	o.store.SetFence(o.fenced)
 	for _, fc := range cfg.Forges {
 		f, ok := opt.Forges[fc.Name]
 		if !ok || f.Client == nil {
@@ -251,6 +264,9 @@ func (o *Orchestrator) Store() *store.Store { return o.store }
 // Run reconciles every group until ctx ends. Groups run independently: a
 // slow forge or CPI stalls only its own groups.
 func (o *Orchestrator) Run(ctx context.Context) error {
+	if o.takeOver {
+		o.endStaleLeaders(ctx)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); o.checkAccess(ctx) }()

@@ -62,6 +62,9 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 			keep(name, "the forge shows it busy")
 			continue
 		}
+		if err := g.o.fenced(); err != nil {
+			return keepAll(err)
+		}
 		did, err := g.api().DisableRunner(ctx, g.scope, fr.ID)
 		if err != nil {
 			keep(name, "disabling failed")
@@ -86,6 +89,9 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 	for _, name := range retiring {
 		if _, ok := reap[name]; !ok {
 			continue
+		}
+		if err := g.o.fenced(); err != nil {
+			return keepAll(err)
 		}
 		if err := g.api().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
 			var ae *forge.APIError

@@ -284,6 +284,9 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	}
 	for _, fr := range registered {
 		if row, err := o.store.Get(fr.Name); err == nil && row.Group == name {
+			if err := o.fenced(); err != nil {
+				return false, errors.Join(append(errs, err)...)
+			}
 			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, fmt.Errorf("removing the registration of %s: %w", fr.Name, err))
 			} else {

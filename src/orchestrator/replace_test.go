@@ -129,6 +129,11 @@ func statusOf(o *Orchestrator, name string) (GroupStatus, bool) {
 // items, on one Gitea forge at url (token "tok", polled every 100 ms),
 // until the test ends.
 func startOnGitea(t *testing.T, url, extra, groups string, cpi CPI, events func(RunnerEvent)) (*Orchestrator, *config.Config) {
+	return startOnGiteaWith(t, url, extra, groups, Options{CPI: cpi, Events: events})
+}
+
+// startOnGiteaWith is startOnGitea with more options.
+func startOnGiteaWith(t *testing.T, url, extra, groups string, opt Options) (*Orchestrator, *config.Config) {
 	t.Helper()
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
@@ -141,9 +146,11 @@ groups:%s
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := New(cfg, Options{CPI: cpi, Logger: logging.Discard(), Events: events, NewForge: func(fc config.ForgeConfig) (Forge, error) {
+	opt.Logger = logging.Discard()
+	opt.NewForge = func(fc config.ForgeConfig) (Forge, error) {
 		return Forge{Client: gitea.New(fc.URL, forge.NewTransport(func() string { return "token tok" }))}, nil
-	}})
+	}
+	o, err := New(cfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}

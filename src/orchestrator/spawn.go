@@ -87,6 +87,9 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	o := g.o
 	c := g.cfg()
 	start := time.Now()
+	if err := o.fenced(); err != nil {
+		return err
+	}
 	reg, err := g.api().Register(ctx, g.scope, r.Name, c.Labels)
 	if err != nil {
 		r.LastError = "registration: " + o.redact.Redact(err.Error())

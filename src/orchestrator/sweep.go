@@ -117,6 +117,9 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 		}
 		// Only registrations this orchestrator made and already retired.
 		if row, err := o.store.Get(fr.Name); err == nil && row.Group == g.cfg().Name && row.State == store.Deleted {
+			if err := o.fenced(); err != nil {
+				return err
+			}
 			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, err)
 			} else {
@@ -243,6 +246,9 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 		}
 	}
 	if r.ForgeRunnerID != 0 && !(endedByItself(reason) && g.forge.removesFinishedRunners()) {
+		if err := o.fenced(); err != nil {
+			return err
+		}
 		if err := g.api().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
 			// The sweep retries: the row says deleted, the registration
 			// stays ours to remove.

@@ -138,15 +138,15 @@ func controllerCmd(args []string) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- httpapi.Serve(ctx, cfg.HTTP, ln, standbyHandler(&active), metrics); stop() }()
-	run := func(ctx context.Context) error {
-		return runController(ctx, cfg, f, kube, dyn, addrs, metrics, &active, logger, redact)
+	run := func(ctx context.Context, fence func() error) error {
+		return runController(ctx, cfg, f, kube, dyn, addrs, fence, metrics, &active, logger, redact)
 	}
 	// The webhook Service selects the leader by a label on its pod: a
 	// replica starting (a restarted leader's container keeps its pod's
 	// labels) is not the leader until it says so.
 	markLeader(ctx, kube, f.leaseNamespace, log, false)
 	if !f.leaderElect {
-		err = run(ctx)
+		err = run(ctx, nil)
 	} else {
 		err = leadThenRun(ctx, f, kube, log, run)
 	}
@@ -160,25 +160,27 @@ func controllerCmd(args []string) error {
 // leadThenRun runs run while this replica holds the Lease. Losing it
 // ends the process's work (the pod restarts as a standby): the engine's
 // runner rows are in the shared store for the next leader.
-func leadThenRun(ctx context.Context, f *controllerFlags, kube kubernetes.Interface, log logging.Fields, run func(context.Context) error) error {
+func leadThenRun(ctx context.Context, f *controllerFlags, kube kubernetes.Interface, log logging.Fields,
+	run func(context.Context, func() error) error) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var runErr error
 	var started atomic.Bool
 	finished := make(chan struct{})
+	var le *leaderelection.LeaderElector
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{LeaseMeta: metav1ObjectMeta(f.leaseName, f.leaseNamespace), Client: kube.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: f.identity}},
 		// A replica that dies leaves the Lease to expire: the other takes
 		// it within LeaseDuration + RetryPeriod (9 s).
-		LeaseDuration: 8 * time.Second, RenewDeadline: 6 * time.Second, RetryPeriod: time.Second,
+		LeaseDuration: leaseDuration, RenewDeadline: 6 * time.Second, RetryPeriod: time.Second,
 		ReleaseOnCancel: true, Name: f.leaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				started.Store(true)
 				defer close(finished)
 				log.Info("leading: running the engine and the controller", "identity", f.identity)
-				runErr = run(ctx)
+				runErr = run(ctx, func() error { return fence(le) })
 				cancel() // the engine stopped: give up the Lease
 			},
 			OnStoppedLeading: func() { log.Info("not leading", "identity", f.identity) },
@@ -205,13 +207,41 @@ func leadThenRun(ctx context.Context, f *controllerFlags, kube kubernetes.Interf
 	return runErr
 }
 
+// leaseMargin: the engine stops acting once the Lease was last renewed
+// longer than LeaseDuration - leaseMargin ago, before another replica
+// may take it (it waits LeaseDuration from its own last sight of it).
+const (
+	leaseDuration = 8 * time.Second
+	leaseMargin   = 3 * time.Second
+)
+
+// fence says why the engine may not act: the Lease is another's, or its
+// last renewal is too old to be sure it is still this replica's — a
+// process frozen (SIGSTOP) and resumed learns it has lost the Lease only
+// when its next renewal fails, and must not act meanwhile. The time is
+// the monotonic clock's, which runs while a process is stopped.
+func fence(le *leaderelection.LeaderElector) error {
+	if !le.IsLeader() {
+		return errors.New("this replica no longer holds the Lease")
+	}
+	if err := le.Check(-leaseMargin); err != nil {
+		return fmt.Errorf("the Lease was last renewed over %s ago (this process was stopped, or the API server is away): "+
+			"another replica may lead", leaseDuration-leaseMargin)
+	}
+	return nil
+}
+
 // runController is the leader's work: the engine, its HTTP interface and
 // the controller feeding it.
 func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, kube kubernetes.Interface, dyn dynamic.Interface,
-	addrs *controller.AddressPolicy, metrics *orchestrator.Metrics, active *atomic.Pointer[http.Handler], logger logging.Logger, redact *logging.Redactor) error {
+	addrs *controller.AddressPolicy, fence func() error, metrics *orchestrator.Metrics, active *atomic.Pointer[http.Handler], logger logging.Logger, redact *logging.Redactor) error {
 	olog := logging.Fields{Logger: logger, Tag: "orchestrator"}
 	var ctl atomic.Pointer[controller.Controller]
-	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact, Metrics: metrics,
+	// Holding the Lease, this replica is the one to act: another's
+	// leadership sessions are stale (TakeOver), and every side effect
+	// waits on the fence.
+	o, err := orchestrator.New(cfg, orchestrator.Options{Logger: logger, Redactor: redact, Metrics: metrics, Fence: fence,
+		TakeOver: fence != nil,
 		NewForge: func(fc config.ForgeConfig) (orchestrator.Forge, error) { return buildForge(fc, metrics, redact, olog) },
 		Events: func(ev orchestrator.RunnerEvent) {
 			if c := ctl.Load(); c != nil {

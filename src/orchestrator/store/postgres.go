@@ -81,9 +81,40 @@ type Leadership struct {
 	held map[string]bool
 }
 
+// leadershipApp names the leadership sessions (application_name), for
+// EndOthers.
+const leadershipApp = "runway-leadership"
+
 // Leadership prepares leadership on the store's database; it connects on
 // first use. Only for PostgreSQL.
-func (s *Store) Leadership() *Leadership { return &Leadership{cfg: s.pgcfg} }
+func (s *Store) Leadership() *Leadership {
+	cfg := s.pgcfg.Copy()
+	cfg.RuntimeParams["application_name"] = leadershipApp
+	return &Leadership{cfg: cfg}
+}
+
+// EndOthers ends every other leadership session of the database (the
+// role may end its own sessions): a replica that an outside lease says
+// no longer leads — frozen, its connection still up — loses its locks
+// now, not when its connection dies. It answers how many it ended.
+func (l *Leadership) EndOthers(ctx context.Context) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	own := uint32(0)
+	if l.conn != nil {
+		own = l.conn.PgConn().PID()
+	}
+	conn, err := pgx.ConnectConfig(ctx, l.cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	var n int
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid() AND pid <> $2) AS ended`,
+		leadershipApp, int64(own)).Scan(&n)
+	return n, err
+}
 
 // lockKey is the group's advisory lock id.
 func lockKey(group string) int64 {

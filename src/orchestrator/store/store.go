@@ -67,7 +67,12 @@ type Store struct {
 	path  string          // SQLite
 	file  os.FileInfo     // SQLite: the file opened; a replaced or deleted one is noticed
 	id    string
+	fence func() error // SetFence
 }
+
+// SetFence makes every write ask fence first (an error refuses it): a
+// process that may no longer act writes nothing.
+func (s *Store) SetFence(fence func() error) { s.fence = fence }
 
 // One schema for both databases: BIGINT is SQLite's INTEGER, and the
 // upserts are the ON CONFLICT form both understand.
@@ -176,6 +181,11 @@ func (s *Store) rebind(q string) string {
 }
 
 func (s *Store) exec(q string, args ...any) (sql.Result, error) {
+	if s.fence != nil {
+		if err := s.fence(); err != nil {
+			return nil, err
+		}
+	}
 	return s.db.Exec(s.rebind(q), args...)
 }
 

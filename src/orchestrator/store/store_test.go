@@ -381,3 +381,40 @@ func TestMetaValues(t *testing.T) {
 		}
 	})
 }
+
+// A replica frozen while it leads (SIGSTOP) keeps its session, and with
+// it its groups, for as long as its connection lives. The replica an
+// outside lease chose ends every other leadership session: it leads at
+// once, and the frozen one, resumed, finds it leads nothing.
+func TestEndOthersTakesAFrozenLeadersGroups(t *testing.T) {
+	dsn := pgtest.Database(t)
+	ctx := context.Background()
+	st, err := OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	frozen, next := st.Leadership(), st.Leadership()
+	defer frozen.Close()
+	defer next.Close()
+	if ok, err := frozen.Lead(ctx, "g"); !ok || err != nil {
+		t.Fatalf("frozen: %v %v", ok, err)
+	}
+	if ok, _ := next.Lead(ctx, "g"); ok {
+		t.Fatal("next leads g while the frozen one's session holds it")
+	}
+	n, err := next.EndOthers(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("EndOthers: %d %v, want 1 session ended", n, err)
+	}
+	led := false
+	for deadline := time.Now().Add(10 * time.Second); !led && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		led, _ = next.Lead(ctx, "g")
+	}
+	if !led {
+		t.Fatal("next does not lead g after ending the frozen one's session")
+	}
+	if ok, err := frozen.Lead(ctx, "g"); ok || err == nil {
+		t.Fatalf("the frozen one, resumed: leads=%v err=%v, want false and an error", ok, err)
+	}
+}
