@@ -127,6 +127,10 @@ type Options struct {
 	StatusInterval time.Duration
 	// Workers reconciling at once (default 2).
 	Workers int
+	// Fence, when set, says whether this process may still act (it
+	// holds the Lease as of a recent renewal): meanwhile nothing is
+	// reconciled and no status written.
+	Fence func() error
 }
 
 // Controller is the reconcile loop.
@@ -293,6 +297,10 @@ func (c *Controller) next(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
+	if c.opt.Fence != nil && c.opt.Fence() != nil {
+		c.queue.AddAfter(key, time.Second) // the Lease renewed, or the process ends
+		return true
+	}
 	if err := c.reconcile(ctx, key); err != nil {
 		c.opt.Log.Warn("reconcile failed; retrying", "object", key, "err", c.opt.Redactor.Redact(err.Error()))
 		c.queue.AddRateLimited(key)

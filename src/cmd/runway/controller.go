@@ -263,7 +263,7 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 		args = strings.Split(f.seedArgs, ",")
 	}
 	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespaces: splitList(f.namespace),
-		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Addresses: addrs,
+		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Addresses: addrs, Fence: fence,
 		Engine: engine{o, redact, olog},
 		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll,
 			DefaultLabels: splitList(f.seedLabels)},
