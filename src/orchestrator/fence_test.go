@@ -53,3 +53,20 @@ func TestFenceStopsEverySideEffect(t *testing.T) {
 	fenced.Store(false)
 	eventually(t, 10*time.Second, "runners for the waiting jobs once the fence lifts", func() bool { return cpi.made() >= 2 })
 }
+
+// A group whose every create_vm fails (cloud properties the CPI refuses,
+// say) backs off further at each failure — 2 s, 4 s, 8 s… — not 2 s over
+// and over: the passes that start the next spawns do not end it.
+func TestFailingSpawnsBackOffFurther(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	cpi := &vmCPI{vms: map[string]map[string]any{}, giteaURL: "http://127.0.0.1:1"}
+	o, _ := startOnGiteaWith(t, srv.URL, "sweep_interval: 100ms", `
+  - {name: a, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}`,
+		Options{CPI: cpi})
+	srv.AddJob("acme/app", "build", []string{"linux"}, "queued")
+	eventually(t, 20*time.Second, "a backoff past 5 s", func() bool {
+		s, _ := statusOf(o, "a")
+		return s.BackoffUntil.Sub(s.LastCheckTime) > 5*time.Second
+	})
+}

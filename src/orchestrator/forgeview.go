@@ -21,12 +21,15 @@ import (
 // the most specific scope (repo, then org/user, then global), then the
 // fewest labels (the tightest fit), then the higher priority, then the
 // name. Drained and retiring groups claim nothing, so their jobs fall to
-// the next group.
-func (o *Orchestrator) owner(forgeName string, j forge.Job, cands []*group) *group {
+// the next group. The candidates are the groups of the forge instance
+// (instance): two forges of one URL — a Gitea whose groups each bring
+// their own token, as seed 001's do — see the same jobs, and one group
+// claims each (else each would make a runner for it, all but one idle).
+func (o *Orchestrator) owner(instance string, j forge.Job, cands []*group) *group {
 	var best *group
 	for _, g := range cands {
 		c := g.cfg()
-		if c.Forge != forgeName || c.Retire || g.isDrained() || !g.scope.Covers(j.Repo) || !forge.Match(j.Labels, c.labels) {
+		if g.instance() != instance || c.Retire || g.isDrained() || !g.scope.Covers(j.Repo) || !forge.Match(j.Labels, c.labels) {
 			continue
 		}
 		if best == nil || better(g, best) {
@@ -76,6 +79,21 @@ type forgeConf struct {
 	budget *forge.RateBudget
 	// scaleSets builds scale set clients (GitHub; nil: none).
 	scaleSets func(forge.Scope) (*scaleset.Client, error)
+}
+
+// instance is the forge the view reads: its type and URL, whichever
+// config names it.
+func (fv *forgeView) instance() string {
+	c := fv.conf()
+	return c.Type + " " + strings.TrimRight(strings.ToLower(c.URL), "/")
+}
+
+// instance is the forge instance the group's jobs come from.
+func (g *group) instance() string {
+	if g.forge == nil {
+		return g.cfg().Forge
+	}
+	return g.forge.instance()
 }
 
 // api is the forge's current client.
@@ -314,7 +332,7 @@ func (o *Orchestrator) partition(fv *forgeView, sj *scopeJobs) listing {
 		}
 		g, ok := memo[key.String()]
 		if !ok {
-			g = o.owner(fv.name, j, o.groupList())
+			g = o.owner(fv.instance(), j, o.groupList())
 			memo[key.String()] = g
 		}
 		if g != nil {

@@ -43,6 +43,9 @@ type group struct {
 	spawnSem  chan struct{}
 	spawns    sync.WaitGroup
 	spawnErr  error // failures of background spawns, reported by the next pass
+	// spawnFailing: the last spawn failed: the backoff keeps growing
+	// across the passes that start the next ones, until one succeeds.
+	spawnFailing bool
 	// reaping: runners being deleted in the background (their VM's
 	// deletion waits for it to go); reapErr: their failures, reported by
 	// the next pass.
@@ -202,7 +205,9 @@ func (g *group) loop(ctx context.Context) {
 			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
 			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
 		} else {
-			g.backoff = 0
+			if !g.spawnFailing {
+				g.backoff = 0
+			}
 			g.status.LastError = g.leadErr // "" unless leadership is unknown
 			g.status.LastErrorBrief = g.leadErr
 			if g.status.LastError == "" && g.status.ScaleSet != nil && g.status.Acting {

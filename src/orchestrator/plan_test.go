@@ -1,12 +1,14 @@
 package orchestrator
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -269,5 +271,34 @@ func TestFinishedRunnersStopCountingAtOnce(t *testing.T) {
 	d = plan(testGroup(2, 0), t0, lst(jobs), owned, runners[:1], nil, nil, false)
 	if len(d.reap) != 0 || len(d.spawn) != 0 {
 		t.Errorf("reap %v spawn %v", d.reap, d.spawn)
+	}
+}
+
+// Two forges of one Gitea (seed 001's groups each bring their token, so
+// each is a forge of its own): their groups see the same jobs, and one
+// claims each — the repo group, the more specific — so one runner is
+// made per job, not one per group.
+func TestGroupsOfOneForgeInstanceShareTheJobs(t *testing.T) {
+	srv := forgetest.NewGitea("tok")
+	defer srv.Close()
+	cpi := &vmCPI{vms: map[string]map[string]any{}, giteaURL: srv.URL}
+	startEngine(t, fmt.Sprintf(`
+sweep_interval: 100ms
+cpi: {path: /nonexistent}
+forges:
+  - {name: a, type: gitea, url: %q, token_env: UNUSED, poll_interval: 100ms}
+  - {name: b, type: gitea, url: "%s/", token_env: UNUSED, poll_interval: 100ms}
+groups:
+  - {name: org, forge: a, scope: org, org: acme, labels: [linux], max_active_runners: 4, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
+  - {name: repo, forge: b, scope: repo, repo: acme/app, labels: [linux], max_active_runners: 4, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
+`, srv.URL, srv.URL), Options{CPI: cpi})
+	srv.AddJob("acme/app", "build", []string{"linux"}, "queued")
+	srv.AddJob("acme/app", "test", []string{"linux"}, "queued")
+	srv.AddJob("acme/lib", "build", []string{"linux"}, "queued")
+	eventually(t, 10*time.Second, "two runners of the repo group, one of the org group", func() bool {
+		return cpi.count("repo") == 2 && cpi.count("org") == 1
+	})
+	if n := cpi.made(); n != 3 {
+		t.Errorf("%d runners made for 3 jobs", n)
 	}
 }

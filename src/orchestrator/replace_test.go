@@ -134,15 +134,20 @@ func startOnGitea(t *testing.T, url, extra, groups string, cpi CPI, events func(
 
 // startOnGiteaWith is startOnGitea with more options.
 func startOnGiteaWith(t *testing.T, url, extra, groups string, opt Options) (*Orchestrator, *config.Config) {
-	t.Helper()
-	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
-state_dir: %s
+	return startEngine(t, fmt.Sprintf(`
 %s
 cpi: {path: /nonexistent}
 forges:
   - {name: gitea, type: gitea, url: %q, token_env: UNUSED, poll_interval: 100ms}
 groups:%s
-`, t.TempDir(), extra, url, groups)))
+`, extra, url, groups), opt)
+}
+
+// startEngine runs an engine of doc (runway.yml without state_dir), its
+// forges' clients Gitea's with token "tok", until the test ends.
+func startEngine(t *testing.T, doc string, opt Options) (*Orchestrator, *config.Config) {
+	t.Helper()
+	cfg, err := config.ParseConfig([]byte("state_dir: " + t.TempDir() + "\n" + doc))
 	if err != nil {
 		t.Fatal(err)
 	}

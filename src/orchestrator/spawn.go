@@ -76,9 +76,13 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 			o.event(g.cfg().Name, name, RunnerFailed, forge.Brief(err)) // events reach the group's author
 			g.mu.Lock()
 			g.spawnErr = errors.Join(g.spawnErr, err)
+			g.spawnFailing = true
 			g.mu.Unlock()
 			return
 		}
+		g.mu.Lock()
+		g.spawnFailing = false
+		g.mu.Unlock()
 		g.wake()
 	}()
 }
