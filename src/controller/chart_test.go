@@ -144,6 +144,25 @@ func TestChartRoleIsNarrow(t *testing.T) {
 	if r := rules(render()["Role"]); r["secrets"]["get"] != "" || r["secrets"]["list"] != "" {
 		t.Errorf("no Secret named: secrets %v, want none read", r["secrets"])
 	}
+	// Several watched namespaces: a Role in each, the runner pods' and the
+	// Lease's rules in the release's only.
+	out, err := helm(t, "template", "rel", "config/helm/runway", "-n", "ci", "--set", "watchNamespaces={ci,team-b}", "--set", "secrets.names={t}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]map[string]map[string]string{}
+	for _, u := range parseObjects(t, []byte(out)) {
+		if u.GetKind() == "Role" {
+			roles[u.GetNamespace()] = rules(u)
+		}
+	}
+	if len(roles) != 2 || roles["team-b"]["secrets"]["get"] != "t" || roles["team-b"]["pods"] != nil || roles["ci"]["pods"]["create"] != "*" ||
+		roles["team-b"]["leases"] != nil {
+		t.Errorf("roles by namespace: %v", roles)
+	}
+	if !strings.Contains(out, "-namespace=ci,team-b") {
+		t.Error("the controller is not told to watch both namespaces")
+	}
 	if out, err := helm(t, "template", "rel", "config/helm/runway", "--set", "secrets.names={runway-postgres}"); err == nil ||
 		!strings.Contains(out, "the store's DSN") {
 		t.Errorf("the DSN's Secret allow-listed: %v %s", err, out)

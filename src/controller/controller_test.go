@@ -43,7 +43,7 @@ func TestSeedRunnerGroupThroughTheController(t *testing.T) {
 		g.Stemcell.CloudProperties["image"] != "registry.example/act_runner:1" || g.Runner.Command != "/bin/runner" {
 		t.Errorf("group %+v", g.GroupConfig)
 	}
-	if g.forge.Type != "gitea" || g.forge.URL != "http://10.99.0.1:3000" || g.forge.Secrets.Token() != "seed-api-token-0123456789abcdef" {
+	if g.forge.Type != "gitea" || g.forge.URL != "http://gitea.runway.test:3000" || g.forge.Secrets.Token() != "seed-api-token-0123456789abcdef" {
 		t.Errorf("forge %+v, token %q", g.forge, g.forge.Secrets.Token())
 	}
 

@@ -43,7 +43,7 @@ func TestConfigDocsMatchTheCode(t *testing.T) {
 		{doc: "openstack.md", heading: "## Configuration", v: openstack.Config{}, tag: "json"},
 		{doc: "aws.md", heading: "## Configuration", v: aws.Config{}, tag: "json"},
 		{doc: "kubernetes.md", heading: "## Configuration", v: kubernetes.Config{}, tag: "json",
-			leaves: []string{"allowed_tolerations", "allowed_affinities"}},
+			leaves: []string{"allowed_tolerations", "allowed_affinities", "host_aliases"}},
 		{doc: "vsphere.md", heading: "## Configuration", v: vsphere.Config{}, tag: "json", leaves: []string{"datacenters[].clusters"}},
 		{doc: "hooks.md", heading: "## Configuration (the `hooks` section of the CPI config)", v: hooks.Config{}, tag: "json",
 			leaves: []string{"extensions[].settings"}},

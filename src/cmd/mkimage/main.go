@@ -2,20 +2,27 @@
 // already built: one layer on an empty base holding them in
 // /usr/local/bin, the CA certificates, and a non-root user (65532), every
 // entry's time the commit's, so the same executables make the same
-// digest. It writes a docker-archive tarball (for `ctr import`) and can
-// push the image to a registry. scripts/image calls it.
+// digest. With -runner it builds the runner image instead: the runner
+// program (/usr/local/bin/runner) beside a static busybox (/bin/sh runs
+// the bootstrap), user 1000. It writes a docker-archive tarball (for
+// `ctr import`) and can push the image to a registry. scripts/image
+// calls it.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"debug/elf"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -37,8 +44,17 @@ func main() {
 	tag := flag.String("tag", "runway/runway:dev", "the image's name in the tarball")
 	out := flag.String("o", "", "write a docker-archive tarball here")
 	push := flag.String("push", "", "push to this reference too (plain HTTP: a test registry)")
+	runner := flag.Bool("runner", false, "the runner image: bin's runner and busybox")
+	busybox := flag.String("busybox", "/bin/busybox", "a static busybox (Debian's busybox-static), for -runner")
 	flag.Parse()
-	img, err := build(*bin, *cacert, time.Unix(*epoch, 0).UTC())
+	at := time.Unix(*epoch, 0).UTC()
+	var img v1.Image
+	var err error
+	if *runner {
+		img, err = buildRunner(*bin, *busybox, at)
+	} else {
+		img, err = build(*bin, *cacert, at)
+	}
 	if err == nil {
 		err = write(img, *tag, *out, *push)
 	}
@@ -75,7 +91,8 @@ type entry struct {
 	path string
 	mode int64
 	uid  int
-	body []byte // nil: a directory
+	body []byte // nil: a directory (or a symlink)
+	link string // a symlink's target
 }
 
 // build makes the image.
@@ -110,6 +127,49 @@ func build(bin, cacert string, at time.Time) (v1.Image, error) {
 		entry{path: "tmp", mode: 0o1777},
 		entry{path: "var/lib/runway", mode: 0o700, uid: uid},
 	)
+	return image(files, at, v1.Config{User: fmt.Sprintf("%d:%d", uid, uid), Entrypoint: []string{"/usr/local/bin/runway"}, Cmd: []string{"controller"},
+		WorkingDir: "/var/lib/runway", Env: []string{"PATH=/usr/local/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"},
+		Labels: map[string]string{"org.opencontainers.image.title": "runway"}})
+}
+
+// runnerUID is the runner image's user: the Kubernetes driver's default
+// run_as_user.
+const runnerUID = 1000
+
+// buildRunner makes the runner image: bin/runner, a static busybox and
+// its applets at /bin (the bootstrap is a /bin/sh script), a home.
+func buildRunner(bin, busybox string, at time.Time) (v1.Image, error) {
+	prog, err := os.ReadFile(filepath.Join(bin, "runner"))
+	if err != nil {
+		return nil, err
+	}
+	bb, err := os.ReadFile(busybox)
+	if err != nil {
+		return nil, fmt.Errorf("%w (apt-get install busybox-static)", err)
+	}
+	if f, err := elf.NewFile(bytes.NewReader(bb)); err != nil || slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP }) {
+		return nil, fmt.Errorf("%s is not a static executable: on an empty base it cannot run (apt-get install busybox-static)", busybox)
+	}
+	list, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --list: %w", busybox, err)
+	}
+	files := []entry{{path: "usr/local/bin/runner", mode: 0o755, body: prog}, {path: "bin/busybox", mode: 0o755, body: bb},
+		{path: "etc/passwd", mode: 0o644, body: []byte(fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\nrunner:x:%d:%d:runner:/home/runner:/bin/sh\n", runnerUID, runnerUID))},
+		{path: "etc/group", mode: 0o644, body: []byte(fmt.Sprintf("root:x:0:\nrunner:x:%d:\n", runnerUID))},
+		{path: "tmp", mode: 0o1777}, {path: "home/runner", mode: 0o755, uid: runnerUID}}
+	for _, a := range strings.Fields(string(list)) {
+		if a != "busybox" && !strings.Contains(a, "/") {
+			files = append(files, entry{path: "bin/" + a, mode: 0o777, link: "busybox"})
+		}
+	}
+	return image(files, at, v1.Config{User: fmt.Sprintf("%d:%d", runnerUID, runnerUID), Entrypoint: []string{"/usr/local/bin/runner"},
+		WorkingDir: "/home/runner", Env: []string{"PATH=/usr/local/bin:/bin", "HOME=/home/runner"},
+		Labels: map[string]string{"org.opencontainers.image.title": "runway-runner"}})
+}
+
+// image is one layer of files on an empty base, with config c.
+func image(files []entry, at time.Time, c v1.Config) (v1.Image, error) {
 	layerTar, err := tarOf(files, at)
 	if err != nil {
 		return nil, err
@@ -130,9 +190,7 @@ func build(bin, cacert string, at time.Time) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.Architecture, cf.OS, cf.Created = "amd64", "linux", v1.Time{Time: at}
-	cf.Config = v1.Config{User: fmt.Sprintf("%d:%d", uid, uid), Entrypoint: []string{"/usr/local/bin/runway"}, Cmd: []string{"controller"},
-		WorkingDir: "/var/lib/runway", Env: []string{"PATH=/usr/local/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"},
-		Labels: map[string]string{"org.opencontainers.image.title": "runway"}}
+	cf.Config = c
 	cf.History = nil
 	return mutate.ConfigFile(img, cf)
 }
@@ -163,9 +221,12 @@ func tarOf(files []entry, at time.Time) ([]byte, error) {
 	for _, p := range paths {
 		f := all[p]
 		h := &tar.Header{Name: p, Mode: f.mode, Uid: f.uid, Gid: f.uid, ModTime: at, Format: tar.FormatPAX}
-		if f.body == nil {
+		switch {
+		case f.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, f.link
+		case f.body == nil:
 			h.Typeflag, h.Name = tar.TypeDir, p+"/"
-		} else {
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(f.body))
 		}
 		if err := tw.WriteHeader(h); err != nil {

@@ -47,7 +47,7 @@ spec:
   maxActiveRunners: 100
   spawnConcurrency: 16
   image: %s
-  runner: {command: /bin/testrunner}
+  runner: {command: /usr/local/bin/runner}
 `, token, hook, gh.URL, gh.URL, c.runnerImg)))
 	c.waitFor(90*time.Second, "the group Ready", func() bool { return c.ready(groupGVR, "burst") })
 	gh.AddHook(c.webhookURL()+"/webhooks/github", []byte(hook))

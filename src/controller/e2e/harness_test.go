@@ -11,18 +11,12 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -33,7 +27,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
-	"github.com/runway-cpi/runway/src/testkit/rootfs"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
@@ -50,7 +43,7 @@ type cluster struct {
 	release    string
 	hostIP     string
 	registry   string // host:port
-	runnerImg  string // the test runner's image, by digest
+	runnerImg  string // the runner image (scripts/image -runner), by digest
 	// pods: every runner pod seen made (by name), from a watch.
 	podsMu  sync.Mutex
 	pods    map[string]bool
@@ -58,6 +51,16 @@ type cluster struct {
 }
 
 func newCluster(t testing.TB) *cluster {
+	c := clusterFor(t, "rw")
+	if err := c.makeNamespace(c.ns); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// clusterFor is the dev cluster with a namespace name of the test's own
+// for release (made by the caller; removed at the end).
+func clusterFor(t testing.TB, release string) *cluster {
 	env := testenv.Need(t, "scripts/k8s-dev start, then its $K8S_DEV_DIR/env", "RUNWAY_K8S_ADMIN_KUBECONFIG",
 		"RUNWAY_K8S_REGISTRY", "RUNWAY_K8S_HOST_IP", "RUNWAY_K8S_API")
 	rc, err := clientcmd.BuildConfigFromFlags("", env[0])
@@ -67,17 +70,30 @@ func newCluster(t testing.TB) *cluster {
 	b := make([]byte, 3)
 	rand.Read(b)
 	c := &cluster{t: t, kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc), kubeconfig: env[0],
-		ns: "runway-e2e-" + hex.EncodeToString(b), release: "rw", hostIP: env[2], registry: strings.SplitN(env[1], "/", 2)[0],
+		ns: "runway-e2e-" + hex.EncodeToString(b), release: release, hostIP: env[2], registry: strings.SplitN(env[1], "/", 2)[0],
 		pods: map[string]bool{}, running: map[string]time.Time{}}
-	ctx := context.Background()
-	_, err = c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns,
-		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}},
-		metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(c.cleanup)
 	return c
+}
+
+// makeNamespace makes a namespace enforcing the restricted standard,
+// removed at the end.
+func (c *cluster) makeNamespace(ns string) error {
+	_, err := c.kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}},
+		metav1.CreateOptions{})
+	if err == nil && ns != c.ns {
+		c.t.Cleanup(func() { c.kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	}
+	return err
+}
+
+// fullname is the chart's name for its objects (its Lease, Service).
+func (c *cluster) fullname() string {
+	if strings.Contains(c.release, "runway") {
+		return c.release
+	}
+	return c.release + "-runway"
 }
 
 // cleanup uninstalls and removes the namespace (objects still holding
@@ -86,12 +102,15 @@ func (c *cluster) cleanup() {
 	ctx := context.Background()
 	c.helm("uninstall", c.release, "-n", c.ns, "--wait", "--timeout", "60s")
 	for _, gvr := range []schema.GroupVersionResource{seedGVR, forgeGVR, groupGVR} {
-		list, _ := c.dyn.Resource(gvr).Namespace(c.ns).List(ctx, metav1.ListOptions{})
+		list, _ := c.dyn.Resource(gvr).Namespace("").List(ctx, metav1.ListOptions{})
 		if list == nil {
 			continue
 		}
 		for _, u := range list.Items {
-			c.dyn.Resource(gvr).Namespace(c.ns).Patch(ctx, u.GetName(), "application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			if strings.HasPrefix(u.GetNamespace(), c.ns) {
+				c.dyn.Resource(gvr).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), "application/merge-patch+json",
+					[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			}
 		}
 	}
 	c.kube.CoreV1().Namespaces().Delete(ctx, c.ns, metav1.DeleteOptions{})
@@ -120,37 +139,17 @@ func (c *cluster) pushRunwayImage() string {
 	return repo + "@" + strings.TrimSpace(string(out))
 }
 
-// pushRunnerImage pushes the runner image: busybox (its /bin/sh runs the
-// bootstrap) and the static test runner at /bin/testrunner.
+// runnerCmd is the runner image's runner (scripts/image -runner).
+const runnerCmd = "/usr/local/bin/runner"
+
+// pushRunnerImage builds the runner image (scripts/image -runner) and
+// pushes it to the cluster's registry.
 func (c *cluster) pushRunnerImage() {
-	dir := c.t.TempDir()
-	bin := filepath.Join(dir, "testrunner")
-	build := exec.Command("go", "build", "-o", bin, "github.com/runway-cpi/runway/src/testkit/forgetest/testrunner")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		c.t.Fatalf("building the test runner: %v: %s", err, out)
-	}
-	tgz := filepath.Join(dir, "rootfs.tgz")
-	if err := rootfs.Write(tgz, map[string]string{"/bin/testrunner": bin}); err != nil {
-		c.t.Fatal(err)
-	}
-	layer, err := tarball.LayerFromFile(tgz)
+	out, err := exec.Command(root+"/scripts/image", "-runner", "-push", c.registry+"/runway/runner:e2e").Output()
 	if err != nil {
-		c.t.Fatal(err)
+		c.t.Fatalf("scripts/image -runner: %v", err)
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	ref, err := name.ParseReference(c.registry+"/runway/testrunner:e2e", name.Insecure)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if err := remote.Write(ref, img); err != nil {
-		c.t.Fatal(err)
-	}
-	d, _ := img.Digest()
-	c.runnerImg = c.registry + "/runway/testrunner@" + d.String()
+	c.runnerImg = c.registry + "/runway/runner@" + strings.TrimSpace(string(out))
 }
 
 // serve serves h on the host's end of the cluster's link (port 0: any).
@@ -218,7 +217,7 @@ func (c *cluster) install(image, dsn string, values ...string) {
 	args := []string{"install", c.release, "config/helm/runway" /* scripts/helm runs from the root */, "-n", c.ns, "--wait", "--timeout", "180s",
 		"--set", "image.repository=" + repo, "--set", "image.digest=" + digest,
 		"--set", "kubernetesAPI.host=" + api.Hostname(), "--set-string", "kubernetesAPI.port=" + api.Port(),
-		"--set", "seed.runnerImage=" + c.runnerImg, "--set", "seed.runnerCommand=/bin/testrunner", "--set", "seed.runnerArgs=null",
+		"--set", "seed.runnerImage=" + c.runnerImg, "--set", "seed.runnerCommand=" + runnerCmd, "--set", "seed.runnerArgs=null",
 		"--set", "seed.pollInterval=500ms", "--set", "runners.deleteGraceSeconds=1", "--set", "runners.waitTimeoutSeconds=60",
 		"--set", "logLevel=debug", "--set", "sweepInterval=2s"}
 	for _, v := range values {
@@ -288,12 +287,15 @@ func (c *cluster) runnerPods() int {
 }
 
 // apply creates objects (YAML) in the namespace, unedited.
-func (c *cluster) apply(objs []*unstructured.Unstructured) {
+func (c *cluster) apply(objs []*unstructured.Unstructured) { c.applyIn(c.ns, objs) }
+
+// applyIn creates objects (YAML) in namespace ns, unedited.
+func (c *cluster) applyIn(ns string, objs []*unstructured.Unstructured) {
 	for _, u := range objs {
 		gvk := u.GroupVersionKind()
 		gvr := map[string]schema.GroupVersionResource{"Secret": {Version: "v1", Resource: "secrets"}, "RunnerGroup.gitea.bpg.pw": seedGVR,
 			"Forge.runway.io": forgeGVR, "RunnerGroup.runway.io": groupGVR}[strings.TrimSuffix(gvk.Kind+"."+gvk.Group, ".")]
-		if _, err := c.dyn.Resource(gvr).Namespace(c.ns).Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+		if _, err := c.dyn.Resource(gvr).Namespace(ns).Create(context.Background(), u.DeepCopy(), metav1.CreateOptions{}); err != nil {
 			c.t.Fatalf("creating %s %s: %v", gvk.Kind, u.GetName(), err)
 		}
 	}
@@ -301,7 +303,7 @@ func (c *cluster) apply(objs []*unstructured.Unstructured) {
 
 // leader is the Lease's holder.
 func (c *cluster) leader() string {
-	l, err := c.kube.CoordinationV1().Leases(c.ns).Get(context.Background(), c.release+"-runway", metav1.GetOptions{})
+	l, err := c.kube.CoordinationV1().Leases(c.ns).Get(context.Background(), c.fullname(), metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil {
 		return ""
 	}

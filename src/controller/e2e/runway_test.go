@@ -67,7 +67,7 @@ spec:
   labels: [self-hosted, linux]
   maxActiveRunners: 3
   image: %s
-  runner: {command: /bin/testrunner}
+  runner: {command: /usr/local/bin/runner}
 ---
 apiVersion: runway.io/v1alpha1
 kind: RunnerGroup
@@ -79,7 +79,7 @@ spec:
   labels: [linux]
   maxActiveRunners: 3
   image: %s
-  runner: {command: /bin/testrunner}
+  runner: {command: /usr/local/bin/runner}
 `, token, hook, gh.URL, gh.URL, fjURL, c.runnerImg, c.runnerImg)))
 	for _, name := range []string{"gha", "fj"} {
 		c.waitFor(90*time.Second, name+" Ready", func() bool { return c.ready(groupGVR, name) })
@@ -174,7 +174,7 @@ func (c *cluster) webhookURL() string {
 	var ip string
 	c.waitFor(30*time.Second, "the webhook Service's endpoint", func() bool {
 		slices, err := c.kube.DiscoveryV1().EndpointSlices(c.ns).List(context.Background(),
-			metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + c.release + "-runway"})
+			metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + c.fullname()})
 		if err != nil {
 			return false
 		}
@@ -231,7 +231,7 @@ func (c *cluster) measureMemory(forge string) {
 apiVersion: runway.io/v1alpha1
 kind: RunnerGroup
 metadata: {name: load-%d}
-spec: {forge: %s, scope: repo, repo: acme/r%d, labels: [self-hosted, x%d], maxActiveRunners: 1, image: %s, runner: {command: /bin/testrunner}}
+spec: {forge: %s, scope: repo, repo: acme/r%d, labels: [self-hosted, x%d], maxActiveRunners: 1, image: %s, runner: {command: /usr/local/bin/runner}}
 `, i, forge, i, i, c.runnerImg)
 	}
 	c.apply(parseYAML(t, b.String()))

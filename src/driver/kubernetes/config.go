@@ -76,6 +76,10 @@ type Config struct {
 	AllowedTolerations   []corev1.Toleration `json:"allowed_tolerations,omitempty"`
 	AllowedNodeSelectors []string            `json:"allowed_node_selectors,omitempty"`
 	AllowedAffinities    []corev1.Affinity   `json:"allowed_affinities,omitempty"`
+	// HostAliases are /etc/hosts entries every pod gets (a forge's name,
+	// on a cluster whose pods have no DNS for it): the host's, never a
+	// VM type's.
+	HostAliases []corev1.HostAlias `json:"host_aliases,omitempty"`
 	// MaxCPU and MaxRAM (MiB) bound a VM type's cpu and ram.
 	MaxCPU int `json:"max_cpu,omitempty"`
 	MaxRAM int `json:"max_ram,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/retry"
 )
 
 // A VM type places its pod only as the operator's config lists: a
@@ -50,5 +51,23 @@ func TestSchedulingOnlyAsTheConfigLists(t *testing.T) {
 	bad := Config{AllowedNodeSelectors: []string{"pool"}}
 	if err := bad.allowLists(); err == nil || !strings.Contains(err.Error(), "allowed_node_selectors[0]") {
 		t.Errorf("allowed_node_selectors without =: %v", err)
+	}
+}
+
+// The config's host_aliases reach every pod (a forge's name where pods
+// have no DNS for it); a VM type cannot set them.
+func TestHostAliasesFromTheConfigOnly(t *testing.T) {
+	d, err := NewWithClient(json.RawMessage(`{"namespace": "runway", "host_aliases": [{"ip": "10.99.0.1", "hostnames": ["gitea.runway.test"]}]}`),
+		nil, nil, nil, retry.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := d.podFor("vm-x", driver.VMSpec{}, vmProps{}, "img", nil, nil)
+	if len(pod.Spec.HostAliases) != 1 || pod.Spec.HostAliases[0].Hostnames[0] != "gitea.runway.test" {
+		t.Errorf("hostAliases %+v", pod.Spec.HostAliases)
+	}
+	if _, err := decodeVMProps(driver.PropsOf(json.RawMessage(`{"host_aliases": [{"ip": "10.96.0.1", "hostnames": ["gitea.runway.test"]}]}`)),
+		Config{MaxCPU: 1, MaxRAM: 1}); err == nil {
+		t.Error("a VM type's host_aliases: taken")
 	}
 }

@@ -38,3 +38,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- $names | uniq | join "," -}}
 {{- end -}}
+
+{{/* The namespaces watched: watchNamespaces, default the release's. */}}
+{{- define "runway.watchNamespaces" -}}
+{{- .Values.watchNamespaces | default (list .Release.Namespace) | uniq | join "," -}}
+{{- end -}}
