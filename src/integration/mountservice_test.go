@@ -103,7 +103,7 @@ var _ = describeContainer("a stemcell whose agent mounts its own disks", Ordered
 			runRaw(request("delete_disk", 2, disk))
 		})
 		call("attach_disk", vm, disk)
-		probe, err := hostile.Probe(GinkgoT().TempDir())
+		probe, err := hostile.Probe()
 		Expect(err).NotTo(HaveOccurred())
 		b, err := os.ReadFile(probe)
 		Expect(err).NotTo(HaveOccurred())

@@ -39,15 +39,11 @@ func TestMain(m *testing.M) {
 	if bins.cpi, err = cpibin.Path("local"); err != nil {
 		panic(err)
 	}
-	bins.runway = filepath.Join(dir, "runway")
-	bins.testrunner = filepath.Join(dir, "testrunner")
-	for out, pkg := range map[string]string{bins.runway: "src/cmd/runway", bins.testrunner: "src/testkit/forgetest/testrunner"} {
-		b := exec.Command("go", "build", "-o", out, "github.com/runway-cpi/runway/"+pkg)
-		b.Stdout, b.Stderr = os.Stderr, os.Stderr
-		if err := b.Run(); err != nil {
-			panic(err)
-		}
+	built, err := cpibin.Build("github.com/runway-cpi/runway/src/cmd/runway", "github.com/runway-cpi/runway/src/testkit/forgetest/testrunner")
+	if err != nil {
+		panic(err)
 	}
+	bins.runway, bins.testrunner = filepath.Join(built, "runway"), filepath.Join(built, "testrunner")
 	bins.stemcell = filepath.Join(dir, "stemcell.tgz")
 	if err := writeStemcell(bins.stemcell); err != nil {
 		panic(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -39,12 +38,7 @@ func TestRunnersInPods(t *testing.T) {
 	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
 
 	// The runner image: busybox and a static test runner.
-	runner := filepath.Join(e.dir, "testrunner-static")
-	build := exec.Command("go", "build", "-o", runner, "github.com/runway-cpi/runway/src/testkit/forgetest/testrunner")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building a static test runner: %v: %s", err, out)
-	}
+	runner := bins.testrunner // static: cpibin.Build
 	e.runnerPath = "/bin/testrunner"
 	e.stemcell = filepath.Join(e.dir, "runner-rootfs.tgz")
 	must(t, rootfs.Write(e.stemcell, map[string]string{e.runnerPath: runner}))

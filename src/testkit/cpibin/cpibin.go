@@ -1,12 +1,10 @@
 // Package cpibin builds the CPI executables for tests that run bin/cpi as
 // a subprocess: bin/cpi and the driver executables it runs, in one
-// directory, once per test binary.
+// directory, once per run (Build).
 package cpibin
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -34,22 +32,17 @@ func Path(drivers ...string) (string, error) {
 	if p, ok := built[key]; ok {
 		return p, nil
 	}
-	dir, err := os.MkdirTemp("", "runway-cpibin-")
-	if err != nil {
-		return "", err
-	}
-	args := []string{"build", "-o", dir + "/", "github.com/runway-cpi/runway/src/cmd/cpi"}
+	pkgs := []string{"github.com/runway-cpi/runway/src/cmd/cpi"}
 	for _, d := range drivers {
 		row, ok := catalog.Lookup(d)
 		if !ok {
 			return "", fmt.Errorf("no driver %q in src/driver/catalog", d)
 		}
-		args = append(args, "github.com/runway-cpi/runway/"+row.Main())
+		pkgs = append(pkgs, "github.com/runway-cpi/runway/"+row.Main())
 	}
-	cmd := exec.Command("go", args...)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building the CPI executables: %v\n%s", err, out)
+	dir, err := Build(pkgs...)
+	if err != nil {
+		return "", fmt.Errorf("building the CPI executables: %w", err)
 	}
 	built[key] = filepath.Join(dir, "cpi")
 	return built[key], nil

@@ -4,11 +4,9 @@
 package hostile
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/rootfs"
 )
 
@@ -16,7 +14,7 @@ import (
 // busybox (at /bin, with its applets) and /bin/vmprobe; it answers the
 // tarball's path.
 func Image(dir string) (string, error) {
-	probe, err := Probe(dir)
+	probe, err := Probe()
 	if err != nil {
 		return "", err
 	}
@@ -27,14 +25,12 @@ func Image(dir string) (string, error) {
 	return img, nil
 }
 
-// Probe builds vmprobe (static) into dir and answers its path, for a VM
-// of another image to be given.
-func Probe(dir string) (string, error) {
-	probe := filepath.Join(dir, "vmprobe")
-	cmd := exec.Command("go", "build", "-o", probe, "github.com/runway-cpi/runway/src/testkit/hostile/cmd/vmprobe")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building vmprobe: %v\n%s", err, out)
+// Probe builds vmprobe (static; once per run, cpibin.Build) and answers
+// its path, for a VM of another image to be given.
+func Probe() (string, error) {
+	dir, err := cpibin.Build("github.com/runway-cpi/runway/src/testkit/hostile/cmd/vmprobe")
+	if err != nil {
+		return "", err
 	}
-	return probe, nil
+	return filepath.Join(dir, "vmprobe"), nil
 }
