@@ -13,9 +13,19 @@ spec_file = File.exist?(File.join(job_dir, "job.MF")) ? File.join(job_dir, "job.
 job_spec = YAML.safe_load(File.read(spec_file))
 
 class Context
+  # As bosh-cli's erb_renderer.rb (TemplateEvaluationContext): only the
+  # spec's properties, each given or its default (nil without one), so a
+  # property with nested keys in the spec is a hash of them even when
+  # none is set.
   def initialize(job_spec, props)
     @defs = job_spec.fetch("properties", {}) || {}
-    @props = props
+    @props = {}
+    @defs.each do |name, d|
+      keys = name.split(".")
+      src = keys.reduce(props) { |h, k| h.is_a?(Hash) ? h[k] : nil }
+      dst = keys[0..-2].reduce(@props) { |h, k| h[k] ||= {} }
+      dst[keys[-1]] = src.nil? ? (d.is_a?(Hash) ? d["default"] : nil) : src
+    end
     @spec = OpenStruct.new(name: job_spec["name"], job: OpenStruct.new(name: job_spec["name"]), index: 0,
                            id: "0", az: "z1", bootstrap: true, deployment: "runway", address: "127.0.0.1",
                            ip: "127.0.0.1", networks: OpenStruct.new)
@@ -24,7 +34,7 @@ class Context
 
   def lookup(name)
     v = name.split(".").reduce(@props) do |h, k|
-      return [false, nil] unless h.is_a?(Hash) && h.key?(k)
+      return [false, nil] unless h.is_a?(Hash) && !h[k].nil?
       h[k]
     end
     [true, v]
@@ -33,7 +43,6 @@ class Context
   def p(name, *default)
     found, v = lookup(name)
     return v if found
-    return @defs[name]["default"] if @defs[name].is_a?(Hash) && @defs[name].key?("default")
     return default.first unless default.empty?
     raise "Can't find property '#{name}'"
   end
