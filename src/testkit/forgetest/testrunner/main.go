@@ -22,7 +22,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
@@ -40,7 +42,12 @@ func run() error {
 	if f := os.Getenv("TESTRUNNER_STALL_FILE"); f != "" {
 		if _, err := os.Stat(f); err == nil {
 			fmt.Println("stalled: never registering")
-			select {}
+			// Block until killed; a bare select{} is a fatal deadlock
+			// when the runtime has no other goroutine.
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+			<-sig
+			return nil
 		}
 	}
 	idle := 2 * time.Minute
