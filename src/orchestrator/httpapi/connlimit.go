@@ -278,6 +278,10 @@ type limitedConn struct {
 	waited    atomic.Int64
 	readSince atomic.Int64
 	got       atomic.Int64
+	// When the first bytes since restart came (ns since the epoch): on an
+	// idle connection, the next request has begun though the server has
+	// not yet parsed its headers.
+	began atomic.Int64
 }
 
 func (c *limitedConn) Read(p []byte) (int, error) {
@@ -286,7 +290,9 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.readSince.Store(0)
 	c.waited.Add(int64(time.Since(start)))
-	c.got.Add(int64(n))
+	if n > 0 && c.got.Add(int64(n)) == int64(n) {
+		c.began.Store(time.Now().UnixNano())
+	}
 	return n, err
 }
 
@@ -295,6 +301,7 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 func (c *limitedConn) restart() {
 	c.waited.Store(0)
 	c.got.Store(0)
+	c.began.Store(0)
 }
 
 // waiting is how long the server has waited on the client, in all, for
@@ -313,6 +320,15 @@ func (c *limitedConn) waiting(now time.Time) time.Duration {
 func (c *limitedConn) slack(now time.Time) (string, time.Duration) {
 	switch c.phase {
 	case idle:
+		if b := c.began.Load(); b != 0 {
+			// Its next request is arriving: closing it now would
+			// lose a request the server may already have read
+			// (answered by the handler, then EOF at the client).
+			if d := time.Duration(now.UnixNano() - b); d >= stallGrace {
+				return "stalled", d
+			}
+			return "", 0
+		}
 		if d := now.Sub(c.since); d >= idleGrace {
 			return "idle", d
 		}
