@@ -240,11 +240,17 @@ func TestTricklingClientsAtTheCapDoNotDelayDeliveries(t *testing.T) {
 		}
 	}
 	slices.Sort(took)
-	cuts := 0
+	// Each kind of trickler must have been cut off. Which address loses
+	// a connection is the cap's choice (the longest waiting first: the
+	// attacker started last may lose none), so count by kind.
+	cuts, byKind := 0, map[string]int{}
 	for _, a := range attackers {
 		cuts += a.cutOff()
-		if a.cutOff() == 0 {
-			t.Errorf("no connection of %s (trickling %s) was cut off", a.from, map[bool]string{true: "headers", false: "a body"}[a.headers])
+		byKind[map[bool]string{true: "headers", false: "a body"}[a.headers]] += a.cutOff()
+	}
+	for _, kind := range []string{"headers", "a body"} {
+		if byKind[kind] == 0 {
+			t.Errorf("no connection trickling %s was cut off", kind)
 		}
 	}
 	t.Logf("8 deliveries under the attack: median %s, max %s; %d trickling connections cut off",
