@@ -208,23 +208,34 @@ var _ = describeContainer("a hostile VM", Ordered, func() {
 		Eventually(h.console(vm), "60s", "50ms").Should(MatchRegexp(`FILL-STOPPED \d+`))
 		h.call("attach_disk", vm, disk)
 		Eventually(h.console(vm), "60s", "50ms").Should(ContainSubstring("PROBE-END"))
-		for _, m := range stopped.FindAllStringSubmatch(h.console(vm)(), -1) {
+		var inLayer int64 // what the first fill (/big, the layer) wrote
+		for i, m := range stopped.FindAllStringSubmatch(h.console(vm)(), -1) {
 			n, _ := strconv.ParseInt(m[1], 10, 64)
+			if i == 0 {
+				inLayer = n
+			}
 			Expect(n).To(BeNumerically("<=", 32<<20), "written past 32 MiB: %s", m[0])
 			Expect(m[2]).To(ContainSubstring("no space left on device"))
 		}
 		Expect(stopped.FindAllString(h.console(vm)(), -1)).To(HaveLen(2))
 		// The driver still writes what it must.
-		before := free()
 		other := h.vmWith(map[string]any{"ephemeral_disk_size": 32, "command": "echo other-up" + idle})
 		h.call("set_vm_metadata", other, map[string]any{"name": "other"})
 		h.call("delete_disk", asString(h.call("create_disk", 16, map[string]any{}, nil)))
 		h.call("delete_vm", other)
 		h.call("detach_disk", vm, disk)
+		// Measured after the detach: unmounting the full disk writes its
+		// journal into blocks of the sparse image not yet allocated (up
+		// to ~2 MiB, whenever the kernel commits), which is not the layer.
+		before := free()
 		h.call("delete_vm", vm)
 		// The kernel lets go of a deleted layer's loop device a moment after
-		// its last mount (autoclear), and only then of the file's pages.
-		Eventually(free, "10s", "50ms").Should(BeNumerically(">=", before+32<<20), "deleting the vm gave back its writable layer")
+		// its last mount (autoclear), and only then of the file's pages:
+		// at least what the VM wrote there comes back (not the layer's
+		// whole 32 MiB: blocks ext4 keeps for its root, which the VM's
+		// root is not on the host, were never written).
+		Expect(inLayer).To(BeNumerically(">", 16<<20), "the VM filled its layer")
+		Eventually(free, "10s", "50ms").Should(BeNumerically(">=", before+inLayer), "deleting the vm gave back its writable layer")
 	})
 
 	It("cannot ask for more memory or CPUs than the operator allows (the host's own by default)", func() {

@@ -80,7 +80,11 @@ sv kill monit; sv start monit`)
 		pid := strings.TrimSpace(vmExec(vm, "cat /var/vcap/sys/run/probe/pid"))
 		Expect(m.Stop("probe")).To(Succeed())
 		Eventually(func() string { return vmExec(vm, "kill -0 "+pid+" 2>/dev/null && echo alive || echo gone") }, "20s", "200ms").Should(Equal("gone\n"), func() string { st, _ := m.Status(); return fmt.Sprintf("%+v\n%s", st, console(vm)()) })
-		Expect(m.Status()).To(WithTransform(func(st agentprobe.MonitStatus) int { s, _ := st.Service("probe"); return s.Monitor }, Equal(0)))
+		// monit unsets monitoring once it has seen the process stop, a
+		// moment after it is gone: then it stays so.
+		monitor := func() int { st, _ := m.Status(); s, _ := st.Service("probe"); return s.Monitor }
+		Eventually(monitor, "20s", "200ms").Should(Equal(0))
+		Consistently(monitor, "2s", "200ms").Should(Equal(0))
 		Expect(m.Start("probe")).To(Succeed())
 		Eventually(running, "20s", "200ms").Should(BeTrue())
 		bad := m
