@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 )
 
 // kind is one resource kind's place in the state dir: <dir>/<cid>/<record>,
@@ -205,7 +205,7 @@ func (d *Driver) sweep(k kind) {
 }
 
 var (
-	readJSON        = storage.ReadJSON
-	writeJSON       = storage.WriteJSON
-	writeFileAtomic = storage.WriteFileAtomic
+	readJSON        = record.Read
+	writeJSON       = record.Write
+	writeFileAtomic = record.WriteFile
 )

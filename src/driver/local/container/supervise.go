@@ -25,7 +25,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
-	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 )
 
 // A container VM is watched by a supervisor: the driver's own executable
@@ -102,7 +102,7 @@ type Start struct {
 func (st Start) Run(ctx context.Context) error {
 	spec := superviseSpec{CID: st.CID, ID: st.ID, Runtime: st.Runtime.Path, RuntimeRoot: st.Runtime.Root,
 		Cgroup: st.Cgroup, RAM: st.RAM, ConsoleMax: st.ConsoleMax, Net: st.Net, MountSocket: st.MountSocket, MountUID: st.MountUID, Locks: st.Locks}
-	if err := storage.WriteJSON(filepath.Join(st.Dir, "supervise.json"), spec); err != nil {
+	if err := record.Write(filepath.Join(st.Dir, "supervise.json"), spec); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -138,7 +138,7 @@ func (st Start) Run(ctx context.Context) error {
 		return fmt.Errorf("starting the vm's supervisor: %w", err)
 	}
 	go func() { _ = cmd.Wait() }() // reaped here when bin/cpi lives on
-	if err := storage.WriteFileAtomic(filepath.Join(st.Dir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+	if err := record.WriteFile(filepath.Join(st.Dir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		return fmt.Errorf("recording the vm's supervisor: %w", err)
 	}
@@ -189,7 +189,7 @@ func supervise(dir string, prepare Prepare, mounts Mounts) int {
 		return fail(fmt.Errorf("supervisor: %w", err))
 	}
 	var s superviseSpec
-	if err := storage.ReadJSON(filepath.Join(dir, "supervise.json"), &s); err != nil {
+	if err := record.Read(filepath.Join(dir, "supervise.json"), &s); err != nil {
 		return fail(fmt.Errorf("supervisor: %w", err))
 	}
 	if _, err := os.Stat(filepath.Join(dir, "vm.json")); err != nil {
@@ -371,7 +371,7 @@ func (v supervised) finish(status int) {
 		v.afterOutput()
 		_, _ = v.console.Write([]byte(msg + "\n"))
 	}
-	_ = storage.WriteFileAtomic(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
+	_ = record.WriteFile(filepath.Join(dir, "exit_status"), []byte(strconv.Itoa(status)+"\n"))
 	_ = v.rt("delete", "--force", s.ID)
 }
 

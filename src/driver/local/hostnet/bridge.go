@@ -14,7 +14,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 	"github.com/runway-cpi/runway/src/lock"
 )
 
@@ -101,7 +101,7 @@ func hasMAC(br string, mac net.HardwareAddr) bool {
 func (b *Bridge) ownBridge(br string) (ifinfo, bool) {
 	var rec bridgeRecord
 	i, err := lookupIf(br)
-	if err != nil || storage.ReadJSON(b.Record, &rec) != nil || rec.Name != br || rec.Index != i.index {
+	if err != nil || record.Read(b.Record, &rec) != nil || rec.Name != br || rec.Index != i.index {
 		return ifinfo{}, false
 	}
 	return i, true
@@ -166,7 +166,7 @@ func (b *Bridge) Ensure(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return storage.WriteJSON(b.Record, bridgeRecord{Name: br, Index: i.index})
+		return record.Write(b.Record, bridgeRecord{Name: br, Index: i.index})
 	}()
 	if err != nil && made {
 		_ = DeleteLink(br)

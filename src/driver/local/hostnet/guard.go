@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 	"github.com/runway-cpi/runway/src/lock"
 )
 
@@ -182,7 +182,7 @@ func (r Retired) Retire(ctx context.Context, name string, mac net.HardwareAddr, 
 	}
 	defer unlock()
 	var waiting []port
-	if err := storage.ReadJSON(r.Path, &waiting); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := record.Read(r.Path, &waiting); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	waiting = append(waiting, port{Name: name, MAC: mac.String(), Addrs: addrs})
@@ -197,5 +197,5 @@ func (r Retired) Retire(ctx context.Context, name string, mac net.HardwareAddr, 
 		}
 		waiting = nil
 	}
-	return storage.WriteJSON(r.Path, waiting)
+	return record.Write(r.Path, waiting)
 }

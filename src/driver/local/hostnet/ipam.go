@@ -9,7 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 	"github.com/runway-cpi/runway/src/lock"
 )
 
@@ -68,7 +68,7 @@ func (a *IPAM) Allocate(ctx context.Context, cid string, in driver.Networks) (dr
 	}
 	defer unlock()
 	table := map[string]string{}
-	if err := storage.ReadJSON(a.Path, &table); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := record.Read(a.Path, &table); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
 	var live map[string]bool
@@ -107,7 +107,7 @@ func (a *IPAM) Allocate(ctx context.Context, cid string, in driver.Networks) (dr
 		out[name] = n
 		addr = addr.Next()
 	}
-	return out, storage.WriteJSON(a.Path, table)
+	return out, record.Write(a.Path, table)
 }
 
 // Release frees cid's addresses.
@@ -118,7 +118,7 @@ func (a *IPAM) Release(ctx context.Context, cid string) error {
 	}
 	defer unlock()
 	table := map[string]string{}
-	if err := storage.ReadJSON(a.Path, &table); err != nil {
+	if err := record.Read(a.Path, &table); err != nil {
 		return nil
 	}
 	for ip, owner := range table {
@@ -126,7 +126,7 @@ func (a *IPAM) Release(ctx context.Context, cid string) error {
 			delete(table, ip)
 		}
 	}
-	return storage.WriteJSON(a.Path, table)
+	return record.Write(a.Path, table)
 }
 
 func netmask(p netip.Prefix) string {
