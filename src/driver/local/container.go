@@ -20,6 +20,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 func (d *Driver) containers() bool { return d.cfg.Isolation == IsolationContainer }
@@ -36,7 +37,7 @@ type ctr struct {
 	dir string
 }
 
-func (d *Driver) ctr(cid string) ctr { return ctr{d: d, cid: cid, dir: d.path(vms, cid)} }
+func (d *Driver) ctr(cid string) ctr { return ctr{d: d, cid: cid, dir: d.st.Dir(store.VMs, cid)} }
 
 // disksSource is the source name of the VM's disks directory's file
 // system, as its mount table shows it.
@@ -59,7 +60,7 @@ func (c ctr) devs() string   { return filepath.Join(c.run(), "devs") }
 // stateKey tells apart the containers of different state dirs on one host
 // (two drivers may use the same VM name).
 func (d *Driver) stateKey() string {
-	h := sha256.Sum256([]byte(d.root))
+	h := sha256.Sum256([]byte(d.st.Root))
 	return hex.EncodeToString(h[:4])
 }
 
@@ -71,11 +72,11 @@ func (c ctr) cgroup() string { return "/runway/" + c.d.stateKey() + "-" + c.cid 
 // drawn when the VM is made, so no other VM instance ever has that name
 // (the ports' guard counts on it); a VM recorded without one has the name
 // its state dir and CID give.
-func (c ctr) hostIf(rec *vmRecord) string {
+func (c ctr) hostIf(rec *store.VM) string {
 	if rec.Port != "" {
 		return rec.Port
 	}
-	h := sha256.Sum256([]byte(c.d.root + "\x00" + c.cid))
+	h := sha256.Sum256([]byte(c.d.st.Root + "\x00" + c.cid))
 	return "rw" + hex.EncodeToString(h[:6])
 }
 
@@ -90,17 +91,17 @@ func newPort() (string, error) {
 
 // runtime is the OCI runtime with its state kept under the state dir.
 func (d *Driver) runtime() container.Runtime {
-	return container.Runtime{Path: d.cfg.Container.Runtime, Root: filepath.Join(d.root, "runtime")}
+	return container.Runtime{Path: d.cfg.Container.Runtime, Root: filepath.Join(d.st.Root, "runtime")}
 }
 
 // launch is how the supervisor starts a VM: its names, memory limit (for
 // the OOM message) and network.
-func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
+func (c ctr) launch(rec store.VM, props store.VMProps) container.Start {
 	ram, _ := c.d.limits(props)
 	st := container.Start{CID: rec.CID, Dir: c.dir, ID: c.id(), Cgroup: c.cgroup(), Runtime: c.d.runtime(),
 		RAM: ram, ConsoleMax: c.d.consoleMax(), Net: c.d.bridge.Plan(rec.CID, c.hostIf(&rec), rec.Networks)}
-	if rec.DiskMounts == diskMountsService {
-		st.MountSocket, st.Locks = filepath.Join(c.devs(), mountsvc.SocketName), c.d.locks.Dir
+	if rec.DiskMounts == store.DiskMountsService {
+		st.MountSocket, st.Locks = filepath.Join(c.devs(), mountsvc.SocketName), c.d.st.Locks.Dir
 		if rec.IDs != nil {
 			st.MountUID = rec.IDs.Base
 		}
@@ -108,7 +109,7 @@ func (c ctr) launch(rec vmRecord, props vmProps) container.Start {
 	return st
 }
 
-func (v containerVMs) check(cid string, props vmProps) error {
+func (v containerVMs) check(cid string, props store.VMProps) error {
 	if len(cid) >= maxHostname {
 		return driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
 	}
@@ -129,21 +130,21 @@ func (v containerVMs) check(cid string, props vmProps) error {
 }
 
 func (v containerVMs) executable(stemcell, name string) error {
-	return findExecutableIn(v.d.imageDir(stemcell), name)
+	return findExecutableIn(v.d.st.ImageDir(stemcell), name)
 }
 
 func (containerVMs) userDataScript() string { return container.UserDataPath }
 
 // noCommand: the stemcell's own init, as the warden CPI starts it.
 func (v containerVMs) noCommand(stemcell string) ([]string, error) {
-	if err := findExecutableIn(v.d.imageDir(stemcell), driver.AgentInit); err != nil {
+	if err := findExecutableIn(v.d.st.ImageDir(stemcell), driver.AgentInit); err != nil {
 		return nil, &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", stemcell, driver.AgentInit, err)}
 	}
 	return driver.AgentBoot, nil
 }
 
 // start makes and starts a published container VM.
-func (v containerVMs) start(ctx context.Context, rec vmRecord, props vmProps, settings []byte, userData string) error {
+func (v containerVMs) start(ctx context.Context, rec store.VM, props store.VMProps, settings []byte, userData string) error {
 	if err := v.d.prepareContainer(ctx, rec, props, rec.Command); err != nil {
 		return err
 	}
@@ -153,11 +154,11 @@ func (v containerVMs) start(ctx context.Context, rec vmRecord, props vmProps, se
 	if err := v.d.ctr(rec.CID).launch(rec, props).Run(ctx); err != nil {
 		return err
 	}
-	v.d.log.Info("vm started in a container", "vm", rec.CID)
+	v.d.st.Log.Info("vm started in a container", "vm", rec.CID)
 	return nil
 }
 
-func (v containerVMs) restart(ctx context.Context, rec *vmRecord, props vmProps) error {
+func (v containerVMs) restart(ctx context.Context, rec *store.VM, props store.VMProps) error {
 	if !v.d.containers() {
 		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", rec.CID)
 	}
@@ -173,19 +174,14 @@ func (v containerVMs) restart(ctx context.Context, rec *vmRecord, props vmProps)
 	if err := v.d.ctr(rec.CID).launch(*rec, props).Run(ctx); err != nil {
 		return err
 	}
-	v.d.log.Info("vm restarted", "vm", rec.CID)
+	v.d.st.Log.Info("vm restarted", "vm", rec.CID)
 	return nil
-}
-
-// imageDir is a stemcell's unpacked image.
-func (d *Driver) imageDir(stemcell string) string {
-	return filepath.Join(d.path(stemcells, stemcell), "image")
 }
 
 // prepareContainer makes a published VM's writable layer and its OCI
 // config; its supervisor mounts its file systems and writes the settings
 // inside, in its own mount namespace (prepareInNS).
-func (d *Driver) prepareContainer(ctx context.Context, rec vmRecord, props vmProps, argv []string) error {
+func (d *Driver) prepareContainer(ctx context.Context, rec store.VM, props store.VMProps, argv []string) error {
 	c := d.ctr(rec.CID)
 	if err := os.MkdirAll(c.bundle(), 0o700); err != nil {
 		return err
@@ -214,7 +210,7 @@ func (d *Driver) prepareContainer(ctx context.Context, rec vmRecord, props vmPro
 
 // limits are the VM's memory (MiB) and CPUs: its cloud properties', else
 // the configured defaults.
-func (d *Driver) limits(p vmProps) (ramMiB, cpu int) {
+func (d *Driver) limits(p store.VMProps) (ramMiB, cpu int) {
 	ramMiB, cpu = p.RAM, p.CPU
 	if ramMiB <= 0 {
 		ramMiB = d.cfg.Container.DefaultRAMMiB
@@ -234,7 +230,7 @@ func errNoUserNS(cid string) error {
 // through the VM's id range) and its disks directory, unless mounted:
 // after the host restarted, a VM starts again from its directory, with
 // the disks attached to it.
-func (d *Driver) mountVM(rec vmRecord) error {
+func (d *Driver) mountVM(rec store.VM) error {
 	c := d.ctr(rec.CID)
 	if rec.IDs == nil {
 		return errNoUserNS(rec.CID)
@@ -242,7 +238,7 @@ func (d *Driver) mountVM(rec vmRecord) error {
 	if storage.IsMountPoint(c.rootfs()) {
 		return nil
 	}
-	image := d.imageDir(rec.StemcellCID)
+	image := d.st.ImageDir(rec.StemcellCID)
 	for _, p := range []string{image, c.dir, c.run()} {
 		if strings.ContainsAny(p, ",:") {
 			return fmt.Errorf("path %s holds ',' or ':', which an overlay mount cannot take", p)
@@ -299,10 +295,10 @@ func (d *Driver) mountVM(rec vmRecord) error {
 		}
 		links, _ := os.ReadDir(filepath.Join(c.dir, "disks"))
 		for _, l := range links {
-			if checkCID("disk", l.Name()) != nil {
+			if store.CheckCID("disk", l.Name()) != nil {
 				continue
 			}
-			if dr, err := d.loadDisk(l.Name()); err == nil && dr.AttachedTo == rec.CID {
+			if dr, err := d.st.LoadDisk(l.Name()); err == nil && dr.AttachedTo == rec.CID {
 				if _, err := d.attachInside(rec, l.Name()); err != nil {
 					return err
 				}
@@ -357,7 +353,7 @@ func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
 // through its supervisor, SIGKILL follows after the grace; then the
 // runtime's forced delete, and whatever is left in the VM's cgroups (a
 // runtime killed part-way through a create) is killed and removed.
-func (v containerVMs) stop(ctx context.Context, rec *vmRecord) error {
+func (v containerVMs) stop(ctx context.Context, rec *store.VM) error {
 	c := v.d.ctr(rec.CID)
 	pgid := readPGID(c.dir)
 	handled, err := stopLeader(ctx, rec.CID, pgid, v.d.grace())
@@ -385,7 +381,7 @@ func (v containerVMs) stop(ctx context.Context, rec *vmRecord) error {
 // VM's directory, innermost first. It fails rather than leave a mount
 // (removing the directory with a disk still mounted would delete the
 // disk's data).
-func (v containerVMs) teardown(rec *vmRecord) error {
+func (v containerVMs) teardown(rec *store.VM) error {
 	c := v.d.ctr(rec.CID)
 	if err := hostnet.DeleteLink(c.hostIf(rec)); err != nil {
 		return err
@@ -431,7 +427,7 @@ func (v containerVMs) teardown(rec *vmRecord) error {
 // attach records the disk in the VM's agent settings, as the warden CPI
 // does, and mounts it into the VM if it runs (else it is mounted when
 // it starts).
-func (v containerVMs) attach(ctx context.Context, rec *vmRecord, disk string) (string, error) {
+func (v containerVMs) attach(ctx context.Context, rec *store.VM, disk string) (string, error) {
 	inside := container.DisksDir + "/" + disk
 	if err := v.d.updateDiskSettings(rec.CID, disk, inside); err != nil {
 		return "", fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, rec.CID, err)
@@ -445,7 +441,7 @@ func (v containerVMs) attach(ctx context.Context, rec *vmRecord, disk string) (s
 // detach takes the disk out of the VM if it runs (it disappears inside at
 // once, from every mount namespace of the VM) and out of its agent
 // settings.
-func (v containerVMs) detach(ctx context.Context, rec *vmRecord, disk string) (bool, error) {
+func (v containerVMs) detach(ctx context.Context, rec *store.VM, disk string) (bool, error) {
 	if err := v.d.updateDiskSettings(rec.CID, disk, ""); err != nil {
 		return false, fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
 	}
@@ -455,7 +451,7 @@ func (v containerVMs) detach(ctx context.Context, rec *vmRecord, disk string) (b
 
 // retirePort hands the VM's port to the ports' guard for removal (in a
 // batch; at once when it was the state dir's last VM).
-func (v containerVMs) retirePort(rec *vmRecord) error {
+func (v containerVMs) retirePort(rec *store.VM) error {
 	var addrs []string
 	for _, n := range rec.Networks {
 		if n.IP != "" {
@@ -463,7 +459,7 @@ func (v containerVMs) retirePort(rec *vmRecord) error {
 		}
 	}
 	last := true
-	entries, _ := os.ReadDir(filepath.Join(v.d.root, vms.dir))
+	entries, _ := os.ReadDir(filepath.Join(v.d.st.Root, "vms"))
 	for _, e := range entries {
 		if e.Name() != rec.CID && !strings.HasPrefix(e.Name(), ".") {
 			last = false
@@ -471,6 +467,6 @@ func (v containerVMs) retirePort(rec *vmRecord) error {
 		}
 	}
 	key := v.d.stateKey()
-	r := hostnet.Retired{Path: filepath.Join(v.d.root, "guard-retired.json"), Table: hostnet.GuardTable(key), Locks: v.d.locks}
+	r := hostnet.Retired{Path: filepath.Join(v.d.st.Root, "guard-retired.json"), Table: hostnet.GuardTable(key), Locks: v.d.st.Locks}
 	return r.Retire(context.Background(), v.d.ctr(rec.CID).hostIf(rec), hostnet.VMMAC(key, rec.CID), addrs, last)
 }

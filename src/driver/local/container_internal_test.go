@@ -6,6 +6,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 func TestWithAddressesFillsTheNetworksTheVMGot(t *testing.T) {
@@ -30,8 +31,8 @@ func TestWithAddressesFillsTheNetworksTheVMGot(t *testing.T) {
 // A VM whose cloud properties name no limits gets the configured defaults:
 // never an unlimited VM.
 func TestOCISpecDefaultLimits(t *testing.T) {
-	d := &Driver{root: "/var/lib/runway", cfg: Config{Container: ContainerConfig{PidsLimit: 100, DefaultRAMMiB: 2048, DefaultCPU: 2}}}
-	ram, cpu := d.limits(vmProps{})
+	d := &Driver{st: &store.Store{Root: "/var/lib/runway"}, cfg: Config{Container: ContainerConfig{PidsLimit: 100, DefaultRAMMiB: 2048, DefaultCPU: 2}}}
+	ram, cpu := d.limits(store.VMProps{})
 	s, err := container.Spec(container.VM{CID: "vm-1", Argv: []string{"/bin/true"}, RAMMiB: ram, CPU: cpu, Pids: d.cfg.Container.PidsLimit})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/driver/local/record"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
 )
 
@@ -49,7 +51,7 @@ func (d *Driver) withIDs(ctx context.Context, f func(r *idRegistry) error) error
 	if err := os.MkdirAll(hostIDsDir, 0o700); err != nil {
 		return fmt.Errorf("the host's id registry: %w", err)
 	}
-	locks, err := lock.New(hostIDsDir, 30*time.Second, d.locks.Logger)
+	locks, err := lock.New(hostIDsDir, 30*time.Second, d.st.Locks.Logger)
 	if err != nil {
 		return err
 	}
@@ -59,21 +61,21 @@ func (d *Driver) withIDs(ctx context.Context, f func(r *idRegistry) error) error
 	}
 	defer unlock()
 	r := &idRegistry{path: filepath.Join(hostIDsDir, "idranges.json")}
-	if err := readJSON(r.path, r); err != nil && !isNotExist(err) {
+	if err := record.Read(r.path, r); err != nil && !isNotExist(err) {
 		return fmt.Errorf("the host's id registry %s: %w", r.path, err)
 	}
 	if err := f(r); err != nil {
 		return err
 	}
-	return writeJSON(r.path, r)
+	return record.Write(r.path, r)
 }
 
 // prune drops the claims of VMs that are gone: their state dir has no
 // such VM (published or being created), or is gone itself.
 func (r *idRegistry) prune(d *Driver) {
 	r.Claims = slices.DeleteFunc(r.Claims, func(c idClaim) bool {
-		if c.State == d.root {
-			return !d.ownerAlive(c.VM)
+		if c.State == d.st.Root {
+			return !d.st.OwnerAlive(c.VM)
 		}
 		for _, p := range []string{filepath.Join(c.State, "vms", ".creating-"+c.VM), filepath.Join(c.State, "vms", c.VM)} {
 			if _, err := os.Lstat(p); err == nil || !isNotExist(err) {
@@ -108,17 +110,17 @@ func (d *Driver) allocateIDs(ctx context.Context, cid string) (storage.IDRange, 
 		r.prune(d)
 		d.registerEarlier(r)
 		for _, c := range r.Claims {
-			if c.State == d.root && c.VM == cid {
+			if c.State == d.st.Root && c.VM == cid {
 				got = storage.IDRange{Base: c.Base, Size: idsPerVM}
 				return nil
 			}
 		}
 		for n := range d.maxSlots() {
 			base := d.cfg.Container.UIDBase + uint32(n)*idsPerVM
-			if _, taken := r.holder(base, d.root, cid); taken {
+			if _, taken := r.holder(base, d.st.Root, cid); taken {
 				continue
 			}
-			r.Claims = append(r.Claims, idClaim{Base: base, State: d.root, VM: cid})
+			r.Claims = append(r.Claims, idClaim{Base: base, State: d.st.Root, VM: cid})
 			got = storage.IDRange{Base: base, Size: idsPerVM}
 			return nil
 		}
@@ -131,25 +133,25 @@ func (d *Driver) allocateIDs(ctx context.Context, cid string) (storage.IDRange, 
 // (<state_dir>/idranges.json, slot → VM) into it, saying which ones
 // share ids with another state dir's (recreate one of them).
 func (d *Driver) registerEarlier(r *idRegistry) {
-	path := filepath.Join(d.root, "idranges.json")
+	path := filepath.Join(d.st.Root, "idranges.json")
 	table := map[string]string{}
-	if readJSON(path, &table) != nil {
+	if record.Read(path, &table) != nil {
 		return
 	}
 	for slot, vm := range table {
 		n, err := strconv.Atoi(slot)
-		if err != nil || !d.ownerAlive(vm) {
+		if err != nil || !d.st.OwnerAlive(vm) {
 			continue
 		}
 		base := d.cfg.Container.UIDBase + uint32(n)*idsPerVM
-		if rec, err := d.loadVM(vm); err == nil && rec.IDs != nil {
+		if rec, err := d.st.LoadVM(vm); err == nil && rec.IDs != nil {
 			base = rec.IDs.Base
 		}
-		if other, taken := r.holder(base, d.root, vm); taken {
-			d.log.Warn("a vm made before the host-wide id registry shares host ids with another state dir's vm: recreate one of them", "vm", vm, "other_state_dir", other.State, "other_vm", other.VM)
+		if other, taken := r.holder(base, d.st.Root, vm); taken {
+			d.st.Log.Warn("a vm made before the host-wide id registry shares host ids with another state dir's vm: recreate one of them", "vm", vm, "other_state_dir", other.State, "other_vm", other.VM)
 		}
-		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == d.root && c.VM == vm }) {
-			r.Claims = append(r.Claims, idClaim{Base: base, State: d.root, VM: vm})
+		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == d.st.Root && c.VM == vm }) {
+			r.Claims = append(r.Claims, idClaim{Base: base, State: d.st.Root, VM: vm})
 		}
 	}
 	_ = os.Remove(path)
@@ -158,16 +160,16 @@ func (d *Driver) registerEarlier(r *idRegistry) {
 // claimIDs makes sure VM rec's recorded range is its own before it starts
 // again (the registry lost, or a VM made before it): refused by name when
 // another VM holds ids of it.
-func (d *Driver) claimIDs(ctx context.Context, rec *vmRecord) error {
+func (d *Driver) claimIDs(ctx context.Context, rec *store.VM) error {
 	return d.withIDs(ctx, func(r *idRegistry) error {
 		r.prune(d)
 		d.registerEarlier(r)
-		if other, taken := r.holder(rec.IDs.Base, d.root, rec.CID); taken {
+		if other, taken := r.holder(rec.IDs.Base, d.st.Root, rec.CID); taken {
 			return fmt.Errorf("vm %s's host ids %d–%d are also vm %s's of state dir %s (made before ids were allocated host-wide): delete one of them and make it again (bosh recreate)",
 				rec.CID, rec.IDs.Base, uint64(rec.IDs.Base)+idsPerVM-1, other.VM, other.State)
 		}
-		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == d.root && c.VM == rec.CID }) {
-			r.Claims = append(r.Claims, idClaim{Base: rec.IDs.Base, State: d.root, VM: rec.CID})
+		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == d.st.Root && c.VM == rec.CID }) {
+			r.Claims = append(r.Claims, idClaim{Base: rec.IDs.Base, State: d.st.Root, VM: rec.CID})
 		}
 		return nil
 	})
@@ -176,11 +178,11 @@ func (d *Driver) claimIDs(ctx context.Context, rec *vmRecord) error {
 // releaseIDs frees cid's range.
 func (d *Driver) releaseIDs(ctx context.Context, cid string) {
 	err := d.withIDs(ctx, func(r *idRegistry) error {
-		r.Claims = slices.DeleteFunc(r.Claims, func(c idClaim) bool { return c.State == d.root && c.VM == cid })
+		r.Claims = slices.DeleteFunc(r.Claims, func(c idClaim) bool { return c.State == d.st.Root && c.VM == cid })
 		return nil
 	})
 	if err != nil {
-		d.log.Warn("releasing the vm's id range failed", "vm", cid, "err", err)
+		d.st.Log.Warn("releasing the vm's id range failed", "vm", cid, "err", err)
 	}
 }
 

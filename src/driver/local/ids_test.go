@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runway-cpi/runway/src/driver/local/record"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -20,13 +22,13 @@ func idDriver(t *testing.T, base uint32) *Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Driver{root: root, locks: locks, log: logging.Fields{Logger: logging.Discard()},
+	return &Driver{st: &store.Store{Root: root, Locks: locks, Log: logging.Fields{Logger: logging.Discard()}},
 		cfg: Config{Container: ContainerConfig{UIDBase: base}}}
 }
 
 func (d *Driver) testVM(t *testing.T, cid string) {
 	t.Helper()
-	if err := os.MkdirAll(d.path(vms, cid), 0o700); err != nil {
+	if err := os.MkdirAll(d.st.Dir(store.VMs, cid), 0o700); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -72,7 +74,7 @@ func TestIDRangesAreAllocatedHostWide(t *testing.T) {
 	}
 	// Released, and gone with its state dir: the lowest comes back.
 	a.releaseIDs(ctx, "vm-a")
-	if err := os.RemoveAll(filepath.Dir(b.root)); err != nil {
+	if err := os.RemoveAll(filepath.Dir(b.st.Root)); err != nil {
 		t.Fatal(err)
 	}
 	d := idDriver(t, DefaultUIDBase)
@@ -89,7 +91,7 @@ func TestEarlierVMsJoinTheRegistry(t *testing.T) {
 	ctx := context.Background()
 	old, nu := idDriver(t, DefaultUIDBase), idDriver(t, DefaultUIDBase)
 	old.testVM(t, "vm-old")
-	if err := writeJSON(filepath.Join(old.root, "idranges.json"), map[string]string{"0": "vm-old"}); err != nil {
+	if err := record.Write(filepath.Join(old.st.Root, "idranges.json"), map[string]string{"0": "vm-old"}); err != nil {
 		t.Fatal(err)
 	}
 	nu.testVM(t, "vm-new")
@@ -97,16 +99,16 @@ func TestEarlierVMsJoinTheRegistry(t *testing.T) {
 	if err != nil || r.Base != DefaultUIDBase {
 		t.Fatalf("%+v %v", r, err)
 	}
-	rec := &vmRecord{CID: "vm-old", IDs: &r}
+	rec := &store.VM{CID: "vm-old", IDs: &r}
 	err = old.claimIDs(ctx, rec)
-	if err == nil || !strings.Contains(err.Error(), "vm-new") || !strings.Contains(err.Error(), nu.root) {
+	if err == nil || !strings.Contains(err.Error(), "vm-new") || !strings.Contains(err.Error(), nu.st.Root) {
 		t.Errorf("a shared range was not refused by name: %v", err)
 	}
 	old.testVM(t, "vm-other")
 	if r, err := old.allocateIDs(ctx, "vm-other"); err != nil || r.Base == DefaultUIDBase {
 		t.Errorf("vm-other: %+v %v", r, err)
 	}
-	if _, err := os.Stat(filepath.Join(old.root, "idranges.json")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(old.st.Root, "idranges.json")); !os.IsNotExist(err) {
 		t.Errorf("the state dir's own table is left: %v", err)
 	}
 }

@@ -18,7 +18,9 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 // vmFS is a VM's root file system as bin/cpi writes into it: every path
@@ -30,7 +32,7 @@ type vmFS struct {
 	uid, gid int
 }
 
-func (d *Driver) openVMFS(rec vmRecord) (*vmFS, error) {
+func (d *Driver) openVMFS(rec store.VM) (*vmFS, error) {
 	if rec.IDs == nil {
 		return nil, errNoUserNS(rec.CID)
 	}
@@ -88,7 +90,7 @@ func (v *vmFS) write(path string, b []byte, mode os.FileMode) error {
 
 // writeInside puts the agent settings and user data where a warden
 // stemcell's bosh-agent reads them.
-func (d *Driver) writeInside(rec vmRecord, settings []byte, userData string) error {
+func (d *Driver) writeInside(rec store.VM, settings []byte, userData string) error {
 	v, err := d.openVMFS(rec)
 	if err != nil {
 		return err
@@ -216,13 +218,13 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 // VM's ids (the disk keeps its own ids 0..65535, so it moves between
 // VMs). devs belongs to the host's root; the mount point is made and the
 // disk mounted on it without following any link.
-func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
+func (d *Driver) attachInside(rec store.VM, disk string) (string, error) {
 	if rec.IDs == nil {
 		return "", errNoUserNS(rec.CID)
 	}
 	c := d.ctr(rec.CID)
 	inside := container.DisksDir + "/" + disk
-	if rec.DiskMounts == diskMountsService {
+	if rec.DiskMounts == store.DiskMountsService {
 		return inside, d.holdDisk(rec, disk)
 	}
 	if storage.IsMountPoint(filepath.Join(c.devs(), disk)) {
@@ -233,12 +235,12 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 		return "", err
 	}
 	defer devs.Close()
-	dr, err := d.loadDisk(disk)
+	dr, err := d.st.LoadDisk(disk)
 	if err != nil {
 		return "", err
 	}
-	src := filepath.Join(d.path(disks, disk), "data")
-	if dr.Format == diskFormatExt4 {
+	src := filepath.Join(d.st.Dir(store.Disks, disk), "data")
+	if dr.Format == store.DiskFormatExt4 {
 		// The image's file system, mounted aside only for as long as it
 		// takes to mount a copy of it into the VM: that copy is all
 		// there is of it while it is attached (its own device inside).
@@ -252,7 +254,7 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 		if err := d.awaitFree(context.Background(), dr); err != nil {
 			return "", err
 		}
-		if err := storage.MountLoop(filepath.Join(d.path(disks, disk), diskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		if err := storage.MountLoop(filepath.Join(d.st.Dir(store.Disks, disk), store.DiskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 			return "", fmt.Errorf("mounting disk %s: %w", disk, err)
 		}
 		defer func() { _ = unix.Unmount(src, unix.MNT_DETACH) }()
@@ -265,23 +267,23 @@ func (d *Driver) attachInside(rec vmRecord, disk string) (string, error) {
 
 // holdDisk mounts a disk for a mount-service VM (mountservice.go) aside,
 // in its supervisor's namespace, named as its agent settings name it.
-func (d *Driver) holdDisk(rec vmRecord, disk string) error {
+func (d *Driver) holdDisk(rec store.VM, disk string) error {
 	c := d.ctr(rec.CID)
 	at, _ := c.diskMount(rec, disk)
 	if storage.IsMountPoint(at) {
 		return nil // attached before
 	}
-	dr, err := d.loadDisk(disk)
+	dr, err := d.st.LoadDisk(disk)
 	if err != nil {
 		return err
 	}
-	if dr.Format != diskFormatExt4 {
+	if dr.Format != store.DiskFormatExt4 {
 		return fmt.Errorf("disk %s is a directory, made in process mode: vm %s's stemcell mounts file systems only", disk, rec.CID)
 	}
 	if err := d.awaitFree(context.Background(), dr); err != nil {
 		return err
 	}
-	image := filepath.Join(d.path(disks, disk), diskImage)
+	image := filepath.Join(d.st.Dir(store.Disks, disk), store.DiskImage)
 	for _, dir := range []string{c.held(), at} {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
@@ -297,16 +299,16 @@ func (d *Driver) holdDisk(rec vmRecord, disk string) error {
 // once), with every mount the VM made of it in any of its mount
 // namespaces, and answers whether the VM still held its file system
 // after that and was cut off from it (releaseDisk).
-func (d *Driver) detachInside(rec vmRecord, disk string) (cut bool, err error) {
+func (d *Driver) detachInside(rec store.VM, disk string) (cut bool, err error) {
 	c := d.ctr(rec.CID)
 	at, dir := c.diskMount(rec, disk)
-	if dr, err := d.loadDisk(disk); err == nil && dr.Format == diskFormatExt4 && storage.IsMountPoint(at) {
+	if dr, err := d.st.LoadDisk(disk); err == nil && dr.Format == store.DiskFormatExt4 && storage.IsMountPoint(at) {
 		var st unix.Stat_t
 		if err := unix.Stat(at, &st); err != nil {
 			return false, err
 		}
 		// The image's own loop device: no other file system has it.
-		if cut, err = d.releaseDisk(rec, at, filepath.Join(d.path(disks, disk), diskImage), st.Dev); err != nil {
+		if cut, err = d.releaseDisk(rec, at, filepath.Join(d.st.Dir(store.Disks, disk), store.DiskImage), st.Dev); err != nil {
 			return cut, err
 		}
 	}
@@ -330,7 +332,7 @@ func (d *Driver) detachInside(rec vmRecord, disk string) (cut bool, err error) {
 // settingsOf is the agent settings kept for a VM (its directory's copy,
 // which the driver keeps current), nil when it was given none.
 func (d *Driver) settingsOf(cid string) []byte {
-	b, err := os.ReadFile(filepath.Join(d.path(vms, cid), "agent-settings.json"))
+	b, err := os.ReadFile(filepath.Join(d.st.Dir(store.VMs, cid), "agent-settings.json"))
 	if err != nil {
 		return nil
 	}
@@ -369,12 +371,12 @@ func (d *Driver) updateDiskSettings(cid, disk, path string) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(d.path(vms, cid), "agent-settings.json"), out)
+	return record.WriteFile(filepath.Join(d.st.Dir(store.VMs, cid), "agent-settings.json"), out)
 }
 
 // syncSettings writes the VM's agent settings inside it (in its mount
 // namespace).
-func (d *Driver) syncSettings(rec vmRecord) error {
+func (d *Driver) syncSettings(rec store.VM) error {
 	b := d.settingsOf(rec.CID)
 	if b == nil {
 		return nil

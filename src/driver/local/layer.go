@@ -14,6 +14,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 // A container VM writes to its own file system, an ext4 image of its
@@ -26,7 +27,7 @@ func (c ctr) layerImage() string { return filepath.Join(c.dir, "layer.img") }
 
 // ephemeralMiB is the size of a VM's writable layer: its cloud
 // properties' ephemeral_disk_size, else the configured default.
-func (d *Driver) ephemeralMiB(p vmProps) int {
+func (d *Driver) ephemeralMiB(p store.VMProps) int {
 	if p.EphemeralDiskSize > 0 {
 		return p.EphemeralDiskSize
 	}
@@ -39,7 +40,7 @@ func (d *Driver) makeLayer(ctx context.Context, c ctr, sizeMiB int) error {
 	if err := d.checkSpace(sizeMiB); err != nil {
 		return err
 	}
-	tmpl := filepath.Join(d.root, "templates", "layer-"+strconv.Itoa(sizeMiB)+".img")
+	tmpl := filepath.Join(d.st.Root, "templates", "layer-"+strconv.Itoa(sizeMiB)+".img")
 	if _, err := os.Stat(tmpl); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(tmpl), 0o700); err != nil {
 			return err

@@ -6,17 +6,16 @@ package local
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
-	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -25,9 +24,8 @@ import (
 type Driver struct {
 	cfg    Config
 	prefix netip.Prefix
-	root   string
-	locks  *lock.Locker
-	log    logging.Fields
+	// st is the state dir: its resources, locks and the driver's log.
+	st *store.Store
 	// bridge is container mode's VM network (nil in process mode); ipam
 	// the address table of both modes.
 	bridge *hostnet.Bridge
@@ -65,8 +63,9 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	if err != nil {
 		return nil, fmt.Errorf("local: the driver's own executable: %w", err)
 	}
-	d := &Driver{cfg: c, prefix: p, root: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "local"}, self: self}
-	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: d.ownerAlive, Live: d.liveVMs}
+	st := &store.Store{Root: stateDir, Locks: locks, Log: logging.Fields{Logger: log, Tag: "local"}}
+	d := &Driver{cfg: c, prefix: p, st: st, self: self}
+	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: st.OwnerAlive, Live: st.LiveVMs}
 	if d.containers() {
 		cc := c.Container
 		if err := checkHostIDs(cc.UIDBase, readHostIDFiles()); err != nil {
@@ -87,52 +86,20 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 // StemcellFormats implements driver.Driver.
 func (d *Driver) StemcellFormats() []string { return d.cfg.StemcellFormats }
 
-func newCID(prefix string) (string, error) {
-	id, err := uuid.NewRandom()
-	if err != nil {
-		return "", err
-	}
-	return prefix + id.String(), nil
-}
-
-func now() string { return time.Now().UTC().Format(time.RFC3339) }
-
 // CalculateVMCloudProperties implements driver.Driver: the local driver
 // does not size VMs, it records what was asked.
 func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resources) (driver.Props, error) {
-	return driver.PropsOf(vmProps{CPU: r.CPU, RAM: r.RAM, EphemeralDiskSize: r.EphemeralDiskSize}), nil
+	return driver.PropsOf(store.VMProps{CPU: r.CPU, RAM: r.RAM, EphemeralDiskSize: r.EphemeralDiskSize}), nil
 }
 
-// ownerAlive: a VM being created or existing still owns its addresses.
-// The checks follow the publishing rename (.creating-<cid> → <cid>): looked
-// at in the other order, a VM published between the two looks dead.
-func (d *Driver) ownerAlive(cid string) bool {
-	for _, p := range []string{filepath.Join(d.root, "vms", ".creating-"+cid), d.path(vms, cid)} {
-		if _, err := os.Stat(p); err == nil {
-			return true
-		}
-	}
-	return false
-}
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
 
 // consoleMax is the cap of a VM's console.log (and of console.log.1).
 func (d *Driver) consoleMax() int64 { return int64(d.cfg.ConsoleMaxKiB) << 10 }
 
-// liveVMs are the VMs published or being created, by one read of vms/:
-// what looks dead here is asked again of ownerAlive (a VM published
-// during the read may be missed by it).
-func (d *Driver) liveVMs() map[string]bool {
-	entries, _ := os.ReadDir(filepath.Join(d.root, vms.dir))
-	live := make(map[string]bool, len(entries))
-	for _, e := range entries {
-		live[strings.TrimPrefix(e.Name(), ".creating-")] = true
-	}
-	return live
-}
-
 // release frees a VM's addresses.
 func (d *Driver) release(ctx context.Context, cid string) {
 	if err := d.ipam.Release(ctx, cid); err != nil {
-		d.log.Warn("releasing addresses failed", "vm", cid, "err", err)
+		d.st.Log.Warn("releasing addresses failed", "vm", cid, "err", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
 )
 
@@ -32,19 +33,14 @@ import (
 // to /var/vcap/store) passes the agent's own checks; a bind of a mounted
 // directory carries that mount's name, and the agent refuses to mount a
 // device it sees mounted elsewhere.
-const (
-	diskMountsBind    = "bind"
-	diskMountsService = "mount_service"
-)
-
 func (c ctr) held() string { return filepath.Join(c.run(), "held") }
 
 // diskMount answers where a disk attached to VM rec is mounted in its
 // supervisor's namespace (at), in directory dir: below devs (what the VM
 // sees as /warden-cpi-dev), or below held for a mount-service VM.
-func (c ctr) diskMount(rec vmRecord, disk string) (at, dir string) {
+func (c ctr) diskMount(rec store.VM, disk string) (at, dir string) {
 	dir = c.devs()
-	if rec.DiskMounts == diskMountsService {
+	if rec.DiskMounts == store.DiskMountsService {
 		dir = c.held()
 	}
 	return filepath.Join(dir, disk), dir
@@ -56,7 +52,7 @@ func serveMount(ctx context.Context, vm container.Served, peer unix.Ucred, req m
 	if err != nil {
 		return err
 	}
-	if d.locks, err = lock.New(vm.Locks, 10*time.Second, nil); err != nil {
+	if d.st.Locks, err = lock.New(vm.Locks, 10*time.Second, nil); err != nil {
 		return err
 	}
 	if d.self, err = os.Executable(); err != nil {
@@ -74,12 +70,12 @@ const maxDiskMounts = 32
 // ids, nosuid and nodev, at a directory resolved inside the VM's root
 // with no magic link followed. The copy is made by a process of the
 // VM's cgroups (vmMount), so the kernel counts its memory to the VM.
-func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, peer unix.Ucred, req mountsvc.Request) error {
+func (d *Driver) mountForVM(ctx context.Context, rec *store.VM, initPID int, peer unix.Ucred, req mountsvc.Request) error {
 	if rec.IDs == nil || peer.Uid != rec.IDs.Base {
 		return errors.New("only the vm's root may mount its disks")
 	}
 	disk, ok := strings.CutPrefix(req.Source, container.DisksDir+"/")
-	if !ok || checkCID("disk", disk) != nil {
+	if !ok || store.CheckCID("disk", disk) != nil {
 		return fmt.Errorf("source %q: a disk attached to this vm is %s/<disk> (its agent settings' path)", req.Source, container.DisksDir)
 	}
 	if !filepath.IsAbs(req.Target) || len(req.Target) > 4096 || strings.ContainsRune(req.Target, 0) {
@@ -89,12 +85,12 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 	if err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, disks, disk)
+	unlock, err := d.st.Lock(ctx, store.Disks, disk)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	dr, err := d.loadDisk(disk)
+	dr, err := d.st.LoadDisk(disk)
 	if err != nil || dr.AttachedTo != rec.CID {
 		return fmt.Errorf("disk %s is not attached to this vm", disk)
 	}
@@ -110,7 +106,7 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 		return fmt.Errorf("the vm has %d mounts of its disks already (at most %d): unmount one first", n, maxDiskMounts)
 	}
 	cmd := exec.Command(d.self)
-	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + d.path(vms, rec.CID),
+	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + d.st.Dir(store.VMs, rec.CID),
 		nsDiskEnv + "=" + disk, nsInitEnv + "=" + strconv.Itoa(initPID), nsTargetEnv + "=" + req.Target,
 		nsAttrsEnv + "=" + strconv.FormatUint(attrs, 10)}
 	if out, err := container.RunChild(ctx, cmd); err != nil {
@@ -119,14 +115,14 @@ func (d *Driver) mountForVM(ctx context.Context, rec *vmRecord, initPID int, pee
 		}
 		return fmt.Errorf("mounting disk %s: %w", disk, err)
 	}
-	d.log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
+	d.st.Log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
 	return nil
 }
 
 // vmMount is the mount service's mount itself, in a process of its own
 // (the supervisor's child) that joins VM rec's cgroups first: the mount
 // it makes is then the VM's kernel memory, under the VM's limits.
-func (d *Driver) vmMount(rec *vmRecord, disk string, initPID int, target string, attrs uint64) error {
+func (d *Driver) vmMount(rec *store.VM, disk string, initPID int, target string, attrs uint64) error {
 	c := d.ctr(rec.CID)
 	held, _ := c.diskMount(*rec, disk)
 	// The user namespace's holder process starts before this one joins

@@ -16,6 +16,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/logging"
 )
 
@@ -62,10 +63,10 @@ func Supervised() {
 // nsDriver is the driver as the supervisor or an operation inside a VM's
 // namespace needs it: its state dir (dir is <state>/vms/<cid>) and the
 // VM's record.
-func nsDriver(dir string) (*Driver, *vmRecord, error) {
+func nsDriver(dir string) (*Driver, *store.VM, error) {
 	root := filepath.Dir(filepath.Dir(dir))
-	d := &Driver{root: root, log: logging.Fields{Logger: logging.Discard(), Tag: "local"}}
-	rec, err := d.loadVM(filepath.Base(dir))
+	d := &Driver{st: &store.Store{Root: root, Log: logging.Fields{Logger: logging.Discard(), Tag: "local"}}}
+	rec, err := d.st.LoadVM(filepath.Base(dir))
 	return d, rec, err
 }
 
@@ -123,7 +124,7 @@ const cutOff = "cut-off"
 // (answering "" when it does not: its file systems are mounted when it
 // starts), and answers what op printed. The supervisor is checked to be
 // the VM's before entering.
-func (d *Driver) inVM(ctx context.Context, rec *vmRecord, op, disk string) (string, error) {
+func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (string, error) {
 	c := d.ctr(rec.CID)
 	pid := readPGID(c.dir)
 	if pid <= 1 {
@@ -156,7 +157,7 @@ func (d *Driver) inVM(ctx context.Context, rec *vmRecord, op, disk string) (stri
 // vmPathOf is path (absolute, in the host's view of a VM's mount points)
 // as the host reaches it in the running VM's namespace, through its
 // supervisor: "" when the VM does not run.
-func (d *Driver) vmPathOf(rec *vmRecord, path string) string {
+func (d *Driver) vmPathOf(rec *store.VM, path string) string {
 	pid := readPGID(d.ctr(rec.CID).dir)
 	if pid <= 1 || !hasMarker(pid, rec.CID) {
 		return ""

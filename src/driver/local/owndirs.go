@@ -9,6 +9,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 // A BOSH agent binds directories over /var/log, /opt and /var/opt (from
@@ -33,11 +34,11 @@ var agentOwnDirs = []string{"/var/vcap/data", "/home"}
 // they exist (rec.OwnDirs), each directory of agentOwnDirs its image has
 // as a directory (no link on the way: the overlay's lower directory is
 // resolved on the host).
-func (d *Driver) ownMounts(rec vmRecord) []container.OwnMount {
+func (d *Driver) ownMounts(rec store.VM) []container.OwnMount {
 	if !rec.OwnDirs {
 		return nil
 	}
-	image := d.imageDir(rec.StemcellCID)
+	image := d.st.ImageDir(rec.StemcellCID)
 	var out []container.OwnMount
 	for _, dir := range agentOwnDirs {
 		if !realDir(image, dir) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/runway-cpi/runway/src/driver/local/container"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/record"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,7 +61,7 @@ func startProcess(vmDir string, argv, env []string, writer string, max int64) er
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting vm process: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(vmDir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+	if err := record.WriteFile(filepath.Join(vmDir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 		return fmt.Errorf("recording the vm's process group: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 // Taking a disk back from a running VM. The VM's root may have copied
@@ -30,7 +31,7 @@ import (
 // running VM rec (which must be called in its supervisor's namespace,
 // where at is the driver's own mount of it) and answers whether the VM
 // still held the file system and had to be cut off.
-func (d *Driver) releaseDisk(rec vmRecord, at, image string, dev uint64) (cut bool, err error) {
+func (d *Driver) releaseDisk(rec store.VM, at, image string, dev uint64) (cut bool, err error) {
 	pin, err := storage.PinLoop(dev, image)
 	if err != nil {
 		return false, err

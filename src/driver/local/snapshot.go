@@ -7,40 +7,32 @@ import (
 	"path/filepath"
 
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
-
-// snapshotRecord is snapshots/<cid>/snapshot.json.
-type snapshotRecord struct {
-	CID       string            `json:"cid"`
-	DiskCID   string            `json:"disk_cid"`
-	SizeMiB   int               `json:"size_mib"`
-	Metadata  map[string]string `json:"metadata"`
-	CreatedAt string            `json:"created_at"`
-}
 
 // SnapshotDisk implements driver.Driver: a copy of the disk's data taken
 // under the disk lock.
 func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]string) (string, error) {
-	rec, unlock, err := lockAndLoad[diskRecord](ctx, d, disks, cid)
+	rec, unlock, err := store.LockAndLoad[store.Disk](ctx, d.st, store.Disks, cid)
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	snap, err := newCID("snap-")
+	snap, err := store.NewCID("snap-")
 	if err != nil {
 		return "", err
 	}
-	unlockSnap, err := d.lock(ctx, snapshots, snap)
+	unlockSnap, err := d.st.Lock(ctx, store.Snapshots, snap)
 	if err != nil {
 		return "", err
 	}
 	defer unlockSnap()
-	src := filepath.Join(d.path(disks, cid), "data")
-	if rec.Format == diskFormatExt4 {
-		src = filepath.Join(d.path(disks, cid), diskImage)
+	src := filepath.Join(d.st.Dir(store.Disks, cid), "data")
+	if rec.Format == store.DiskFormatExt4 {
+		src = filepath.Join(d.st.Dir(store.Disks, cid), store.DiskImage)
 	}
 	var size int64
-	if rec.Format == diskFormatExt4 {
+	if rec.Format == store.DiskFormatExt4 {
 		size, err = storage.Allocated(src)
 	} else {
 		size, err = storage.TreeSize(src)
@@ -48,14 +40,14 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if err != nil {
 		return "", fmt.Errorf("reading disk %s: %w", cid, err)
 	}
-	budget, err := storage.NewBudget(d.root, 0, 0)
+	budget, err := storage.NewBudget(d.st.Root, 0, 0)
 	if err != nil {
 		return "", err
 	}
 	if err := budget.Fits(size); err != nil {
 		return "", fmt.Errorf("snapshot of disk %s (%d MiB of data): %w", cid, size>>20, err)
 	}
-	tmp, err := d.stage(snapshots, snap)
+	tmp, err := d.st.Stage(store.Snapshots, snap)
 	if err != nil {
 		return "", err
 	}
@@ -63,8 +55,8 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 		_ = os.RemoveAll(tmp)
 		return "", fmt.Errorf("copying disk %s: %w", cid, err)
 	}
-	sr := snapshotRecord{CID: snap, DiskCID: cid, SizeMiB: rec.SizeMiB, Metadata: md, CreatedAt: now()}
-	if err := d.publish(snapshots, snap, tmp, sr); err != nil {
+	sr := store.Snapshot{CID: snap, DiskCID: cid, SizeMiB: rec.SizeMiB, Metadata: md, CreatedAt: store.Now()}
+	if err := d.st.Publish(store.Snapshots, snap, tmp, sr); err != nil {
 		return "", err
 	}
 	return snap, nil
@@ -73,20 +65,20 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 // DeleteSnapshot implements driver.Driver. A snapshot already gone is not
 // an error: the Director has no SnapshotNotFound to swallow.
 func (d *Driver) DeleteSnapshot(ctx context.Context, cid string) error {
-	return d.removeIfPresent(ctx, snapshots, cid)
+	return d.st.RemoveIfPresent(ctx, store.Snapshots, cid)
 }
 
 // copyDisk copies a disk's data into a snapshot's staging directory: a
 // directory's files one by one, an image whole — frozen while a VM has it
 // mounted (every mount and open file of it is one file system, so every
 // holder waits), and otherwise only once nothing holds it.
-func (d *Driver) copyDisk(ctx context.Context, rec *diskRecord, src, tmp string, budget *storage.Budget) error {
-	if rec.Format != diskFormatExt4 {
+func (d *Driver) copyDisk(ctx context.Context, rec *store.Disk, src, tmp string, budget *storage.Budget) error {
+	if rec.Format != store.DiskFormatExt4 {
 		return storage.CopyTree(ctx, src, filepath.Join(tmp, "data"), budget)
 	}
-	copyImage := func() error { return storage.CopyImage(src, filepath.Join(tmp, diskImage)) }
+	copyImage := func() error { return storage.CopyImage(src, filepath.Join(tmp, store.DiskImage)) }
 	if rec.AttachedTo != "" {
-		if vm, err := d.loadVM(rec.AttachedTo); err == nil {
+		if vm, err := d.st.LoadVM(rec.AttachedTo); err == nil {
 			at, _ := d.ctr(vm.CID).diskMount(*vm, rec.CID)
 			if mounted := d.vmPathOf(vm, at); mounted != "" && storage.IsMountPoint(mounted) {
 				return storage.Frozen(mounted, copyImage)

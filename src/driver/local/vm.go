@@ -10,42 +10,12 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
-	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
-// vmRecord is vms/<cid>/vm.json. The environment is not kept here: it may
-// hold secrets and reaches the VM through its settings file only.
-type vmRecord struct {
-	CID         string            `json:"cid"`
-	AgentID     string            `json:"agent_id"`
-	StemcellCID string            `json:"stemcell_cid"`
-	CloudProps  driver.Props      `json:"cloud_properties"`
-	Networks    driver.Networks   `json:"networks"`
-	Tags        map[string]string `json:"tags"`
-	Metadata    map[string]string `json:"metadata"`
-	Command     []string          `json:"command,omitempty"`
-	// Isolation is "container" for a container VM (the config may change
-	// while it lives; deleting it must still undo what made it).
-	Isolation string `json:"isolation,omitempty"`
-	// IDs is a container VM's range of host ids (its user namespace).
-	IDs *storage.IDRange `json:"ids,omitempty"`
-	// Port: a container VM's host-side interface.
-	Port string `json:"port,omitempty"`
-	// Agent: the VM has the BOSH agent profile.
-	Agent bool `json:"agent,omitempty"`
-	// OwnDirs: the agent VM's /var/vcap/data and /home are file systems of
-	// its own (owndirs.go); a VM made before they were keeps its writes
-	// there in its root's layer.
-	OwnDirs bool `json:"own_dirs,omitempty"`
-	// DiskMounts: how a container VM gets its persistent disks, from its
-	// stemcell: "" (bind) or diskMountsService (mountservice.go).
-	DiskMounts string `json:"disk_mounts,omitempty"`
-	Stopped    bool   `json:"stopped,omitempty"`
-	CreatedAt  string `json:"created_at"`
+func (d *Driver) loadVM(cid string) (*store.VM, error) {
+	return store.Load[store.VM](d.st, store.VMs, cid)
 }
-
-// loadVM reads a VM record; a missing VM is ErrVMNotFound.
-func (d *Driver) loadVM(cid string) (*vmRecord, error) { return load[vmRecord](d, vms, cid) }
 
 // vmPath is the PATH VM processes get.
 const vmPath = container.VMPath
@@ -55,10 +25,10 @@ func (d *Driver) grace() time.Duration { return time.Duration(d.cfg.StopGraceSec
 // DeleteVM implements driver.Driver: processes stopped for certain, disks
 // detached, addresses released, directory removed.
 func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
-	if err := checkCID("vm", cid); err != nil {
+	if err := store.CheckCID("vm", cid); err != nil {
 		return err
 	}
-	unlock, err := d.lock(ctx, vms, cid)
+	unlock, err := d.st.Lock(ctx, store.VMs, cid)
 	if err != nil {
 		return err
 	}
@@ -71,15 +41,15 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 // create killed at the wrong moment may have left some) before the answer
 // is VMNotFound.
 func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
-	defer d.sweep(vms)
-	rec, err := d.loadVM(cid)
+	defer d.st.Sweep(store.VMs)
+	rec, err := d.st.LoadVM(cid)
 	if err != nil {
 		if serr := stopVM(ctx, cid, 0, d.grace()); serr != nil {
 			return serr
 		}
 		return err
 	}
-	dir := d.path(vms, cid)
+	dir := d.st.Dir(store.VMs, cid)
 	iso := d.isoOf(rec)
 	if err := iso.stop(ctx, rec); err != nil {
 		return err
@@ -89,7 +59,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 	}
 	// Every disk whose record names the VM, linked or not (an attach
 	// killed between its record and its link).
-	attached, err := d.disksAttachedTo(cid)
+	attached, err := d.st.DisksAttachedTo(cid)
 	if err != nil {
 		return err
 	}
@@ -106,16 +76,16 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 	if rec.IDs != nil {
 		d.releaseIDs(ctx, cid)
 	}
-	if err := d.remove(vms, cid); err != nil {
+	if err := d.st.Remove(store.VMs, cid); err != nil {
 		return fmt.Errorf("removing vm %s: %w", cid, err)
 	}
-	d.log.Info("vm deleted", "vm", cid)
+	d.st.Log.Info("vm deleted", "vm", cid)
 	return nil
 }
 
 // HasVM implements driver.Driver.
 func (d *Driver) HasVM(_ context.Context, cid string) (bool, error) {
-	return d.has(vms, cid)
+	return d.st.Has(store.VMs, cid)
 }
 
 // RebootVM implements driver.Driver: the process group is stopped and the
@@ -131,7 +101,7 @@ func (d *Driver) StopVM(ctx context.Context, cid string) error { return d.restar
 func (d *Driver) StartVM(ctx context.Context, cid string) error { return d.restart(ctx, cid, true) }
 
 func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
-	rec, unlock, err := lockAndLoad[vmRecord](ctx, d, vms, cid)
+	rec, unlock, err := store.LockAndLoad[store.VM](ctx, d.st, store.VMs, cid)
 	if err != nil {
 		return err
 	}
@@ -144,13 +114,13 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 		return err
 	}
 	rec.Stopped = !start
-	if err := d.save(vms, cid, rec); err != nil {
+	if err := d.st.Save(store.VMs, cid, rec); err != nil {
 		return err
 	}
 	if !start {
 		return nil
 	}
-	props, err := decodeVMProps(rec.CloudProps)
+	props, err := store.DecodeVMProps(rec.CloudProps)
 	if err != nil {
 		return err
 	}
@@ -159,12 +129,12 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 
 // SetVMMetadata implements driver.Driver.
 func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]string) error {
-	return setMetadata(ctx, d, vms, cid, md, func(r *vmRecord) *map[string]string { return &r.Metadata })
+	return store.SetMetadata(ctx, d.st, store.VMs, cid, md, func(r *store.VM) *map[string]string { return &r.Metadata })
 }
 
 // ListVMs implements driver.Driver.
 func (d *Driver) ListVMs(_ context.Context, match map[string]string) ([]driver.VMInfo, error) {
-	entries, err := os.ReadDir(filepath.Join(d.root, "vms"))
+	entries, err := os.ReadDir(filepath.Join(d.st.Root, "vms"))
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +143,7 @@ func (d *Driver) ListVMs(_ context.Context, match map[string]string) ([]driver.V
 		if strings.HasPrefix(e.Name(), ".") || !e.IsDir() {
 			continue
 		}
-		rec, err := d.loadVM(e.Name())
+		rec, err := d.st.LoadVM(e.Name())
 		if err != nil {
 			continue // deleted meanwhile
 		}
@@ -191,8 +161,8 @@ func (d *Driver) ListVMs(_ context.Context, match map[string]string) ([]driver.V
 
 // state: running while a process lives (or when there is none to run),
 // stopped when stopped or the command exited 0, error on a failed exit.
-func (d *Driver) state(rec *vmRecord) string {
-	dir := d.path(vms, rec.CID)
+func (d *Driver) state(rec *store.VM) string {
+	dir := d.st.Dir(store.VMs, rec.CID)
 	if rec.Stopped {
 		return "stopped"
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 // CreateVM implements driver.Driver: planVM checks the request and
@@ -26,7 +27,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 type vmPlan struct {
 	spec      driver.VMSpec
 	cid       string
-	props     vmProps
+	props     store.VMProps
 	argv      []string // nil: nothing runs (no command, or run_processes off)
 	userData  string
 	container bool // runs in a container (container mode, processes on)
@@ -39,25 +40,25 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 	cid := spec.Name
 	if cid == "" {
 		var err error
-		if cid, err = newCID("vm-"); err != nil {
+		if cid, err = store.NewCID("vm-"); err != nil {
 			return nil, &driver.CreationError{Err: err, Retryable: true}
 		}
 	}
-	if err := checkCID("vm", cid); err != nil {
+	if err := store.CheckCID("vm", cid); err != nil {
 		return nil, err
 	}
-	if err := checkCID("stemcell", spec.StemcellCID); err != nil {
+	if err := store.CheckCID("stemcell", spec.StemcellCID); err != nil {
 		return nil, err
 	}
-	if ok, err := d.has(stemcells, spec.StemcellCID); !ok || err != nil {
+	if ok, err := d.st.Has(store.Stemcells, spec.StemcellCID); !ok || err != nil {
 		return nil, fmt.Errorf("%w: %s", driver.ErrStemcellNotFound, spec.StemcellCID)
 	}
 	for _, disk := range spec.DiskCIDs {
-		if err := checkCID("disk", disk); err != nil {
+		if err := store.CheckCID("disk", disk); err != nil {
 			return nil, err
 		}
 	}
-	props, err := decodeVMProps(spec.CloudProps)
+	props, err := store.DecodeVMProps(spec.CloudProps)
 	if err != nil {
 		return nil, err
 	}
@@ -98,12 +99,12 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 // made is removed.
 func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	cid, spec := pl.cid, pl.spec
-	unlock, err := d.lock(ctx, vms, cid)
+	unlock, err := d.st.Lock(ctx, store.VMs, cid)
 	if err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
 	defer unlock()
-	tmp, err := d.stage(vms, cid, "disks", "ephemeral")
+	tmp, err := d.st.Stage(store.VMs, cid, "disks", "ephemeral")
 	if err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
@@ -129,9 +130,9 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 		return fail(err)
 	}
 	allocated = true
-	rec := vmRecord{
+	rec := store.VM{
 		CID: cid, AgentID: spec.AgentID, StemcellCID: spec.StemcellCID, CloudProps: spec.CloudProps,
-		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: pl.argv, CreatedAt: now(),
+		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: pl.argv, CreatedAt: store.Now(),
 	}
 	settings := spec.AgentSettings
 	if pl.container {
@@ -144,10 +145,10 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 			return fail(err)
 		}
 		rec.Isolation, rec.IDs, rec.Agent, rec.OwnDirs = IsolationContainer, &ids, pl.agent, pl.agent
-		if rec.DiskMounts, err = d.diskMountsOf(spec.StemcellCID); err != nil {
+		if rec.DiskMounts, err = d.st.DiskMountsOf(spec.StemcellCID); err != nil {
 			return fail(err)
 		}
-		if rec.DiskMounts == diskMountsBind {
+		if rec.DiskMounts == store.DiskMountsBind {
 			rec.DiskMounts = "" // what VMs made before the choice have
 		}
 		settings = withAddresses(settings, nets)
@@ -162,13 +163,13 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 			return fail(err)
 		}
 	}
-	if err := d.publish(vms, cid, tmp, rec); err != nil {
+	if err := d.st.Publish(store.VMs, cid, tmp, rec); err != nil {
 		return fail(err)
 	}
 	if err := d.start(ctx, pl, rec, settings); err != nil {
 		// Leave nothing behind: the VM never ran.
 		if derr := d.deleteLocked(ctx, cid); derr != nil {
-			d.log.Warn("removing the vm after its failed start failed", "vm", cid, "err", derr)
+			d.st.Log.Warn("removing the vm after its failed start failed", "vm", cid, "err", derr)
 		}
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
 	}
@@ -177,7 +178,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 
 // start runs a published VM: its container, or its process group (when
 // it has a command). With run_processes off, nothing runs.
-func (d *Driver) start(ctx context.Context, pl *vmPlan, rec vmRecord, settings []byte) error {
+func (d *Driver) start(ctx context.Context, pl *vmPlan, rec store.VM, settings []byte) error {
 	if !pl.container && len(pl.argv) == 0 {
 		return nil
 	}
@@ -187,7 +188,7 @@ func (d *Driver) start(ctx context.Context, pl *vmPlan, rec vmRecord, settings [
 // command resolves what the VM runs: cloud_properties.command (argv array
 // or shell string), else a user-data script from cloud_properties.user_data
 // or environment.user_data. No command: a VM with no process.
-func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error) {
+func (d *Driver) command(spec driver.VMSpec, p store.VMProps) ([]string, string, error) {
 	var userData string
 	if p.UserData != nil {
 		userData = *p.UserData
@@ -233,7 +234,7 @@ func (d *Driver) command(spec driver.VMSpec, p vmProps) ([]string, string, error
 // agentProfile: whether a VM gets the BOSH agent's capabilities. Only
 // the driver's config can allow them (a request's context cannot set
 // local keys); cloud properties asking without it are refused by name.
-func (d *Driver) agentProfile(p vmProps, bootsAgent bool) (bool, error) {
+func (d *Driver) agentProfile(p store.VMProps, bootsAgent bool) (bool, error) {
 	allowed := d.cfg.Container.BoshAgent
 	switch {
 	case p.BoshAgent == nil:
@@ -246,8 +247,8 @@ func (d *Driver) agentProfile(p vmProps, bootsAgent bool) (bool, error) {
 
 // processEnv is the VM process's whole environment: nothing of bin/cpi's
 // own environment (which may hold credentials) is inherited.
-func (d *Driver) processEnv(rec vmRecord, p vmProps) []string {
-	dir := d.path(vms, rec.CID)
+func (d *Driver) processEnv(rec store.VM, p store.VMProps) []string {
+	dir := d.st.Dir(store.VMs, rec.CID)
 	env := map[string]string{
 		"PATH":                  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME":                  dir,
@@ -256,7 +257,7 @@ func (d *Driver) processEnv(rec vmRecord, p vmProps) []string {
 		"RUNWAY_AGENT_ID":       rec.AgentID,
 		"RUNWAY_DISKS_DIR":      filepath.Join(dir, "disks"),
 		"RUNWAY_EPHEMERAL_DIR":  filepath.Join(dir, "ephemeral"),
-		"RUNWAY_STEMCELL_DIR":   filepath.Join(d.path(stemcells, rec.StemcellCID), "image"),
+		"RUNWAY_STEMCELL_DIR":   d.st.ImageDir(rec.StemcellCID),
 		"RUNWAY_AGENT_SETTINGS": filepath.Join(dir, "agent-settings.json"),
 	}
 	for k, v := range p.Env {

@@ -1,4 +1,4 @@
-package local
+package store
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 // maxCIDLen keeps paths well under PATH_MAX and names under NAME_MAX.
 const maxCIDLen = 128
 
-// checkCID validates a CID before it becomes a path component.
-func checkCID(kind, cid string) error {
+// CheckCID validates a CID before it becomes a path component.
+func CheckCID(kind, cid string) error {
 	switch {
 	case cid == "":
 		return driver.Invalid("%s cid must not be empty", kind)
@@ -25,11 +25,3 @@ func checkCID(kind, cid string) error {
 }
 
 func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
-
-func unwrapPathErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
