@@ -109,7 +109,7 @@ func (c ctr) launch(rec store.VM, props store.VMProps) container.Start {
 	return st
 }
 
-func (v containerVMs) check(cid string, props store.VMProps) error {
+func (v containerVMs) Check(cid string, props store.VMProps) error {
 	if len(cid) >= maxHostname {
 		return driver.Invalid("vm cid %q is too long for a container's hostname (at most %d bytes)", cid, maxHostname-1)
 	}
@@ -129,22 +129,22 @@ func (v containerVMs) check(cid string, props store.VMProps) error {
 	return nil
 }
 
-func (v containerVMs) executable(stemcell, name string) error {
+func (v containerVMs) Executable(stemcell, name string) error {
 	return findExecutableIn(v.d.st.ImageDir(stemcell), name)
 }
 
-func (containerVMs) userDataScript() string { return container.UserDataPath }
+func (containerVMs) UserDataScript() string { return container.UserDataPath }
 
-// noCommand: the stemcell's own init, as the warden CPI starts it.
-func (v containerVMs) noCommand(stemcell string) ([]string, error) {
+// NoCommand: the stemcell's own init, as the warden CPI starts it.
+func (v containerVMs) NoCommand(stemcell string) ([]string, error) {
 	if err := findExecutableIn(v.d.st.ImageDir(stemcell), driver.AgentInit); err != nil {
 		return nil, &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", stemcell, driver.AgentInit, err)}
 	}
 	return driver.AgentBoot, nil
 }
 
-// start makes and starts a published container VM.
-func (v containerVMs) start(ctx context.Context, rec store.VM, props store.VMProps, settings []byte, userData string) error {
+// Start makes and starts a published container VM.
+func (v containerVMs) Start(ctx context.Context, rec store.VM, props store.VMProps, settings []byte, userData string) error {
 	if err := v.d.prepareContainer(ctx, rec, props, rec.Command); err != nil {
 		return err
 	}
@@ -158,10 +158,15 @@ func (v containerVMs) start(ctx context.Context, rec store.VM, props store.VMPro
 	return nil
 }
 
-func (v containerVMs) restart(ctx context.Context, rec *store.VM, props store.VMProps) error {
+// CanStart: a container VM starts only where container VMs are on.
+func (v containerVMs) CanStart(rec *store.VM) error {
 	if !v.d.containers() {
 		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", rec.CID)
 	}
+	return nil
+}
+
+func (v containerVMs) Restart(ctx context.Context, rec *store.VM, props store.VMProps) error {
 	if rec.IDs == nil {
 		return errNoUserNS(rec.CID)
 	}
@@ -349,11 +354,11 @@ func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
 	return run, nil
 }
 
-// stop ends a container VM for certain: SIGTERM reaches the VM's PID 1
+// Stop ends a container VM for certain: SIGTERM reaches the VM's PID 1
 // through its supervisor, SIGKILL follows after the grace; then the
 // runtime's forced delete, and whatever is left in the VM's cgroups (a
 // runtime killed part-way through a create) is killed and removed.
-func (v containerVMs) stop(ctx context.Context, rec *store.VM) error {
+func (v containerVMs) Stop(ctx context.Context, rec *store.VM) error {
 	c := v.d.ctr(rec.CID)
 	pgid := readPGID(c.dir)
 	handled, err := stopLeader(ctx, rec.CID, pgid, v.d.grace())
@@ -376,12 +381,12 @@ func (v containerVMs) stop(ctx context.Context, rec *store.VM) error {
 	return stopVM(ctx, rec.CID, 0, v.d.grace())
 }
 
-// teardown undoes what prepareContainer and the network set up, after the
+// Teardown undoes what prepareContainer and the network set up, after the
 // VM is stopped: the host end of the veth, then every mount under the
 // VM's directory, innermost first. It fails rather than leave a mount
 // (removing the directory with a disk still mounted would delete the
 // disk's data).
-func (v containerVMs) teardown(rec *store.VM) error {
+func (v containerVMs) Teardown(rec *store.VM) error {
 	c := v.d.ctr(rec.CID)
 	if err := hostnet.DeleteLink(c.hostIf(rec)); err != nil {
 		return err
@@ -424,10 +429,10 @@ func (v containerVMs) teardown(rec *store.VM) error {
 	return nil
 }
 
-// attach records the disk in the VM's agent settings, as the warden CPI
+// Attach records the disk in the VM's agent settings, as the warden CPI
 // does, and mounts it into the VM if it runs (else it is mounted when
 // it starts).
-func (v containerVMs) attach(ctx context.Context, rec *store.VM, disk string) (string, error) {
+func (v containerVMs) Attach(ctx context.Context, rec *store.VM, disk string) (string, error) {
 	inside := container.DisksDir + "/" + disk
 	if err := v.d.updateDiskSettings(rec.CID, disk, inside); err != nil {
 		return "", fmt.Errorf("recording disk %s in vm %s's agent settings: %w", disk, rec.CID, err)
@@ -438,10 +443,10 @@ func (v containerVMs) attach(ctx context.Context, rec *store.VM, disk string) (s
 	return inside, nil
 }
 
-// detach takes the disk out of the VM if it runs (it disappears inside at
+// Detach takes the disk out of the VM if it runs (it disappears inside at
 // once, from every mount namespace of the VM) and out of its agent
 // settings.
-func (v containerVMs) detach(ctx context.Context, rec *store.VM, disk string) (bool, error) {
+func (v containerVMs) Detach(ctx context.Context, rec *store.VM, disk string) (bool, error) {
 	if err := v.d.updateDiskSettings(rec.CID, disk, ""); err != nil {
 		return false, fmt.Errorf("removing disk %s from vm %s's agent settings: %w", disk, rec.CID, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
@@ -57,26 +56,9 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err != nil {
 		return "", err
 	}
-	if d.containers() {
-		// An ext4 image of the disk's size, all of it allocated now.
-		rec.Format = store.DiskFormatExt4
-		if err := storage.MakeImage(ctx, filepath.Join(tmp, store.DiskImage), spec.SizeMiB, storage.DiskImage, false); err != nil {
-			_ = os.RemoveAll(tmp)
-			return "", err
-		}
-	} else {
-		// The data dir is the disk's root inside a VM (/var/vcap/store):
-		// 0755, as a fresh file system's root, so the jobs' users can
-		// reach their directories on it. The disk's own directory stays
-		// 0700.
-		if err := os.Mkdir(filepath.Join(tmp, "data"), 0o755); err != nil {
-			_ = os.RemoveAll(tmp)
-			return "", err
-		}
-		if err := os.Chmod(filepath.Join(tmp, "data"), 0o755); err != nil {
-			_ = os.RemoveAll(tmp)
-			return "", err
-		}
+	if err := d.iso.MakeDisk(ctx, &rec, tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
 	}
 	if err := d.st.Publish(store.Disks, cid, tmp, rec); err != nil {
 		return "", err
@@ -96,7 +78,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if rec.AttachedTo != "" && d.st.VMExists(rec.AttachedTo) {
 		return fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
 	}
-	if err := d.awaitFree(ctx, rec); err != nil {
+	if err := d.diskIso(rec).AwaitFree(ctx, rec); err != nil {
 		return err
 	}
 	defer d.st.Sweep(store.Disks)
@@ -148,8 +130,9 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 	if rec.AttachedTo != "" && rec.AttachedTo != vm {
 		return nil, fmt.Errorf("disk %s is already attached to vm %s", disk, rec.AttachedTo)
 	}
-	if rec.Format == store.DiskFormatExt4 && vmRec.Isolation != IsolationContainer {
-		return nil, fmt.Errorf("disk %s is a file system image, made in container mode: attach it to a container vm (vm %s is a process vm)", disk, vm)
+	iso := d.isoOf(vmRec)
+	if err := iso.Takes(vmRec, rec); err != nil {
+		return nil, err
 	}
 	link := d.st.DiskLink(vm, disk)
 	before := rec.AttachedTo
@@ -164,11 +147,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vm, disk string) (any, error) {
 			return nil, fmt.Errorf("linking disk %s into vm %s: %w", disk, vm, err)
 		}
 	}
-	where, err := d.isoOf(vmRec).attach(ctx, vmRec, disk)
+	where, err := iso.Attach(ctx, vmRec, disk)
 	if err != nil && before == "" {
 		// Refused (the disk still held elsewhere) or failed: nothing of it
 		// stays in the VM, and the record says so.
-		if _, derr := d.isoOf(vmRec).detach(ctx, vmRec, disk); derr != nil {
+		if _, derr := iso.Detach(ctx, vmRec, disk); derr != nil {
 			return nil, errors.Join(err, derr)
 		}
 		rec.AttachedTo = ""
@@ -204,7 +187,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 	}
 	if rec.AttachedTo == vm {
 		// Out of the VM first: the record says attached until it is.
-		cut, err := d.isoOf(vmRec).detach(ctx, vmRec, disk)
+		cut, err := d.isoOf(vmRec).Detach(ctx, vmRec, disk)
 		if err != nil {
 			return err
 		}
@@ -271,41 +254,6 @@ func (d *Driver) UpdateDisk(ctx context.Context, cid string, size int, props dri
 	return d.update(ctx, cid, size, &props)
 }
 
-// freeWait: how long attach_disk and resize_disk wait for a disk's loop
-// device to go after its last mount (the kernel frees it a moment later).
-const freeWait = 10 * time.Second
-
-// awaitFree waits (at most freeWait) until no file system holds disk
-// rec's image — a VM it was taken from lets go of it a moment later, or,
-// cut off, only when it ends — and says who holds it otherwise.
-func (d *Driver) awaitFree(ctx context.Context, rec *store.Disk) error {
-	if rec.Format != store.DiskFormatExt4 {
-		return nil
-	}
-	wait := freeWait
-	if rec.HeldBy != "" && d.st.VMExists(rec.HeldBy) {
-		wait = 0 // a VM cut off lets go of it when it ends, not in a moment
-	}
-	err := storage.AwaitFree(ctx, filepath.Join(d.st.Dir(store.Disks, rec.CID), store.DiskImage), wait)
-	if err == nil && rec.HeldBy != "" {
-		rec.HeldBy = ""
-		return d.st.Save(store.Disks, rec.CID, rec)
-	}
-	return heldError(rec, err)
-}
-
-// heldError says why disk rec cannot be used yet, when err is that its
-// image is still in use.
-func heldError(rec *store.Disk, err error) error {
-	if !errors.Is(err, storage.ErrInUse) {
-		return err
-	}
-	if rec.HeldBy != "" {
-		return fmt.Errorf("disk %s is still held by vm %s, which kept it past its detach_disk (cut off: it can neither read nor write it) and has not let go of it; delete vm %s to free it: %w", rec.CID, rec.HeldBy, rec.HeldBy, err)
-	}
-	return fmt.Errorf("disk %s is still mounted where it was attached before (a process there keeps files open on it): %w", rec.CID, err)
-}
-
 // diskProps: the local driver takes no disk cloud properties.
 type diskProps struct{}
 
@@ -328,18 +276,8 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 		if err := d.checkSpace(size - rec.SizeMiB); err != nil {
 			return "", err
 		}
-		if rec.Format == store.DiskFormatExt4 {
-			// The CPI API resizes detached disks; growing a mounted ext4
-			// needs CAP_SYS_RESOURCE besides.
-			if rec.AttachedTo != "" && d.st.VMExists(rec.AttachedTo) {
-				return "", fmt.Errorf("disk %s is attached to vm %s: detach it first", cid, rec.AttachedTo)
-			}
-			if err := d.awaitFree(ctx, rec); err != nil {
-				return "", fmt.Errorf("disk %s cannot grow: %w", cid, err)
-			}
-			if err := storage.GrowImage(ctx, filepath.Join(d.st.Dir(store.Disks, cid), store.DiskImage), size); err != nil {
-				return "", fmt.Errorf("growing disk %s: %w", cid, err)
-			}
+		if err := d.diskIso(rec).GrowDisk(ctx, rec, size); err != nil {
+			return "", err
 		}
 	}
 	rec.SizeMiB = size

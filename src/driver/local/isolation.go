@@ -2,76 +2,145 @@ package local
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
 // isolation is how VMs run: process groups on the host (processVMs) or
-// OCI containers (containerVMs). New VMs get the configured one; a VM
-// keeps the one it was made with (vm.json's isolation), so the config may
-// change while it lives and deleting it still undoes what made it.
+// OCI containers (containerVMs), and the kind of disk each takes. New VMs
+// and disks get the configured one; a VM or a disk keeps the one it was
+// made with (its record says), so the config may change while it lives
+// and deleting it still undoes what made it. Every difference between the
+// two is a method here: the Driver never asks which one it has.
 type isolation interface {
-	// check refuses, before anything is made, what this isolation cannot
-	// give a VM named cid.
-	check(cid string, props store.VMProps) error
-	// executable checks the VM's command is there to run.
-	executable(stemcell, name string) error
-	// userDataScript is where a user-data script is run from.
-	userDataScript() string
-	// noCommand is what a VM naming no command runs (nil: nothing).
-	noCommand(stemcell string) ([]string, error)
-	// start runs a published VM; on failure nothing of it runs.
-	start(ctx context.Context, rec store.VM, props store.VMProps, settings []byte, userData string) error
-	// stop ends the VM's processes for certain.
-	stop(ctx context.Context, rec *store.VM) error
-	// teardown undoes what start made, once stopped, before the VM's
-	// directory is removed.
-	teardown(rec *store.VM) error
-	// restart starts a stopped VM again.
-	restart(ctx context.Context, rec *store.VM, props store.VMProps) error
-	// attach makes a disk (recorded as attached, linked under the VM's
-	// disks/) visible to the VM and answers where; detach takes it away,
-	// answering whether the VM still held it and was cut off from it.
-	attach(ctx context.Context, rec *store.VM, disk string) (string, error)
-	detach(ctx context.Context, rec *store.VM, disk string) (cut bool, err error)
-}
+	// Owns: VM record rec was made by this isolation. OwnsDisk: disk
+	// record rec is of the kind this isolation makes.
+	Owns(rec *store.VM) bool
+	OwnsDisk(rec *store.Disk) bool
 
-// iso is the isolation new VMs get.
-func (d *Driver) iso() isolation {
-	if d.containers() {
-		return containerVMs{d}
-	}
-	return processVMs{d}
+	// Check refuses, before anything is made, what this isolation cannot
+	// give a VM named cid.
+	Check(cid string, props store.VMProps) error
+	// Executable checks the VM's command is there to run.
+	Executable(stemcell, name string) error
+	// UserDataScript is where a user-data script is run from.
+	UserDataScript() string
+	// NoCommand is what a VM naming no command runs (nil: nothing).
+	NoCommand(stemcell string) ([]string, error)
+	// AgentProfile: whether a VM gets the BOSH agent's capabilities
+	// (bootsAgent: it boots its stemcell's agent).
+	AgentProfile(props store.VMProps, bootsAgent bool) (bool, error)
+
+	// Networks are the networks a new VM asks addresses for.
+	Networks(want driver.Networks) driver.Networks
+	// Prepare fills in a new VM's record (not yet published) what this
+	// isolation keeps of it, and answers the agent settings it gets; on
+	// failure nothing it took is held.
+	Prepare(ctx context.Context, rec *store.VM, agent bool, settings []byte) ([]byte, error)
+	// Start runs a published VM; on failure nothing of it runs.
+	Start(ctx context.Context, rec store.VM, props store.VMProps, settings []byte, userData string) error
+	// Running: the VM runs (or has nothing to run).
+	Running(rec *store.VM) bool
+	// CanStart refuses, before it is stopped, a VM that could not start
+	// again.
+	CanStart(rec *store.VM) error
+	// Stop ends the VM's processes for certain.
+	Stop(ctx context.Context, rec *store.VM) error
+	// Restart starts a stopped VM again.
+	Restart(ctx context.Context, rec *store.VM, props store.VMProps) error
+	// Teardown undoes what Start made, once stopped, before the VM's
+	// disks are cleared and its directory removed.
+	Teardown(rec *store.VM) error
+	// Release gives back what Prepare took beyond the state dir, once the
+	// VM is gone but for its directory (or was never published).
+	Release(ctx context.Context, rec *store.VM)
+
+	// Takes refuses a disk the VM cannot take.
+	Takes(vm *store.VM, disk *store.Disk) error
+	// Attach makes a disk (recorded as attached, linked under the VM's
+	// disks/) visible to the VM and answers where; Detach takes it away,
+	// answering whether the VM still held it and was cut off from it.
+	Attach(ctx context.Context, rec *store.VM, disk string) (string, error)
+	Detach(ctx context.Context, rec *store.VM, disk string) (cut bool, err error)
+	// MakeDisk makes a new disk's content in its staged directory dir,
+	// its format recorded in rec.
+	MakeDisk(ctx context.Context, rec *store.Disk, dir string) error
+	// AwaitFree waits (briefly) until nothing holds the disk any more,
+	// else says who does.
+	AwaitFree(ctx context.Context, rec *store.Disk) error
+	// GrowDisk grows a disk's content to sizeMiB (the record is saved by
+	// the caller).
+	GrowDisk(ctx context.Context, rec *store.Disk, sizeMiB int) error
+	// DiskSize is what a snapshot of the disk takes; CopyDisk copies the
+	// disk's content into a snapshot's staged directory tmp.
+	DiskSize(rec *store.Disk) (int64, error)
+	CopyDisk(ctx context.Context, rec *store.Disk, tmp string, budget *storage.Budget) error
+
+	// ImageIsRootfs: a stemcell's image is a VM's root file system (owners
+	// and modes kept), not files a process reads.
+	ImageIsRootfs() bool
 }
 
 // isoOf is the isolation a VM was made with.
 func (d *Driver) isoOf(rec *store.VM) isolation {
-	if rec.Isolation == IsolationContainer {
-		return containerVMs{d}
+	for _, i := range d.isos {
+		if i.Owns(rec) {
+			return i
+		}
 	}
-	return processVMs{d}
+	return d.isos[0]
+}
+
+// diskIso is the isolation whose kind of disk rec is.
+func (d *Driver) diskIso(rec *store.Disk) isolation {
+	for _, i := range d.isos {
+		if i.OwnsDisk(rec) {
+			return i
+		}
+	}
+	return d.isos[0]
 }
 
 // processVMs: a VM is a detached process group on the host, in its
-// directory, with no isolation from the host beyond its user's.
+// directory, with no isolation from the host beyond its user's; a disk is
+// a directory.
 type processVMs struct{ d *Driver }
 
-func (p processVMs) check(_ string, props store.VMProps) error {
+// Owns: a process VM's record names no isolation.
+func (processVMs) Owns(rec *store.VM) bool { return rec.Isolation == "" }
+
+// OwnsDisk: a process VM's disk is a directory (no format).
+func (processVMs) OwnsDisk(rec *store.Disk) bool { return rec.Format == "" }
+
+func (p processVMs) Check(_ string, props store.VMProps) error {
 	if props.BoshAgent != nil && *props.BoshAgent {
 		return driver.Invalid(`cloud_properties.bosh_agent needs local.isolation "container" (a process VM cannot host an agent)`)
 	}
 	return nil
 }
 
-func (processVMs) executable(_, name string) error { return findExecutable(name) }
+func (processVMs) Executable(_, name string) error { return findExecutable(name) }
 
-func (processVMs) userDataScript() string { return "./user-data" }
+func (processVMs) UserDataScript() string { return "./user-data" }
 
-func (processVMs) noCommand(string) ([]string, error) { return nil, nil }
+func (processVMs) NoCommand(string) ([]string, error) { return nil, nil }
 
-func (p processVMs) start(_ context.Context, rec store.VM, props store.VMProps, _ []byte, _ string) error {
+// AgentProfile: a process VM has none (Check refuses asking for it).
+func (processVMs) AgentProfile(store.VMProps, bool) (bool, error) { return false, nil }
+
+func (processVMs) Networks(want driver.Networks) driver.Networks { return want }
+
+func (processVMs) Prepare(_ context.Context, _ *store.VM, _ bool, settings []byte) ([]byte, error) {
+	return settings, nil
+}
+
+func (p processVMs) Start(_ context.Context, rec store.VM, props store.VMProps, _ []byte, _ string) error {
 	if len(rec.Command) == 0 {
 		return nil
 	}
@@ -82,16 +151,25 @@ func (p processVMs) start(_ context.Context, rec store.VM, props store.VMProps, 
 	return nil
 }
 
-func (p processVMs) stop(ctx context.Context, rec *store.VM) error {
+// Running: a VM without a command has nothing to run.
+func (p processVMs) Running(rec *store.VM) bool {
+	return len(rec.Command) == 0 || len(liveMembers(readPGID(p.d.st.Dir(store.VMs, rec.CID)), rec.CID)) > 0
+}
+
+func (processVMs) CanStart(*store.VM) error { return nil }
+
+func (p processVMs) Stop(ctx context.Context, rec *store.VM) error {
 	if len(rec.Command) == 0 { // a VM without a command never had a process
 		return nil
 	}
 	return stopVM(ctx, rec.CID, readPGID(p.d.st.Dir(store.VMs, rec.CID)), p.d.grace())
 }
 
-func (processVMs) teardown(*store.VM) error { return nil }
+func (processVMs) Teardown(*store.VM) error { return nil }
 
-func (p processVMs) restart(ctx context.Context, rec *store.VM, props store.VMProps) error {
+func (processVMs) Release(context.Context, *store.VM) {}
+
+func (p processVMs) Restart(ctx context.Context, rec *store.VM, props store.VMProps) error {
 	if len(rec.Command) == 0 {
 		return nil
 	}
@@ -102,9 +180,44 @@ func (p processVMs) restart(ctx context.Context, rec *store.VM, props store.VMPr
 	return nil
 }
 
-// attach: the disk is the link in the VM's directory.
-func (p processVMs) attach(_ context.Context, rec *store.VM, disk string) (string, error) {
+// Takes: a file system image is mounted, which a process VM cannot.
+func (p processVMs) Takes(vm *store.VM, disk *store.Disk) error {
+	if !p.OwnsDisk(disk) {
+		return fmt.Errorf("disk %s is a file system image, made in container mode: attach it to a container vm (vm %s is a process vm)", disk.CID, vm.CID)
+	}
+	return nil
+}
+
+// Attach: the disk is the link in the VM's directory.
+func (p processVMs) Attach(_ context.Context, rec *store.VM, disk string) (string, error) {
 	return p.d.st.DiskLink(rec.CID, disk), nil
 }
 
-func (processVMs) detach(context.Context, *store.VM, string) (bool, error) { return false, nil }
+func (processVMs) Detach(context.Context, *store.VM, string) (bool, error) { return false, nil }
+
+// MakeDisk: the data dir is the disk's root inside a VM (/var/vcap/store):
+// 0755, as a fresh file system's root, so the jobs' users can reach their
+// directories on it. The disk's own directory stays 0700.
+func (processVMs) MakeDisk(_ context.Context, _ *store.Disk, dir string) error {
+	if err := os.Mkdir(filepath.Join(dir, "data"), 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(filepath.Join(dir, "data"), 0o755)
+}
+
+// AwaitFree: a directory is never held.
+func (processVMs) AwaitFree(context.Context, *store.Disk) error { return nil }
+
+// GrowDisk: a directory's size is only recorded.
+func (processVMs) GrowDisk(context.Context, *store.Disk, int) error { return nil }
+
+func (p processVMs) DiskSize(rec *store.Disk) (int64, error) {
+	return storage.TreeSize(filepath.Join(p.d.st.Dir(store.Disks, rec.CID), "data"))
+}
+
+// CopyDisk copies the directory's files one by one.
+func (p processVMs) CopyDisk(ctx context.Context, rec *store.Disk, tmp string, budget *storage.Budget) error {
+	return storage.CopyTree(ctx, filepath.Join(p.d.st.Dir(store.Disks, rec.CID), "data"), filepath.Join(tmp, "data"), budget)
+}
+
+func (processVMs) ImageIsRootfs() bool { return false }

@@ -33,6 +33,12 @@ type Driver struct {
 	// self is the driver's executable: a process VM's console writer and
 	// a container VM's supervisor (console.Served, container.Supervised).
 	self string
+	// iso is the configured isolation: new VMs and disks get it. isos are
+	// all of them, process VMs (whose records name none) first: a VM or
+	// disk keeps the one it was made with. idle makes the VMs that run
+	// nothing (run_processes off): process VMs without a command.
+	iso, idle isolation
+	isos      []isolation
 }
 
 var _ driver.Complete = (*Driver)(nil)
@@ -65,8 +71,11 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	}
 	st := &store.Store{Root: stateDir, Locks: locks, Log: logging.Fields{Logger: log, Tag: "local"}}
 	d := &Driver{cfg: c, prefix: p, st: st, self: self}
+	procs, ctrs := processVMs{d}, containerVMs{d}
+	d.iso, d.idle, d.isos = procs, procs, []isolation{procs, ctrs}
 	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: st.OwnerAlive, Live: st.LiveVMs}
 	if d.containers() {
+		d.iso = ctrs
 		cc := c.Container
 		if err := checkHostIDs(cc.UIDBase, readHostIDFiles()); err != nil {
 			return nil, err

@@ -50,7 +50,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	if err != nil {
 		return fail(err)
 	}
-	if err := storage.Untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget, d.containers()); err != nil {
+	if err := storage.Untar(ctx, spec.ImagePath, filepath.Join(tmp, "image"), budget, d.iso.ImageIsRootfs()); err != nil {
 		return fail(fmt.Errorf("unpacking stemcell image %s: %w", spec.ImagePath, err))
 	}
 	rec := store.Stemcell{CID: cid, CloudProps: spec.CloudProps, Tags: spec.Tags, Source: spec.ImagePath, CreatedAt: store.Now()}

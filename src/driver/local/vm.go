@@ -51,10 +51,10 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 	}
 	dir := d.st.Dir(store.VMs, cid)
 	iso := d.isoOf(rec)
-	if err := iso.stop(ctx, rec); err != nil {
+	if err := iso.Stop(ctx, rec); err != nil {
 		return err
 	}
-	if err := iso.teardown(rec); err != nil {
+	if err := iso.Teardown(rec); err != nil {
 		return err
 	}
 	// Every disk whose record names the VM, linked or not (an attach
@@ -73,9 +73,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 		}
 	}
 	d.release(ctx, cid)
-	if rec.IDs != nil {
-		d.releaseIDs(ctx, cid)
-	}
+	iso.Release(ctx, rec)
 	if err := d.st.Remove(store.VMs, cid); err != nil {
 		return fmt.Errorf("removing vm %s: %w", cid, err)
 	}
@@ -107,10 +105,12 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 	}
 	defer unlock()
 	iso := d.isoOf(rec)
-	if _, ok := iso.(containerVMs); ok && start && !d.containers() {
-		return fmt.Errorf("vm %s was made in container mode: starting it needs local.isolation \"container\" (deleting it does not)", cid)
+	if start {
+		if err := iso.CanStart(rec); err != nil {
+			return err
+		}
 	}
-	if err := iso.stop(ctx, rec); err != nil {
+	if err := iso.Stop(ctx, rec); err != nil {
 		return err
 	}
 	rec.Stopped = !start
@@ -124,7 +124,7 @@ func (d *Driver) restart(ctx context.Context, cid string, start bool) error {
 	if err != nil {
 		return err
 	}
-	return iso.restart(ctx, rec, props)
+	return iso.Restart(ctx, rec, props)
 }
 
 // SetVMMetadata implements driver.Driver.
@@ -162,14 +162,13 @@ func (d *Driver) ListVMs(_ context.Context, match map[string]string) ([]driver.V
 // state: running while a process lives (or when there is none to run),
 // stopped when stopped or the command exited 0, error on a failed exit.
 func (d *Driver) state(rec *store.VM) string {
-	dir := d.st.Dir(store.VMs, rec.CID)
 	if rec.Stopped {
 		return "stopped"
 	}
-	if (len(rec.Command) == 0 && rec.Isolation == "") || len(liveMembers(readPGID(dir), rec.CID)) > 0 {
+	if d.isoOf(rec).Running(rec) {
 		return "running"
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "exit_status"))
+	b, err := os.ReadFile(filepath.Join(d.st.Dir(store.VMs, rec.CID), "exit_status"))
 	if err == nil && strings.TrimSpace(string(b)) != "0" {
 		return "error"
 	}

@@ -25,13 +25,15 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 
 // vmPlan is what create_vm decided before it makes anything.
 type vmPlan struct {
-	spec      driver.VMSpec
-	cid       string
-	props     store.VMProps
-	argv      []string // nil: nothing runs (no command, or run_processes off)
-	userData  string
-	container bool // runs in a container (container mode, processes on)
-	agent     bool // with the BOSH agent profile
+	spec     driver.VMSpec
+	cid      string
+	props    store.VMProps
+	argv     []string // nil: nothing runs (no command, or run_processes off)
+	userData string
+	agent    bool // with the BOSH agent profile
+	// iso makes the VM: the configured isolation, or, when nothing runs
+	// (run_processes off), the one that records VMs only.
+	iso isolation
 }
 
 // planVM checks the request: names, the stemcell, disks, cloud
@@ -62,7 +64,7 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.iso().check(cid, props); err != nil {
+	if err := d.iso.Check(cid, props); err != nil {
 		return nil, err
 	}
 	for name, n := range spec.Networks {
@@ -77,19 +79,17 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	agent := false
-	if d.containers() {
-		// No command and no user data: the stemcell's init boots its agent.
-		bootsAgent := (len(props.Command) == 0 || string(props.Command) == "null") && userData == ""
-		if agent, err = d.agentProfile(props, bootsAgent); err != nil {
-			return nil, err
-		}
+	// No command and no user data: the stemcell's init boots its agent.
+	bootsAgent := (len(props.Command) == 0 || string(props.Command) == "null") && userData == ""
+	agent, err := d.iso.AgentProfile(props, bootsAgent)
+	if err != nil {
+		return nil, err
 	}
-	run := d.cfg.RunProcesses == nil || *d.cfg.RunProcesses
-	if !run {
-		argv = nil
+	iso := d.iso
+	if run := d.cfg.RunProcesses == nil || *d.cfg.RunProcesses; !run {
+		argv, iso = nil, d.idle
 	}
-	return &vmPlan{spec: spec, cid: cid, props: props, argv: argv, userData: userData, agent: agent, container: d.containers() && run}, nil
+	return &vmPlan{spec: spec, cid: cid, props: props, argv: argv, userData: userData, agent: agent, iso: iso}, nil
 }
 
 // applyVM builds the VM out of view, publishes it with one rename and
@@ -108,51 +108,31 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	if err != nil {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
-	allocated, ranged := false, false
+	allocated, prepared := false, false
+	rec := store.VM{
+		CID: cid, AgentID: spec.AgentID, StemcellCID: spec.StemcellCID, CloudProps: spec.CloudProps,
+		Tags: spec.Tags, Metadata: map[string]string{}, Command: pl.argv, CreatedAt: store.Now(),
+	}
 	fail := func(err error) (driver.VM, error) {
 		if allocated {
 			d.release(ctx, cid)
 		}
-		if ranged {
-			d.releaseIDs(ctx, cid)
+		if prepared {
+			pl.iso.Release(ctx, &rec)
 		}
 		_ = os.RemoveAll(tmp)
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
-	want := spec.Networks
-	if pl.container && len(want) == 0 {
-		// Every container VM has its address (callers such as the
-		// orchestrator name no network).
-		want = driver.Networks{"default": {Type: "dynamic"}}
-	}
-	nets, err := d.ipam.Allocate(ctx, cid, want)
+	nets, err := d.ipam.Allocate(ctx, cid, pl.iso.Networks(spec.Networks))
 	if err != nil {
 		return fail(err)
 	}
-	allocated = true
-	rec := store.VM{
-		CID: cid, AgentID: spec.AgentID, StemcellCID: spec.StemcellCID, CloudProps: spec.CloudProps,
-		Networks: nets, Tags: spec.Tags, Metadata: map[string]string{}, Command: pl.argv, CreatedAt: store.Now(),
+	allocated, rec.Networks = true, nets
+	settings, err := pl.iso.Prepare(ctx, &rec, pl.agent, spec.AgentSettings)
+	if err != nil {
+		return fail(err)
 	}
-	settings := spec.AgentSettings
-	if pl.container {
-		ids, err := d.allocateIDs(ctx, cid)
-		if err != nil {
-			return fail(err)
-		}
-		ranged = true
-		if rec.Port, err = newPort(); err != nil {
-			return fail(err)
-		}
-		rec.Isolation, rec.IDs, rec.Agent, rec.OwnDirs = IsolationContainer, &ids, pl.agent, pl.agent
-		if rec.DiskMounts, err = d.st.DiskMountsOf(spec.StemcellCID); err != nil {
-			return fail(err)
-		}
-		if rec.DiskMounts == store.DiskMountsBind {
-			rec.DiskMounts = "" // what VMs made before the choice have
-		}
-		settings = withAddresses(settings, nets)
-	}
+	prepared = true
 	if settings != nil {
 		if err := os.WriteFile(filepath.Join(tmp, "agent-settings.json"), settings, 0o600); err != nil {
 			return fail(err)
@@ -166,7 +146,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	if err := d.st.Publish(store.VMs, cid, tmp, rec); err != nil {
 		return fail(err)
 	}
-	if err := d.start(ctx, pl, rec, settings); err != nil {
+	if err := pl.iso.Start(ctx, rec, pl.props, settings, pl.userData); err != nil {
 		// Leave nothing behind: the VM never ran.
 		if derr := d.deleteLocked(ctx, cid); derr != nil {
 			d.st.Log.Warn("removing the vm after its failed start failed", "vm", cid, "err", derr)
@@ -174,15 +154,6 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: false}
 	}
 	return driver.VM{CID: cid, Networks: nets}, nil
-}
-
-// start runs a published VM: its container, or its process group (when
-// it has a command). With run_processes off, nothing runs.
-func (d *Driver) start(ctx context.Context, pl *vmPlan, rec store.VM, settings []byte) error {
-	if !pl.container && len(pl.argv) == 0 {
-		return nil
-	}
-	return d.isoOf(&rec).start(ctx, rec, pl.props, settings, pl.userData)
 }
 
 // command resolves what the VM runs: cloud_properties.command (argv array
@@ -212,7 +183,7 @@ func (d *Driver) command(spec driver.VMSpec, p store.VMProps) ([]string, string,
 			if len(argv) == 0 || argv[0] == "" {
 				return nil, "", driver.Invalid("cloud_properties.command must not be empty")
 			}
-			if err := d.iso().executable(spec.StemcellCID, argv[0]); err != nil {
+			if err := d.iso.Executable(spec.StemcellCID, argv[0]); err != nil {
 				return nil, "", &driver.CreationError{Err: err}
 			}
 			return argv, userData, nil
@@ -221,28 +192,14 @@ func (d *Driver) command(spec driver.VMSpec, p store.VMProps) ([]string, string,
 		}
 	}
 	if userData != "" {
-		script := d.iso().userDataScript()
+		script := d.iso.UserDataScript()
 		if strings.HasPrefix(userData, "#!") {
 			return []string{script}, userData, nil
 		}
 		return []string{d.cfg.Shell, script}, userData, nil
 	}
-	argv, err := d.iso().noCommand(spec.StemcellCID)
+	argv, err := d.iso.NoCommand(spec.StemcellCID)
 	return argv, "", err
-}
-
-// agentProfile: whether a VM gets the BOSH agent's capabilities. Only
-// the driver's config can allow them (a request's context cannot set
-// local keys); cloud properties asking without it are refused by name.
-func (d *Driver) agentProfile(p store.VMProps, bootsAgent bool) (bool, error) {
-	allowed := d.cfg.Container.BoshAgent
-	switch {
-	case p.BoshAgent == nil:
-		return allowed && bootsAgent, nil
-	case *p.BoshAgent && !allowed:
-		return false, driver.Invalid("cloud_properties.bosh_agent: the agent profile is not allowed here: the driver's config must allow it (local.container.bosh_agent: true)")
-	}
-	return *p.BoshAgent, nil
 }
 
 // processEnv is the VM process's whole environment: nothing of bin/cpi's
