@@ -19,6 +19,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
@@ -360,10 +361,10 @@ func (c ctr) mountPoints(ids storage.IDRange) (*os.Root, error) {
 // runtime killed part-way through a create) is killed and removed.
 func (v containerVMs) Stop(ctx context.Context, rec *store.VM) error {
 	c := v.d.ctr(rec.CID)
-	pgid := readPGID(c.dir)
-	handled, err := stopLeader(ctx, rec.CID, pgid, v.d.grace())
+	pgid := procs.ReadPGID(c.dir)
+	handled, err := procs.StopLeader(ctx, rec.CID, pgid, v.d.grace())
 	if !handled {
-		err = stopVM(ctx, rec.CID, pgid, v.d.grace())
+		err = procs.Stop(ctx, rec.CID, pgid, v.d.grace())
 	}
 	// The supervisor deletes its container as it ends; one it could not
 	// (killed) is still in the runtime's state.
@@ -378,7 +379,7 @@ func (v containerVMs) Stop(ctx context.Context, rec *store.VM) error {
 	}
 	// A supervisor found by marker only (create killed part-way) may have
 	// started a runtime meanwhile: look once more.
-	return stopVM(ctx, rec.CID, 0, v.d.grace())
+	return procs.Stop(ctx, rec.CID, 0, v.d.grace())
 }
 
 // Teardown undoes what prepareContainer and the network set up, after the

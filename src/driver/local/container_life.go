@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
@@ -64,7 +65,7 @@ func (v containerVMs) Prepare(ctx context.Context, rec *store.VM, agent bool, se
 
 // Running: its supervisor runs.
 func (v containerVMs) Running(rec *store.VM) bool {
-	return len(liveMembers(readPGID(v.d.st.Dir(store.VMs, rec.CID)), rec.CID)) > 0
+	return len(procs.LiveMembers(procs.ReadPGID(v.d.st.Dir(store.VMs, rec.CID)), rec.CID)) > 0
 }
 
 // Release gives the VM's host ids back.

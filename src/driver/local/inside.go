@@ -18,6 +18,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/record"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
@@ -411,8 +412,8 @@ func findExecutableIn(image, name string) error {
 		}
 		return fmt.Errorf("command %s is not an executable file in the stemcell", name)
 	}
-	if slices.ContainsFunc(filepath.SplitList(vmPath), func(dir string) bool { return ok(filepath.Join(dir, name)) }) {
+	if slices.ContainsFunc(filepath.SplitList(procs.VMPath), func(dir string) bool { return ok(filepath.Join(dir, name)) }) {
 		return nil
 	}
-	return fmt.Errorf("command %q not found in the stemcell's %s", name, vmPath)
+	return fmt.Errorf("command %q not found in the stemcell's %s", name, procs.VMPath)
 }

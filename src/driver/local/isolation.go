@@ -2,12 +2,9 @@ package local
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/procvm"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
@@ -107,117 +104,4 @@ func (d *Driver) diskIso(rec *store.Disk) isolation {
 	return d.isos[0]
 }
 
-// processVMs: a VM is a detached process group on the host, in its
-// directory, with no isolation from the host beyond its user's; a disk is
-// a directory.
-type processVMs struct{ d *Driver }
-
-// Owns: a process VM's record names no isolation.
-func (processVMs) Owns(rec *store.VM) bool { return rec.Isolation == "" }
-
-// OwnsDisk: a process VM's disk is a directory (no format).
-func (processVMs) OwnsDisk(rec *store.Disk) bool { return rec.Format == "" }
-
-func (p processVMs) Check(_ string, props store.VMProps) error {
-	if props.BoshAgent != nil && *props.BoshAgent {
-		return driver.Invalid(`cloud_properties.bosh_agent needs local.isolation "container" (a process VM cannot host an agent)`)
-	}
-	return nil
-}
-
-func (processVMs) Executable(_, name string) error { return findExecutable(name) }
-
-func (processVMs) UserDataScript() string { return "./user-data" }
-
-func (processVMs) NoCommand(string) ([]string, error) { return nil, nil }
-
-// AgentProfile: a process VM has none (Check refuses asking for it).
-func (processVMs) AgentProfile(store.VMProps, bool) (bool, error) { return false, nil }
-
-func (processVMs) Networks(want driver.Networks) driver.Networks { return want }
-
-func (processVMs) Prepare(_ context.Context, _ *store.VM, _ bool, settings []byte) ([]byte, error) {
-	return settings, nil
-}
-
-func (p processVMs) Start(_ context.Context, rec store.VM, props store.VMProps, _ []byte, _ string) error {
-	if len(rec.Command) == 0 {
-		return nil
-	}
-	if err := startProcess(p.d.st.Dir(store.VMs, rec.CID), rec.Command, p.d.processEnv(rec, props), p.d.self, p.d.consoleMax()); err != nil {
-		return err
-	}
-	p.d.st.Log.Info("vm started", "vm", rec.CID, "command", strings.Join(redactArgv(rec.Command), " "))
-	return nil
-}
-
-// Running: a VM without a command has nothing to run.
-func (p processVMs) Running(rec *store.VM) bool {
-	return len(rec.Command) == 0 || len(liveMembers(readPGID(p.d.st.Dir(store.VMs, rec.CID)), rec.CID)) > 0
-}
-
-func (processVMs) CanStart(*store.VM) error { return nil }
-
-func (p processVMs) Stop(ctx context.Context, rec *store.VM) error {
-	if len(rec.Command) == 0 { // a VM without a command never had a process
-		return nil
-	}
-	return stopVM(ctx, rec.CID, readPGID(p.d.st.Dir(store.VMs, rec.CID)), p.d.grace())
-}
-
-func (processVMs) Teardown(*store.VM) error { return nil }
-
-func (processVMs) Release(context.Context, *store.VM) {}
-
-func (p processVMs) Restart(ctx context.Context, rec *store.VM, props store.VMProps) error {
-	if len(rec.Command) == 0 {
-		return nil
-	}
-	if err := startProcess(p.d.st.Dir(store.VMs, rec.CID), rec.Command, p.d.processEnv(*rec, props), p.d.self, p.d.consoleMax()); err != nil {
-		return err
-	}
-	p.d.st.Log.Info("vm restarted", "vm", rec.CID)
-	return nil
-}
-
-// Takes: a file system image is mounted, which a process VM cannot.
-func (p processVMs) Takes(vm *store.VM, disk *store.Disk) error {
-	if !p.OwnsDisk(disk) {
-		return fmt.Errorf("disk %s is a file system image, made in container mode: attach it to a container vm (vm %s is a process vm)", disk.CID, vm.CID)
-	}
-	return nil
-}
-
-// Attach: the disk is the link in the VM's directory.
-func (p processVMs) Attach(_ context.Context, rec *store.VM, disk string) (string, error) {
-	return p.d.st.DiskLink(rec.CID, disk), nil
-}
-
-func (processVMs) Detach(context.Context, *store.VM, string) (bool, error) { return false, nil }
-
-// MakeDisk: the data dir is the disk's root inside a VM (/var/vcap/store):
-// 0755, as a fresh file system's root, so the jobs' users can reach their
-// directories on it. The disk's own directory stays 0700.
-func (processVMs) MakeDisk(_ context.Context, _ *store.Disk, dir string) error {
-	if err := os.Mkdir(filepath.Join(dir, "data"), 0o755); err != nil {
-		return err
-	}
-	return os.Chmod(filepath.Join(dir, "data"), 0o755)
-}
-
-// AwaitFree: a directory is never held.
-func (processVMs) AwaitFree(context.Context, *store.Disk) error { return nil }
-
-// GrowDisk: a directory's size is only recorded.
-func (processVMs) GrowDisk(context.Context, *store.Disk, int) error { return nil }
-
-func (p processVMs) DiskSize(rec *store.Disk) (int64, error) {
-	return storage.TreeSize(filepath.Join(p.d.st.Dir(store.Disks, rec.CID), "data"))
-}
-
-// CopyDisk copies the directory's files one by one.
-func (p processVMs) CopyDisk(ctx context.Context, rec *store.Disk, tmp string, budget *storage.Budget) error {
-	return storage.CopyTree(ctx, filepath.Join(p.d.st.Dir(store.Disks, rec.CID), "data"), filepath.Join(tmp, "data"), budget)
-}
-
-func (processVMs) ImageIsRootfs() bool { return false }
+var _ isolation = (*procvm.VMs)(nil)

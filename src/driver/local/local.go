@@ -15,6 +15,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
+	"github.com/runway-cpi/runway/src/driver/local/procvm"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
@@ -71,7 +72,8 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 	}
 	st := &store.Store{Root: stateDir, Locks: locks, Log: logging.Fields{Logger: log, Tag: "local"}}
 	d := &Driver{cfg: c, prefix: p, st: st, self: self}
-	procs, ctrs := processVMs{d}, containerVMs{d}
+	procs := &procvm.VMs{Store: st, Self: self, ConsoleMax: d.consoleMax(), Grace: d.grace()}
+	ctrs := containerVMs{d}
 	d.iso, d.idle, d.isos = procs, procs, []isolation{procs, ctrs}
 	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: st.OwnerAlive, Live: st.LiveVMs}
 	if d.containers() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
@@ -106,7 +107,7 @@ func (d *Driver) mountForVM(ctx context.Context, rec *store.VM, initPID int, pee
 		return fmt.Errorf("the vm has %d mounts of its disks already (at most %d): unmount one first", n, maxDiskMounts)
 	}
 	cmd := exec.Command(d.self)
-	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + d.st.Dir(store.VMs, rec.CID),
+	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + d.st.Dir(store.VMs, rec.CID),
 		nsDiskEnv + "=" + disk, nsInitEnv + "=" + strconv.Itoa(initPID), nsTargetEnv + "=" + req.Target,
 		nsAttrsEnv + "=" + strconv.FormatUint(attrs, 10)}
 	if out, err := container.RunChild(ctx, cmd); err != nil {

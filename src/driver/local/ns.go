@@ -16,6 +16,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -126,7 +127,7 @@ const cutOff = "cut-off"
 // the VM's before entering.
 func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (string, error) {
 	c := d.ctr(rec.CID)
-	pid := readPGID(c.dir)
+	pid := procs.ReadPGID(c.dir)
 	if pid <= 1 {
 		return "", nil
 	}
@@ -135,7 +136,7 @@ func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (stri
 		return "", nil // gone
 	}
 	defer unix.Close(fd)
-	if !hasMarker(pid, rec.CID) {
+	if !procs.HasMarker(pid, rec.CID) {
 		return "", nil
 	}
 	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
@@ -145,7 +146,7 @@ func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (stri
 	defer ns.Close()
 	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", d.self)
 	cmd.ExtraFiles = []*os.File{ns}
-	cmd.Env = []string{"PATH=" + vmPath, envMarker + "=" + rec.CID, nsOpEnv + "=" + op, nsDirEnv + "=" + c.dir, nsDiskEnv + "=" + disk}
+	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + op, nsDirEnv + "=" + c.dir, nsDiskEnv + "=" + disk}
 	var out, errs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errs
 	if err := cmd.Run(); err != nil {
@@ -158,8 +159,8 @@ func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (stri
 // as the host reaches it in the running VM's namespace, through its
 // supervisor: "" when the VM does not run.
 func (d *Driver) vmPathOf(rec *store.VM, path string) string {
-	pid := readPGID(d.ctr(rec.CID).dir)
-	if pid <= 1 || !hasMarker(pid, rec.CID) {
+	pid := procs.ReadPGID(d.ctr(rec.CID).dir)
+	if pid <= 1 || !procs.HasMarker(pid, rec.CID) {
 		return ""
 	}
 	return filepath.Join(fmt.Sprintf("/proc/%d/root", pid), path)

@@ -9,16 +9,9 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/local/container"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
-
-func (d *Driver) loadVM(cid string) (*store.VM, error) {
-	return store.Load[store.VM](d.st, store.VMs, cid)
-}
-
-// vmPath is the PATH VM processes get.
-const vmPath = container.VMPath
 
 func (d *Driver) grace() time.Duration { return time.Duration(d.cfg.StopGraceSeconds) * time.Second }
 
@@ -44,7 +37,7 @@ func (d *Driver) deleteLocked(ctx context.Context, cid string) error {
 	defer d.st.Sweep(store.VMs)
 	rec, err := d.st.LoadVM(cid)
 	if err != nil {
-		if serr := stopVM(ctx, cid, 0, d.grace()); serr != nil {
+		if serr := procs.Stop(ctx, cid, 0, d.grace()); serr != nil {
 			return serr
 		}
 		return err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/runway-cpi/runway/src/driver"
@@ -200,59 +199,4 @@ func (d *Driver) command(spec driver.VMSpec, p store.VMProps) ([]string, string,
 	}
 	argv, err := d.iso.NoCommand(spec.StemcellCID)
 	return argv, "", err
-}
-
-// processEnv is the VM process's whole environment: nothing of bin/cpi's
-// own environment (which may hold credentials) is inherited.
-func (d *Driver) processEnv(rec store.VM, p store.VMProps) []string {
-	dir := d.st.Dir(store.VMs, rec.CID)
-	env := map[string]string{
-		"PATH":                  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME":                  dir,
-		"RUNWAY_VM_DIR":         dir,
-		envMarker:               rec.CID,
-		"RUNWAY_AGENT_ID":       rec.AgentID,
-		"RUNWAY_DISKS_DIR":      filepath.Join(dir, "disks"),
-		"RUNWAY_EPHEMERAL_DIR":  filepath.Join(dir, "ephemeral"),
-		"RUNWAY_STEMCELL_DIR":   d.st.ImageDir(rec.StemcellCID),
-		"RUNWAY_AGENT_SETTINGS": filepath.Join(dir, "agent-settings.json"),
-	}
-	for k, v := range p.Env {
-		if k != envMarker && k != "RUNWAY_VM_DIR" {
-			env[k] = v
-		}
-	}
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// findExecutable checks the command exists before the VM is made: once it
-// is started detached, a failed exec could only show in the console log.
-func findExecutable(name string) error {
-	if strings.Contains(name, "/") {
-		if !filepath.IsAbs(name) {
-			return nil // relative to the VM directory: checked by the process
-		}
-		if st, err := os.Stat(name); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-			return fmt.Errorf("command %s is not an executable file", name)
-		}
-		return nil
-	}
-	for _, dir := range filepath.SplitList(vmPath) {
-		if st, err := os.Stat(filepath.Join(dir, name)); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
-			return nil
-		}
-	}
-	return fmt.Errorf("command %q not found in %s", name, vmPath)
-}
-
-func redactArgv(argv []string) []string {
-	if len(argv) > 3 {
-		return append(append([]string{}, argv[:3]...), "...")
-	}
-	return argv
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 )
 
 // Runtime is the OCI runtime's executable (runc or crun) and its state
@@ -36,7 +38,7 @@ func (r Runtime) Run(ctx context.Context, args ...string) ([]byte, error) {
 		}
 	}
 	cmd := exec.CommandContext(ctx, rt, append([]string{"--root", r.Root}, args...)...)
-	cmd.Env = []string{"PATH=" + VMPath}
+	cmd.Env = []string{"PATH=" + procs.VMPath}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(rt), args[0], err, bytes.TrimSpace(out))

@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
@@ -24,13 +25,6 @@ const (
 	UserDataPath      = "/var/vcap/bosh/user-data"
 	DisksDir          = "/warden-cpi-dev"
 )
-
-// EnvMarker is set in every VM process (and the supervisor and runtime
-// commands of a container VM): a VM's processes are found by it.
-const EnvMarker = "RUNWAY_VM_CID"
-
-// VMPath is the PATH VM processes get.
-const VMPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // VM is what a container VM's runtime config is made from.
 type VM struct {
@@ -87,8 +81,8 @@ func Spec(v VM) (*specs.Spec, error) {
 			nofile = host.Max
 		}
 	}
-	env := []string{"PATH=" + VMPath, "HOME=/root", "TERM=dumb",
-		EnvMarker + "=" + v.CID, "RUNWAY_AGENT_ID=" + v.AgentID,
+	env := []string{"PATH=" + procs.VMPath, "HOME=/root", "TERM=dumb",
+		procs.EnvMarker + "=" + v.CID, "RUNWAY_AGENT_ID=" + v.AgentID,
 		"RUNWAY_AGENT_SETTINGS=" + AgentSettingsPath, "RUNWAY_DISKS_DIR=" + DisksDir}
 	keys := make([]string, 0, len(v.Env))
 	for k := range v.Env {
@@ -96,7 +90,7 @@ func Spec(v VM) (*specs.Spec, error) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if k != EnvMarker {
+		if k != procs.EnvMarker {
 			env = append(env, k+"="+v.Env[k])
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
 
@@ -14,7 +15,7 @@ func TestOCISpecHoldsTheVMAndNothingOfTheHost(t *testing.T) {
 	t.Setenv("RUNWAY_TEST_HOST_SECRET", "s3cret")
 	root, devs := "/var/lib/runway/vms/vm-1/rootfs", "/var/lib/runway/vms/vm-1/devs"
 	s, err := Spec(VM{CID: "vm-1", AgentID: "ag", Rootfs: root, Devs: devs, Cgroup: "/runway/x-vm-1", RAMMiB: 512, CPU: 2, Pids: 100,
-		Env: map[string]string{"A": "b", EnvMarker: "spoof"}, Argv: []string{"/bin/true"}, IDs: storage.IDRange{Base: 1 << 30, Size: 1 << 16}})
+		Env: map[string]string{"A": "b", procs.EnvMarker: "spoof"}, Argv: []string{"/bin/true"}, IDs: storage.IDRange{Base: 1 << 30, Size: 1 << 16}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
+	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/record"
 )
 
@@ -122,7 +123,7 @@ func (st Start) Run(ctx context.Context) error {
 	defer resR.Close()
 	cmd := exec.Command(self)
 	cmd.Dir = st.Dir
-	cmd.Env = []string{superviseEnv + "=" + st.Dir, EnvMarker + "=" + st.CID, "PATH=" + VMPath}
+	cmd.Env = []string{superviseEnv + "=" + st.Dir, procs.EnvMarker + "=" + st.CID, "PATH=" + procs.VMPath}
 	cmd.ExtraFiles = []*os.File{goR, resW}
 	// As the process-mode wrapper: a bin/cpi killed before the go-ahead
 	// takes the supervisor with it (it clears this once it has it).
@@ -283,7 +284,7 @@ type supervised struct {
 func (v supervised) command(args ...string) *exec.Cmd {
 	s := v.spec
 	cmd := exec.Command(s.Runtime, append([]string{"--root", s.RuntimeRoot, "--log", filepath.Join(v.dir, "runtime.log")}, args...)...)
-	cmd.Env = []string{"PATH=" + VMPath, EnvMarker + "=" + s.CID}
+	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + s.CID}
 	return cmd
 }
 

@@ -1,4 +1,10 @@
-package local
+// Package procs finds and stops a local VM's processes on the host, in
+// either isolation mode: a process VM's process group, a container VM's
+// supervisor. Every VM process carries the VM's marker in its
+// environment, so a process is signalled only once it is proven the
+// VM's (a recycled pid never is), and a VM's processes are found even
+// when their group was never recorded.
+package procs
 
 import (
 	"bytes"
@@ -6,74 +12,25 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/runway-cpi/runway/src/driver/local/container"
-	"github.com/runway-cpi/runway/src/driver/local/record"
-
 	"golang.org/x/sys/unix"
 )
 
-// envMarker is set in every VM process: a process is only ever signalled
-// after it is proven to belong to that VM (guards PID reuse), and a VM's
-// processes are found by it even when their group is not known.
-const envMarker = container.EnvMarker
+// EnvMarker is set in every VM process (and a container VM's supervisor
+// and runtime) to the VM's CID.
+const EnvMarker = "RUNWAY_VM_CID"
 
-// wrapper runs the VM's command detached: sh leads its own session and
-// group, starts the command only if the VM still exists, records its exit
-// status, and exits at once. Its first two arguments are the console
-// writer (the driver's executable: console.Served) and the console's cap;
-// the VM's output goes through it into console.log, capped and rotated.
-// Shell builtins only: nothing on the VM's PATH runs before the command.
-const wrapper = `[ -f "$RUNWAY_VM_DIR/vm.json" ] || exit 1
-w=$1 m=$2; shift 2
-( ( "$@"; echo $? > "$RUNWAY_VM_DIR/exit_status" ) </dev/null 2>&1 | RUNWAY_CONSOLE_LOG="$RUNWAY_VM_DIR/console.log" RUNWAY_CONSOLE_MAX="$m" "$w" ) &
-`
+// VMPath is the PATH VM processes get.
+const VMPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// startProcess launches argv for the VM in vmDir with env and records its
-// process group (the wrapper's pid) itself, at once: if bin/cpi is killed
-// before that, the VM's processes are still found by their marker. Its
-// output reaches console.log through writer, capped at max bytes.
-func startProcess(vmDir string, argv, env []string, writer string, max int64) error {
-	_ = os.Remove(filepath.Join(vmDir, "exit_status"))
-	cmd := exec.Command("/bin/sh", append([]string{"-c", wrapper, "runway-vm", writer, strconv.FormatInt(max, 10)}, argv...)...)
-	cmd.Dir = vmDir
-	cmd.Env = env
-	// Pdeathsig: a bin/cpi killed while the wrapper is between fork and
-	// exec takes the wrapper with it. Until its exec the child carries
-	// bin/cpi's environment, not the VM's marker, so a delete_vm then could
-	// not find it, and it would start the command after the delete. The
-	// wrapper's own children (the VM) do not inherit it. The signal follows
-	// the forking thread: the goroutine keeps its thread until the wrapper
-	// has exited.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	// stdin/stdout/stderr are /dev/null: the VM must never inherit bin/cpi's
-	// stdout, which carries the response.
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting vm process: %w", err)
-	}
-	if err := record.WriteFile(filepath.Join(vmDir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-		return fmt.Errorf("recording the vm's process group: %w", err)
-	}
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("starting vm process: %w", err)
-	}
-	return nil
-}
-
-// readPGID returns the recorded process group, 0 when none.
-func readPGID(vmDir string) int {
+// ReadPGID returns the recorded process group, 0 when none.
+func ReadPGID(vmDir string) int {
 	b, err := os.ReadFile(filepath.Join(vmDir, "pgid"))
 	if err != nil {
 		return 0
@@ -123,7 +80,7 @@ func scanIn(cid string, withMarker, onlyGroups bool, groups ...int) []procInfo {
 	if err != nil {
 		return nil
 	}
-	marker := []byte(envMarker + "=" + cid + "\x00")
+	marker := []byte(EnvMarker + "=" + cid + "\x00")
 	var out []procInfo
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -150,9 +107,9 @@ func scanIn(cid string, withMarker, onlyGroups bool, groups ...int) []procInfo {
 	return out
 }
 
-// liveMembers lists the marked processes of group pgid: whether the VM
+// LiveMembers lists the marked processes of group pgid: whether the VM
 // runs. An empty group answers without a /proc scan.
-func liveMembers(pgid int, cid string) []int {
+func LiveMembers(pgid int, cid string) []int {
 	if pgid <= 1 {
 		return nil
 	}
@@ -186,17 +143,17 @@ func vmTargets(cid string) (pids, groups []int) {
 	return pids, groups
 }
 
-// stopVM ends every process of the VM: SIGTERM, grace, SIGKILL. It returns
+// Stop ends every process of the VM: SIGTERM, grace, SIGKILL. It returns
 // only when none is left ("deletion must be certain"). With its group
 // recorded, the VM's processes are that group's members that carry the
 // marker (a cheap check while the group is empty); without (bin/cpi killed
 // while starting the VM), every process carrying the marker, and their
 // groups.
-func stopVM(ctx context.Context, cid string, pgid int, grace time.Duration) error {
+func Stop(ctx context.Context, cid string, pgid int, grace time.Duration) error {
 	find := func() ([]int, []int) { return vmTargets(cid) }
 	if pgid > 1 {
 		find = func() ([]int, []int) {
-			if pids := liveMembers(pgid, cid); len(pids) > 0 {
+			if pids := LiveMembers(pgid, cid); len(pids) > 0 {
 				return pids, []int{pgid}
 			}
 			return nil, nil
@@ -288,18 +245,18 @@ func anyAlive(pids, groups []int) bool {
 	return false
 }
 
-// hasMarker: process pid carries cid's marker.
-func hasMarker(pid int, cid string) bool {
+// HasMarker: process pid carries cid's marker.
+func HasMarker(pid int, cid string) bool {
 	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-	return err == nil && bytes.Contains(append(env, 0), []byte(envMarker+"="+cid+"\x00"))
+	return err == nil && bytes.Contains(append(env, 0), []byte(EnvMarker+"="+cid+"\x00"))
 }
 
-// stopLeader ends the process group led by pid, a process of VM cid that
+// StopLeader ends the process group led by pid, a process of VM cid that
 // leads it (a container VM's supervisor): SIGTERM to the group, the
 // leader's exit awaited on a pidfd (no scan of /proc, however many
 // processes the host runs), SIGKILL after grace. It answers false when it
 // cannot tell (no pidfd): the caller scans instead.
-func stopLeader(ctx context.Context, cid string, pid int, grace time.Duration) (bool, error) {
+func StopLeader(ctx context.Context, cid string, pid int, grace time.Duration) (bool, error) {
 	if pid <= 1 {
 		return false, nil
 	}
@@ -312,7 +269,7 @@ func stopLeader(ctx context.Context, cid string, pid int, grace time.Duration) (
 	}
 	defer unix.Close(fd)
 	// The pidfd holds the process: a recycled pid is not the VM's.
-	if !hasMarker(pid, cid) {
+	if !HasMarker(pid, cid) {
 		return true, nil
 	}
 	_ = syscall.Kill(-pid, syscall.SIGTERM)
