@@ -6,27 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/runway-cpi/runway/src/driver"
-	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
-
-// checkSpace answers NoDiskSpace when the state dir's file system cannot
-// hold sizeMiB more and still keep its reserve free.
-func (d *Driver) checkSpace(sizeMiB int) error {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(d.st.Root, &st); err != nil {
-		return err
-	}
-	free := st.Bavail * uint64(st.Bsize) >> 20
-	if uint64(sizeMiB)+storage.ReserveBytes>>20 > free {
-		return fmt.Errorf("%w: %d MiB requested, %d MiB free in %s, %d MiB of which are kept free", driver.ErrNoDiskSpace,
-			sizeMiB, free, d.st.Root, storage.ReserveBytes>>20)
-	}
-	return nil
-}
 
 // CreateDisk implements driver.Driver.
 func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
@@ -38,7 +21,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err := checkDiskProps(spec.CloudProps); err != nil {
 		return "", err
 	}
-	if err := d.checkSpace(spec.SizeMiB); err != nil {
+	if err := d.st.CheckSpace(spec.SizeMiB); err != nil {
 		return "", err
 	}
 	cid, err := store.NewCID("disk-")
@@ -273,7 +256,7 @@ func (d *Driver) update(ctx context.Context, cid string, size int, props *driver
 		return "", fmt.Errorf("%w: shrinking disk %s from %d to %d MiB", driver.ErrNotSupported, cid, rec.SizeMiB, size)
 	}
 	if size > rec.SizeMiB {
-		if err := d.checkSpace(size - rec.SizeMiB); err != nil {
+		if err := d.st.CheckSpace(size - rec.SizeMiB); err != nil {
 			return "", err
 		}
 		if err := d.diskIso(rec).GrowDisk(ctx, rec, size); err != nil {

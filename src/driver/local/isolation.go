@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/ctrvm"
 	"github.com/runway-cpi/runway/src/driver/local/procvm"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
@@ -104,4 +105,7 @@ func (d *Driver) diskIso(rec *store.Disk) isolation {
 	return d.isos[0]
 }
 
-var _ isolation = (*procvm.VMs)(nil)
+var (
+	_ isolation = (*procvm.VMs)(nil)
+	_ isolation = (*ctrvm.VMs)(nil)
+)

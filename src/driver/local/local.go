@@ -1,6 +1,8 @@
-// Package local is the embedded default driver: VMs are supervised local
-// process groups, disks are directories, everything lives under a state
-// dir and is guarded by cross-process locks.
+// Package local is the embedded default driver: VMs on this host, as
+// process groups (package procvm) or OCI containers (package ctrvm), run
+// through one interface (isolation.go); everything lives under a state
+// dir (package store) and is guarded by cross-process locks. This package
+// holds the CPI methods.
 package local
 
 import (
@@ -9,11 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/netip"
 	"os"
 	"path/filepath"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/local/console"
+	"github.com/runway-cpi/runway/src/driver/local/ctrvm"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/procvm"
 	"github.com/runway-cpi/runway/src/driver/local/store"
@@ -23,17 +26,11 @@ import (
 
 // Driver implements driver.Driver on the local host.
 type Driver struct {
-	cfg    Config
-	prefix netip.Prefix
+	cfg Config
 	// st is the state dir: its resources, locks and the driver's log.
 	st *store.Store
-	// bridge is container mode's VM network (nil in process mode); ipam
-	// the address table of both modes.
-	bridge *hostnet.Bridge
-	ipam   *hostnet.IPAM
-	// self is the driver's executable: a process VM's console writer and
-	// a container VM's supervisor (console.Served, container.Supervised).
-	self string
+	// ipam is the address table of both isolations.
+	ipam *hostnet.IPAM
 	// iso is the configured isolation: new VMs and disks get it. isos are
 	// all of them, process VMs (whose records name none) first: a VM or
 	// disk keeps the one it was made with. idle makes the VMs that run
@@ -71,21 +68,22 @@ func New(section json.RawMessage, stateDir string, locks *lock.Locker, log loggi
 		return nil, fmt.Errorf("local: the driver's own executable: %w", err)
 	}
 	st := &store.Store{Root: stateDir, Locks: locks, Log: logging.Fields{Logger: log, Tag: "local"}}
-	d := &Driver{cfg: c, prefix: p, st: st, self: self}
+	d := &Driver{cfg: c, st: st}
+	// self is the driver's executable: a process VM's console writer, a
+	// container VM's supervisor (Supervised).
 	procs := &procvm.VMs{Store: st, Self: self, ConsoleMax: d.consoleMax(), Grace: d.grace()}
-	ctrs := containerVMs{d}
-	d.iso, d.idle, d.isos = procs, procs, []isolation{procs, ctrs}
-	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: st.OwnerAlive, Live: st.LiveVMs}
-	if d.containers() {
-		d.iso = ctrs
-		cc := c.Container
-		if err := checkHostIDs(cc.UIDBase, readHostIDFiles()); err != nil {
-			return nil, err
-		}
-		d.bridge = &hostnet.Bridge{Name: cc.Bridge, Prefix: p, Key: d.stateKey(), Record: filepath.Join(stateDir, "bridge.json"),
-			NAT: cc.NAT, AllowVMToVM: cc.AllowVMToVM, Locks: locks}
-		d.ipam.Bridge = d.bridge
+	on := c.Isolation == IsolationContainer
+	ctrs, err := ctrvm.New(ctrvm.Deps{Store: st, Config: c.Container, On: on, Prefix: p,
+		Self: self, ConsoleMax: d.consoleMax(), Grace: d.grace()})
+	if err != nil {
+		return nil, err
 	}
+	d.iso, d.idle, d.isos = procs, procs, []isolation{procs, ctrs}
+	if on {
+		d.iso = ctrs
+	}
+	d.ipam = &hostnet.IPAM{Path: filepath.Join(stateDir, "ipam.json"), Prefix: p, Locks: locks, Alive: st.OwnerAlive, Live: st.LiveVMs,
+		Bridge: ctrs.Bridge}
 	for _, sub := range []string{"stemcells", "vms", "disks", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(stateDir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("local: state dir: %w", err)
@@ -113,4 +111,13 @@ func (d *Driver) release(ctx context.Context, cid string) {
 	if err := d.ipam.Release(ctx, cid); err != nil {
 		d.st.Log.Warn("releasing addresses failed", "vm", cid, "err", err)
 	}
+}
+
+// Supervised runs what the driver's executable may be started again for
+// — a container VM's supervisor, an operation inside a VM's mount
+// namespace, a process VM's console writer — and exits; otherwise it
+// returns at once. cpi-local's main calls it first thing.
+func Supervised() {
+	ctrvm.Supervised()
+	console.Served()
 }

@@ -11,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/record"
+	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 )
@@ -217,4 +219,19 @@ func (s *Store) Sweep(k Kind) {
 		}
 		s.Locks.Release(name, release, true)
 	}
+}
+
+// CheckSpace answers NoDiskSpace when the state dir's file system cannot
+// hold sizeMiB more and still keep its reserve free.
+func (s *Store) CheckSpace(sizeMiB int) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.Root, &st); err != nil {
+		return err
+	}
+	free := st.Bavail * uint64(st.Bsize) >> 20
+	if uint64(sizeMiB)+storage.ReserveBytes>>20 > free {
+		return fmt.Errorf("%w: %d MiB requested, %d MiB free in %s, %d MiB of which are kept free", driver.ErrNoDiskSpace,
+			sizeMiB, free, s.Root, storage.ReserveBytes>>20)
+	}
+	return nil
 }

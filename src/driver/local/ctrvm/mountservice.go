@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"context"
@@ -34,6 +34,8 @@ import (
 // to /var/vcap/store) passes the agent's own checks; a bind of a mounted
 // directory carries that mount's name, and the agent refuses to mount a
 // device it sees mounted elsewhere.
+
+// held is where a mount-service VM's disks are mounted aside.
 func (c ctr) held() string { return filepath.Join(c.run(), "held") }
 
 // diskMount answers where a disk attached to VM rec is mounted in its
@@ -49,17 +51,17 @@ func (c ctr) diskMount(rec store.VM, disk string) (at, dir string) {
 
 // serveMount is a VM supervisor's mount service handler.
 func serveMount(ctx context.Context, vm container.Served, peer unix.Ucred, req mountsvc.Request) error {
-	d, rec, err := nsDriver(vm.Dir)
+	v, rec, err := nsVMs(vm.Dir)
 	if err != nil {
 		return err
 	}
-	if d.st.Locks, err = lock.New(vm.Locks, 10*time.Second, nil); err != nil {
+	if v.st.Locks, err = lock.New(vm.Locks, 10*time.Second, nil); err != nil {
 		return err
 	}
-	if d.self, err = os.Executable(); err != nil {
+	if v.self, err = os.Executable(); err != nil {
 		return err
 	}
-	return d.mountForVM(ctx, rec, vm.InitPID, peer, req)
+	return v.mountForVM(ctx, rec, vm.InitPID, peer, req)
 }
 
 // maxDiskMounts bounds the mounts of a VM's disks in its namespace that
@@ -71,7 +73,7 @@ const maxDiskMounts = 32
 // ids, nosuid and nodev, at a directory resolved inside the VM's root
 // with no magic link followed. The copy is made by a process of the
 // VM's cgroups (vmMount), so the kernel counts its memory to the VM.
-func (d *Driver) mountForVM(ctx context.Context, rec *store.VM, initPID int, peer unix.Ucred, req mountsvc.Request) error {
+func (v *VMs) mountForVM(ctx context.Context, rec *store.VM, initPID int, peer unix.Ucred, req mountsvc.Request) error {
 	if rec.IDs == nil || peer.Uid != rec.IDs.Base {
 		return errors.New("only the vm's root may mount its disks")
 	}
@@ -86,16 +88,16 @@ func (d *Driver) mountForVM(ctx context.Context, rec *store.VM, initPID int, pee
 	if err != nil {
 		return err
 	}
-	unlock, err := d.st.Lock(ctx, store.Disks, disk)
+	unlock, err := v.st.Lock(ctx, store.Disks, disk)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	dr, err := d.st.LoadDisk(disk)
+	dr, err := v.st.LoadDisk(disk)
 	if err != nil || dr.AttachedTo != rec.CID {
 		return fmt.Errorf("disk %s is not attached to this vm", disk)
 	}
-	held, _ := d.ctr(rec.CID).diskMount(*rec, disk)
+	held, _ := v.ctr(rec.CID).diskMount(*rec, disk)
 	if !storage.IsMountPoint(held) {
 		return fmt.Errorf("disk %s is not ready in this vm yet (its attach_disk has not finished)", disk)
 	}
@@ -106,8 +108,8 @@ func (d *Driver) mountForVM(ctx context.Context, rec *store.VM, initPID int, pee
 	if n := len(storage.MountsFrom(info, container.DisksDir+"/")); n >= maxDiskMounts {
 		return fmt.Errorf("the vm has %d mounts of its disks already (at most %d): unmount one first", n, maxDiskMounts)
 	}
-	cmd := exec.Command(d.self)
-	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + d.st.Dir(store.VMs, rec.CID),
+	cmd := exec.Command(v.self)
+	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + v.st.Dir(store.VMs, rec.CID),
 		nsDiskEnv + "=" + disk, nsInitEnv + "=" + strconv.Itoa(initPID), nsTargetEnv + "=" + req.Target,
 		nsAttrsEnv + "=" + strconv.FormatUint(attrs, 10)}
 	if out, err := container.RunChild(ctx, cmd); err != nil {
@@ -116,15 +118,15 @@ func (d *Driver) mountForVM(ctx context.Context, rec *store.VM, initPID int, pee
 		}
 		return fmt.Errorf("mounting disk %s: %w", disk, err)
 	}
-	d.st.Log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
+	v.st.Log.Info("disk mounted in the vm at its request", "vm", rec.CID, "disk", disk, "target", req.Target)
 	return nil
 }
 
 // vmMount is the mount service's mount itself, in a process of its own
 // (the supervisor's child) that joins VM rec's cgroups first: the mount
 // it makes is then the VM's kernel memory, under the VM's limits.
-func (d *Driver) vmMount(rec *store.VM, disk string, initPID int, target string, attrs uint64) error {
-	c := d.ctr(rec.CID)
+func (v *VMs) vmMount(rec *store.VM, disk string, initPID int, target string, attrs uint64) error {
+	c := v.ctr(rec.CID)
 	held, _ := c.diskMount(*rec, disk)
 	// The user namespace's holder process starts before this one joins
 	// the VM (it must not count against the VM's pids).

@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/store"
@@ -43,12 +42,10 @@ const (
 )
 
 // Supervised runs what the driver's executable may be started again for
-// — a container VM's supervisor, an operation inside a VM's mount
-// namespace, a process VM's console writer — and exits; otherwise it
-// returns at once. cpi-local's main calls it first thing.
+// on a container VM's behalf — its supervisor, an operation inside its
+// mount namespace — and exits; otherwise it returns at once.
 func Supervised() {
 	container.Supervised(prepareInNS, serveMount)
-	console.Served()
 	if op := os.Getenv(nsOpEnv); op != "" {
 		// As the supervisor's: no namespace or root entered on a thread
 		// of its own may land on the main thread (/proc/self's).
@@ -61,36 +58,36 @@ func Supervised() {
 	}
 }
 
-// nsDriver is the driver as the supervisor or an operation inside a VM's
-// namespace needs it: its state dir (dir is <state>/vms/<cid>) and the
-// VM's record.
-func nsDriver(dir string) (*Driver, *store.VM, error) {
+// nsVMs are container VMs as the supervisor or an operation inside a
+// VM's namespace needs them: their state dir (dir is <state>/vms/<cid>)
+// and the VM's record.
+func nsVMs(dir string) (*VMs, *store.VM, error) {
 	root := filepath.Dir(filepath.Dir(dir))
-	d := &Driver{st: &store.Store{Root: root, Log: logging.Fields{Logger: logging.Discard(), Tag: "local"}}}
-	rec, err := d.st.LoadVM(filepath.Base(dir))
-	return d, rec, err
+	v := &VMs{st: &store.Store{Root: root, Log: logging.Fields{Logger: logging.Discard(), Tag: "local"}}}
+	rec, err := v.st.LoadVM(filepath.Base(dir))
+	return v, rec, err
 }
 
 // prepareInNS mounts the VM's file systems and writes what the agent
 // reads, in the supervisor's namespace, before its container is made.
 func prepareInNS(dir string) error {
-	d, rec, err := nsDriver(dir)
+	v, rec, err := nsVMs(dir)
 	if err != nil {
 		return err
 	}
-	if err := d.mountVM(*rec); err != nil {
+	if err := v.mountVM(*rec); err != nil {
 		return err
 	}
 	userData, err := os.ReadFile(filepath.Join(dir, "user-data"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	return d.writeInside(*rec, d.settingsOf(rec.CID), string(userData))
+	return v.writeInside(*rec, v.settingsOf(rec.CID), string(userData))
 }
 
 // nsOp runs an operation inside a running VM's mount namespace.
 func nsOp(op, dir, disk string) error {
-	d, rec, err := nsDriver(dir)
+	v, rec, err := nsVMs(dir)
 	if err != nil {
 		return err
 	}
@@ -98,13 +95,13 @@ func nsOp(op, dir, disk string) error {
 	case nsMount:
 		init, _ := strconv.Atoi(os.Getenv(nsInitEnv))
 		attrs, _ := strconv.ParseUint(os.Getenv(nsAttrsEnv), 10, 64)
-		return d.vmMount(rec, disk, init, os.Getenv(nsTargetEnv), attrs)
+		return v.vmMount(rec, disk, init, os.Getenv(nsTargetEnv), attrs)
 	case "attach":
-		if _, err := d.attachInside(*rec, disk); err != nil {
+		if _, err := v.attachInside(*rec, disk); err != nil {
 			return err
 		}
 	case "detach":
-		cut, err := d.detachInside(*rec, disk)
+		cut, err := v.detachInside(*rec, disk)
 		if cut {
 			fmt.Println(cutOff)
 		}
@@ -114,7 +111,7 @@ func nsOp(op, dir, disk string) error {
 	default:
 		return fmt.Errorf("no operation %q in a vm's namespace", op)
 	}
-	return d.syncSettings(*rec)
+	return v.syncSettings(*rec)
 }
 
 // cutOff is what the detach operation prints when the VM still held the
@@ -125,8 +122,8 @@ const cutOff = "cut-off"
 // (answering "" when it does not: its file systems are mounted when it
 // starts), and answers what op printed. The supervisor is checked to be
 // the VM's before entering.
-func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (string, error) {
-	c := d.ctr(rec.CID)
+func (v *VMs) inVM(ctx context.Context, rec *store.VM, op, disk string) (string, error) {
+	c := v.ctr(rec.CID)
 	pid := procs.ReadPGID(c.dir)
 	if pid <= 1 {
 		return "", nil
@@ -144,7 +141,7 @@ func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (stri
 		return "", nil
 	}
 	defer ns.Close()
-	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", d.self)
+	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", v.self)
 	cmd.ExtraFiles = []*os.File{ns}
 	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + op, nsDirEnv + "=" + c.dir, nsDiskEnv + "=" + disk}
 	var out, errs bytes.Buffer
@@ -158,8 +155,8 @@ func (d *Driver) inVM(ctx context.Context, rec *store.VM, op, disk string) (stri
 // vmPathOf is path (absolute, in the host's view of a VM's mount points)
 // as the host reaches it in the running VM's namespace, through its
 // supervisor: "" when the VM does not run.
-func (d *Driver) vmPathOf(rec *store.VM, path string) string {
-	pid := procs.ReadPGID(d.ctr(rec.CID).dir)
+func (v *VMs) vmPathOf(rec *store.VM, path string) string {
+	pid := procs.ReadPGID(v.ctr(rec.CID).dir)
 	if pid <= 1 || !procs.HasMarker(pid, rec.CID) {
 		return ""
 	}

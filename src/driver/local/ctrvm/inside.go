@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"context"
@@ -33,25 +33,25 @@ type vmFS struct {
 	uid, gid int
 }
 
-func (d *Driver) openVMFS(rec store.VM) (*vmFS, error) {
+func (v *VMs) openVMFS(rec store.VM) (*vmFS, error) {
 	if rec.IDs == nil {
 		return nil, errNoUserNS(rec.CID)
 	}
-	root, err := os.OpenRoot(d.ctr(rec.CID).rootfs())
+	root, err := os.OpenRoot(v.ctr(rec.CID).rootfs())
 	if err != nil {
 		return nil, err
 	}
 	return &vmFS{root: root, uid: int(rec.IDs.Base), gid: int(rec.IDs.Base)}, nil
 }
 
-func (v *vmFS) Close() error { return v.root.Close() }
+func (vfs *vmFS) Close() error { return vfs.root.Close() }
 
 // mkdirAll makes dir (absolute, inside the VM) and its missing parents.
-func (v *vmFS) mkdirAll(dir string) error {
+func (vfs *vmFS) mkdirAll(dir string) error {
 	p := ""
 	for _, part := range strings.Split(strings.Trim(dir, "/"), "/") {
 		p = filepath.Join(p, part)
-		if fi, err := v.root.Lstat(p); err == nil {
+		if fi, err := vfs.root.Lstat(p); err == nil {
 			if fi.IsDir() {
 				continue
 			}
@@ -60,17 +60,17 @@ func (v *vmFS) mkdirAll(dir string) error {
 			// the way.
 			what := "a " + fi.Mode().Type().String() + " file"
 			if fi.Mode()&fs.ModeSymlink != 0 {
-				target, _ := v.root.Readlink(p)
+				target, _ := vfs.root.Readlink(p)
 				what = fmt.Sprintf("a link (to %q)", target)
 			} else if fi.Mode().IsRegular() {
 				what = "a file"
 			}
 			return fmt.Errorf("/%s in the vm is %s, not a directory: the vm replaced it, and the driver writes its settings only into real directories; recreate the vm", p, what)
 		}
-		if err := v.root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := vfs.root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("making %s in the vm: %w", dir, err)
 		}
-		if err := v.root.Lchown(p, v.uid, v.gid); err != nil {
+		if err := vfs.root.Lchown(p, vfs.uid, vfs.gid); err != nil {
 			return err
 		}
 	}
@@ -78,12 +78,12 @@ func (v *vmFS) mkdirAll(dir string) error {
 }
 
 // write replaces file path (absolute, inside the VM) with b.
-func (v *vmFS) write(path string, b []byte, mode os.FileMode) error {
+func (vfs *vmFS) write(path string, b []byte, mode os.FileMode) error {
 	name := strings.TrimPrefix(path, "/")
-	if err := v.root.WriteFile(name, b, mode); err != nil {
+	if err := vfs.root.WriteFile(name, b, mode); err != nil {
 		return fmt.Errorf("writing %s in the vm: %w", path, err)
 	}
-	if err := v.root.Lchown(name, v.uid, v.gid); err != nil {
+	if err := vfs.root.Lchown(name, vfs.uid, vfs.gid); err != nil {
 		return fmt.Errorf("writing %s in the vm: %w", path, err)
 	}
 	return nil
@@ -91,19 +91,19 @@ func (v *vmFS) write(path string, b []byte, mode os.FileMode) error {
 
 // writeInside puts the agent settings and user data where a warden
 // stemcell's bosh-agent reads them.
-func (d *Driver) writeInside(rec store.VM, settings []byte, userData string) error {
-	v, err := d.openVMFS(rec)
+func (v *VMs) writeInside(rec store.VM, settings []byte, userData string) error {
+	vfs, err := v.openVMFS(rec)
 	if err != nil {
 		return err
 	}
-	defer v.Close()
+	defer vfs.Close()
 	for _, dir := range []string{filepath.Dir(container.AgentSettingsPath), container.DisksDir, "/etc"} {
-		if err := v.mkdirAll(dir); err != nil {
+		if err := vfs.mkdirAll(dir); err != nil {
 			return err
 		}
 	}
 	if settings != nil {
-		if err := v.write(container.AgentSettingsPath, settings, 0o600); err != nil {
+		if err := vfs.write(container.AgentSettingsPath, settings, 0o600); err != nil {
 			return err
 		}
 	}
@@ -112,27 +112,27 @@ func (d *Driver) writeInside(rec store.VM, settings []byte, userData string) err
 		"registry": map[string]string{"endpoint": container.AgentSettingsPath},
 	})
 	md, _ := json.Marshal(map[string]any{"instance-id": rec.CID, "hostname": rec.CID})
-	if err := v.write(container.UserDataJSONPath, ud, 0o600); err != nil {
+	if err := vfs.write(container.UserDataJSONPath, ud, 0o600); err != nil {
 		return err
 	}
-	if err := v.write(container.MetadataJSONPath, md, 0o600); err != nil {
+	if err := vfs.write(container.MetadataJSONPath, md, 0o600); err != nil {
 		return err
 	}
 	// The VM's resolver: its networks' DNS, else the host's (a link the
 	// image has there, into a resolver daemon's runtime dir, is replaced).
-	if fi, err := v.root.Lstat("etc/resolv.conf"); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if err := v.root.Remove("etc/resolv.conf"); err != nil {
+	if fi, err := vfs.root.Lstat("etc/resolv.conf"); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if err := vfs.root.Remove("etc/resolv.conf"); err != nil {
 			return fmt.Errorf("replacing /etc/resolv.conf in the vm: %w", err)
 		}
 	}
-	if err := v.write("/etc/resolv.conf", resolvConf(rec.Networks), 0o644); err != nil {
+	if err := vfs.write("/etc/resolv.conf", resolvConf(rec.Networks), 0o644); err != nil {
 		return err
 	}
-	if err := v.shmInFstab(); err != nil {
+	if err := vfs.shmInFstab(); err != nil {
 		return err
 	}
 	if userData != "" {
-		return v.write(container.UserDataPath, []byte(userData), 0o700)
+		return vfs.write(container.UserDataPath, []byte(userData), 0o700)
 	}
 	return nil
 }
@@ -142,8 +142,8 @@ func (d *Driver) writeInside(rec store.VM, settings []byte, userData string) err
 // without a line util-linux passes back the options the mount table shows,
 // and tmpfs shows its owner as the host's uid, which the VM's user
 // namespace refuses (EINVAL); with one, it passes the line's options.
-func (v *vmFS) shmInFstab() error {
-	b, err := v.root.ReadFile("etc/fstab")
+func (vfs *vmFS) shmInFstab() error {
+	b, err := vfs.root.ReadFile("etc/fstab")
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("reading /etc/fstab in the vm: %w", err)
 	}
@@ -155,7 +155,7 @@ func (v *vmFS) shmInFstab() error {
 	if len(b) > 0 && !strings.HasSuffix(string(b), "\n") {
 		b = append(b, '\n')
 	}
-	return v.write("/etc/fstab", append(b, "tmpfs /dev/shm tmpfs defaults 0 0\n"...), 0o644)
+	return vfs.write("/etc/fstab", append(b, "tmpfs /dev/shm tmpfs defaults 0 0\n"...), 0o644)
 }
 
 // resolvConf is /etc/resolv.conf for a VM on nets: the DNS servers of the
@@ -219,14 +219,14 @@ func withAddresses(settings []byte, nets driver.Networks) []byte {
 // VM's ids (the disk keeps its own ids 0..65535, so it moves between
 // VMs). devs belongs to the host's root; the mount point is made and the
 // disk mounted on it without following any link.
-func (d *Driver) attachInside(rec store.VM, disk string) (string, error) {
+func (v *VMs) attachInside(rec store.VM, disk string) (string, error) {
 	if rec.IDs == nil {
 		return "", errNoUserNS(rec.CID)
 	}
-	c := d.ctr(rec.CID)
+	c := v.ctr(rec.CID)
 	inside := container.DisksDir + "/" + disk
 	if rec.DiskMounts == store.DiskMountsService {
-		return inside, d.holdDisk(rec, disk)
+		return inside, v.holdDisk(rec, disk)
 	}
 	if storage.IsMountPoint(filepath.Join(c.devs(), disk)) {
 		return inside, nil // attached before
@@ -236,11 +236,11 @@ func (d *Driver) attachInside(rec store.VM, disk string) (string, error) {
 		return "", err
 	}
 	defer devs.Close()
-	dr, err := d.st.LoadDisk(disk)
+	dr, err := v.st.LoadDisk(disk)
 	if err != nil {
 		return "", err
 	}
-	src := filepath.Join(d.st.Dir(store.Disks, disk), "data")
+	src := filepath.Join(v.st.Dir(store.Disks, disk), "data")
 	if dr.Format == store.DiskFormatExt4 {
 		// The image's file system, mounted aside only for as long as it
 		// takes to mount a copy of it into the VM: that copy is all
@@ -252,10 +252,10 @@ func (d *Driver) attachInside(rec store.VM, disk string) (string, error) {
 		defer os.Remove(src)
 		// Mounted twice, an ext4 is lost: not while another VM (or this
 		// one, before) still holds it.
-		if err := d.awaitFree(context.Background(), dr); err != nil {
+		if err := v.awaitFree(context.Background(), dr); err != nil {
 			return "", err
 		}
-		if err := storage.MountLoop(filepath.Join(d.st.Dir(store.Disks, disk), store.DiskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		if err := storage.MountLoop(filepath.Join(v.st.Dir(store.Disks, disk), store.DiskImage), src, unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 			return "", fmt.Errorf("mounting disk %s: %w", disk, err)
 		}
 		defer func() { _ = unix.Unmount(src, unix.MNT_DETACH) }()
@@ -268,23 +268,23 @@ func (d *Driver) attachInside(rec store.VM, disk string) (string, error) {
 
 // holdDisk mounts a disk for a mount-service VM (mountservice.go) aside,
 // in its supervisor's namespace, named as its agent settings name it.
-func (d *Driver) holdDisk(rec store.VM, disk string) error {
-	c := d.ctr(rec.CID)
+func (v *VMs) holdDisk(rec store.VM, disk string) error {
+	c := v.ctr(rec.CID)
 	at, _ := c.diskMount(rec, disk)
 	if storage.IsMountPoint(at) {
 		return nil // attached before
 	}
-	dr, err := d.st.LoadDisk(disk)
+	dr, err := v.st.LoadDisk(disk)
 	if err != nil {
 		return err
 	}
 	if dr.Format != store.DiskFormatExt4 {
 		return fmt.Errorf("disk %s is a directory, made in process mode: vm %s's stemcell mounts file systems only", disk, rec.CID)
 	}
-	if err := d.awaitFree(context.Background(), dr); err != nil {
+	if err := v.awaitFree(context.Background(), dr); err != nil {
 		return err
 	}
-	image := filepath.Join(d.st.Dir(store.Disks, disk), store.DiskImage)
+	image := filepath.Join(v.st.Dir(store.Disks, disk), store.DiskImage)
 	for _, dir := range []string{c.held(), at} {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
@@ -300,16 +300,16 @@ func (d *Driver) holdDisk(rec store.VM, disk string) error {
 // once), with every mount the VM made of it in any of its mount
 // namespaces, and answers whether the VM still held its file system
 // after that and was cut off from it (releaseDisk).
-func (d *Driver) detachInside(rec store.VM, disk string) (cut bool, err error) {
-	c := d.ctr(rec.CID)
+func (v *VMs) detachInside(rec store.VM, disk string) (cut bool, err error) {
+	c := v.ctr(rec.CID)
 	at, dir := c.diskMount(rec, disk)
-	if dr, err := d.st.LoadDisk(disk); err == nil && dr.Format == store.DiskFormatExt4 && storage.IsMountPoint(at) {
+	if dr, err := v.st.LoadDisk(disk); err == nil && dr.Format == store.DiskFormatExt4 && storage.IsMountPoint(at) {
 		var st unix.Stat_t
 		if err := unix.Stat(at, &st); err != nil {
 			return false, err
 		}
 		// The image's own loop device: no other file system has it.
-		if cut, err = d.releaseDisk(rec, at, filepath.Join(d.st.Dir(store.Disks, disk), store.DiskImage), st.Dev); err != nil {
+		if cut, err = v.releaseDisk(rec, at, filepath.Join(v.st.Dir(store.Disks, disk), store.DiskImage), st.Dev); err != nil {
 			return cut, err
 		}
 	}
@@ -332,8 +332,8 @@ func (d *Driver) detachInside(rec store.VM, disk string) (cut bool, err error) {
 
 // settingsOf is the agent settings kept for a VM (its directory's copy,
 // which the driver keeps current), nil when it was given none.
-func (d *Driver) settingsOf(cid string) []byte {
-	b, err := os.ReadFile(filepath.Join(d.st.Dir(store.VMs, cid), "agent-settings.json"))
+func (v *VMs) settingsOf(cid string) []byte {
+	b, err := os.ReadFile(filepath.Join(v.st.Dir(store.VMs, cid), "agent-settings.json"))
 	if err != nil {
 		return nil
 	}
@@ -344,8 +344,8 @@ func (d *Driver) settingsOf(cid string) []byte {
 // the VM's agent settings, as the warden CPI does: in its directory's
 // copy, which its supervisor writes inside (syncSettings, and at every
 // start).
-func (d *Driver) updateDiskSettings(cid, disk, path string) error {
-	b := d.settingsOf(cid)
+func (v *VMs) updateDiskSettings(cid, disk, path string) error {
+	b := v.settingsOf(cid)
 	if b == nil {
 		return nil // no settings given: nothing to keep current
 	}
@@ -372,22 +372,22 @@ func (d *Driver) updateDiskSettings(cid, disk, path string) error {
 	if err != nil {
 		return err
 	}
-	return record.WriteFile(filepath.Join(d.st.Dir(store.VMs, cid), "agent-settings.json"), out)
+	return record.WriteFile(filepath.Join(v.st.Dir(store.VMs, cid), "agent-settings.json"), out)
 }
 
 // syncSettings writes the VM's agent settings inside it (in its mount
 // namespace).
-func (d *Driver) syncSettings(rec store.VM) error {
-	b := d.settingsOf(rec.CID)
+func (v *VMs) syncSettings(rec store.VM) error {
+	b := v.settingsOf(rec.CID)
 	if b == nil {
 		return nil
 	}
-	v, err := d.openVMFS(rec)
+	vfs, err := v.openVMFS(rec)
 	if err != nil {
 		return err
 	}
-	defer v.Close()
-	return v.write(container.AgentSettingsPath, b, 0o600)
+	defer vfs.Close()
+	return vfs.write(container.AgentSettingsPath, b, 0o600)
 }
 
 // findExecutableIn checks the command exists in the VM's image.

@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"encoding/json"
@@ -31,9 +31,9 @@ func TestWithAddressesFillsTheNetworksTheVMGot(t *testing.T) {
 // A VM whose cloud properties name no limits gets the configured defaults:
 // never an unlimited VM.
 func TestOCISpecDefaultLimits(t *testing.T) {
-	d := &Driver{st: &store.Store{Root: "/var/lib/runway"}, cfg: Config{Container: ContainerConfig{PidsLimit: 100, DefaultRAMMiB: 2048, DefaultCPU: 2}}}
-	ram, cpu := d.limits(store.VMProps{})
-	s, err := container.Spec(container.VM{CID: "vm-1", Argv: []string{"/bin/true"}, RAMMiB: ram, CPU: cpu, Pids: d.cfg.Container.PidsLimit})
+	v := &VMs{st: &store.Store{Root: "/var/lib/runway"}, cfg: Config{PidsLimit: 100, DefaultRAMMiB: 2048, DefaultCPU: 2}}
+	ram, cpu := v.limits(store.VMProps{})
+	s, err := container.Spec(container.VM{CID: "vm-1", Argv: []string{"/bin/true"}, RAMMiB: ram, CPU: cpu, Pids: v.cfg.PidsLimit})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"context"
@@ -16,28 +16,28 @@ import (
 // of its own in the VM, which stops at its size.
 
 // image is disk rec's image.
-func (v containerVMs) image(rec *store.Disk) string {
-	return filepath.Join(v.d.st.Dir(store.Disks, rec.CID), store.DiskImage)
+func (v *VMs) image(rec *store.Disk) string {
+	return filepath.Join(v.st.Dir(store.Disks, rec.CID), store.DiskImage)
 }
 
 // MakeDisk makes an ext4 image of the disk's size, all of it allocated now.
-func (v containerVMs) MakeDisk(ctx context.Context, rec *store.Disk, dir string) error {
+func (v *VMs) MakeDisk(ctx context.Context, rec *store.Disk, dir string) error {
 	rec.Format = store.DiskFormatExt4
 	return storage.MakeImage(ctx, filepath.Join(dir, store.DiskImage), rec.SizeMiB, storage.DiskImage, false)
 }
 
 // AwaitFree: see awaitFree.
-func (v containerVMs) AwaitFree(ctx context.Context, rec *store.Disk) error {
-	return v.d.awaitFree(ctx, rec)
+func (v *VMs) AwaitFree(ctx context.Context, rec *store.Disk) error {
+	return v.awaitFree(ctx, rec)
 }
 
 // GrowDisk grows a detached disk's file system: the CPI API resizes
 // detached disks; growing a mounted ext4 needs CAP_SYS_RESOURCE besides.
-func (v containerVMs) GrowDisk(ctx context.Context, rec *store.Disk, sizeMiB int) error {
-	if rec.AttachedTo != "" && v.d.st.VMExists(rec.AttachedTo) {
+func (v *VMs) GrowDisk(ctx context.Context, rec *store.Disk, sizeMiB int) error {
+	if rec.AttachedTo != "" && v.st.VMExists(rec.AttachedTo) {
 		return fmt.Errorf("disk %s is attached to vm %s: detach it first", rec.CID, rec.AttachedTo)
 	}
-	if err := v.d.awaitFree(ctx, rec); err != nil {
+	if err := v.awaitFree(ctx, rec); err != nil {
 		return fmt.Errorf("disk %s cannot grow: %w", rec.CID, err)
 	}
 	if err := storage.GrowImage(ctx, v.image(rec), sizeMiB); err != nil {
@@ -47,24 +47,24 @@ func (v containerVMs) GrowDisk(ctx context.Context, rec *store.Disk, sizeMiB int
 }
 
 // DiskSize: what the image has allocated.
-func (v containerVMs) DiskSize(rec *store.Disk) (int64, error) {
+func (v *VMs) DiskSize(rec *store.Disk) (int64, error) {
 	return storage.Allocated(v.image(rec))
 }
 
 // CopyDisk copies the image whole — frozen while a VM has it mounted
 // (every mount and open file of it is one file system, so every holder
 // waits), and otherwise only once nothing holds it.
-func (v containerVMs) CopyDisk(ctx context.Context, rec *store.Disk, tmp string, _ *storage.Budget) error {
+func (v *VMs) CopyDisk(ctx context.Context, rec *store.Disk, tmp string, _ *storage.Budget) error {
 	copyImage := func() error { return storage.CopyImage(v.image(rec), filepath.Join(tmp, store.DiskImage)) }
 	if rec.AttachedTo != "" {
-		if vm, err := v.d.st.LoadVM(rec.AttachedTo); err == nil {
-			at, _ := v.d.ctr(vm.CID).diskMount(*vm, rec.CID)
-			if mounted := v.d.vmPathOf(vm, at); mounted != "" && storage.IsMountPoint(mounted) {
+		if vm, err := v.st.LoadVM(rec.AttachedTo); err == nil {
+			at, _ := v.ctr(vm.CID).diskMount(*vm, rec.CID)
+			if mounted := v.vmPathOf(vm, at); mounted != "" && storage.IsMountPoint(mounted) {
 				return storage.Frozen(mounted, copyImage)
 			}
 		}
 	}
-	if err := v.d.awaitFree(ctx, rec); err != nil {
+	if err := v.awaitFree(ctx, rec); err != nil {
 		return fmt.Errorf("it cannot be copied consistently while it is in use and not attached where the driver can freeze it: %w", err)
 	}
 	return copyImage()
@@ -77,18 +77,18 @@ const freeWait = 10 * time.Second
 // awaitFree waits (at most freeWait) until no file system holds disk
 // rec's image — a VM it was taken from lets go of it a moment later, or,
 // cut off, only when it ends — and says who holds it otherwise.
-func (d *Driver) awaitFree(ctx context.Context, rec *store.Disk) error {
+func (v *VMs) awaitFree(ctx context.Context, rec *store.Disk) error {
 	if rec.Format != store.DiskFormatExt4 {
 		return nil
 	}
 	wait := freeWait
-	if rec.HeldBy != "" && d.st.VMExists(rec.HeldBy) {
+	if rec.HeldBy != "" && v.st.VMExists(rec.HeldBy) {
 		wait = 0 // a VM cut off lets go of it when it ends, not in a moment
 	}
-	err := storage.AwaitFree(ctx, filepath.Join(d.st.Dir(store.Disks, rec.CID), store.DiskImage), wait)
+	err := storage.AwaitFree(ctx, filepath.Join(v.st.Dir(store.Disks, rec.CID), store.DiskImage), wait)
 	if err == nil && rec.HeldBy != "" {
 		rec.HeldBy = ""
-		return d.st.Save(store.Disks, rec.CID, rec)
+		return v.st.Save(store.Disks, rec.CID, rec)
 	}
 	return heldError(rec, err)
 }

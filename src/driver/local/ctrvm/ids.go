@@ -1,8 +1,10 @@
-package local
+package ctrvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -47,11 +49,11 @@ type idRegistry struct {
 }
 
 // withIDs runs f on the registry under the host-wide lock and saves it.
-func (d *Driver) withIDs(ctx context.Context, f func(r *idRegistry) error) error {
+func (v *VMs) withIDs(ctx context.Context, f func(r *idRegistry) error) error {
 	if err := os.MkdirAll(hostIDsDir, 0o700); err != nil {
 		return fmt.Errorf("the host's id registry: %w", err)
 	}
-	locks, err := lock.New(hostIDsDir, 30*time.Second, d.st.Locks.Logger)
+	locks, err := lock.New(hostIDsDir, 30*time.Second, v.st.Locks.Logger)
 	if err != nil {
 		return err
 	}
@@ -61,7 +63,7 @@ func (d *Driver) withIDs(ctx context.Context, f func(r *idRegistry) error) error
 	}
 	defer unlock()
 	r := &idRegistry{path: filepath.Join(hostIDsDir, "idranges.json")}
-	if err := record.Read(r.path, r); err != nil && !isNotExist(err) {
+	if err := record.Read(r.path, r); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("the host's id registry %s: %w", r.path, err)
 	}
 	if err := f(r); err != nil {
@@ -72,13 +74,13 @@ func (d *Driver) withIDs(ctx context.Context, f func(r *idRegistry) error) error
 
 // prune drops the claims of VMs that are gone: their state dir has no
 // such VM (published or being created), or is gone itself.
-func (r *idRegistry) prune(d *Driver) {
+func (r *idRegistry) prune(v *VMs) {
 	r.Claims = slices.DeleteFunc(r.Claims, func(c idClaim) bool {
-		if c.State == d.st.Root {
-			return !d.st.OwnerAlive(c.VM)
+		if c.State == v.st.Root {
+			return !v.st.OwnerAlive(c.VM)
 		}
 		for _, p := range []string{filepath.Join(c.State, "vms", ".creating-"+c.VM), filepath.Join(c.State, "vms", c.VM)} {
-			if _, err := os.Lstat(p); err == nil || !isNotExist(err) {
+			if _, err := os.Lstat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
 				return false
 			}
 		}
@@ -98,33 +100,33 @@ func (r *idRegistry) holder(base uint32, state, vm string) (idClaim, bool) {
 }
 
 // maxSlots is how many VM ranges fit above the base below 2^32-1.
-func (d *Driver) maxSlots() int {
-	return int((uint64(math.MaxUint32) - uint64(d.cfg.Container.UIDBase)) / idsPerVM)
+func (v *VMs) maxSlots() int {
+	return int((uint64(math.MaxUint32) - uint64(v.cfg.UIDBase)) / idsPerVM)
 }
 
 // allocateIDs gives cid the lowest range above container.uid_base that
 // no VM of any state dir on the host holds.
-func (d *Driver) allocateIDs(ctx context.Context, cid string) (storage.IDRange, error) {
+func (v *VMs) allocateIDs(ctx context.Context, cid string) (storage.IDRange, error) {
 	var got storage.IDRange
-	err := d.withIDs(ctx, func(r *idRegistry) error {
-		r.prune(d)
-		d.registerEarlier(r)
+	err := v.withIDs(ctx, func(r *idRegistry) error {
+		r.prune(v)
+		v.registerEarlier(r)
 		for _, c := range r.Claims {
-			if c.State == d.st.Root && c.VM == cid {
+			if c.State == v.st.Root && c.VM == cid {
 				got = storage.IDRange{Base: c.Base, Size: idsPerVM}
 				return nil
 			}
 		}
-		for n := range d.maxSlots() {
-			base := d.cfg.Container.UIDBase + uint32(n)*idsPerVM
-			if _, taken := r.holder(base, d.st.Root, cid); taken {
+		for n := range v.maxSlots() {
+			base := v.cfg.UIDBase + uint32(n)*idsPerVM
+			if _, taken := r.holder(base, v.st.Root, cid); taken {
 				continue
 			}
-			r.Claims = append(r.Claims, idClaim{Base: base, State: d.st.Root, VM: cid})
+			r.Claims = append(r.Claims, idClaim{Base: base, State: v.st.Root, VM: cid})
 			got = storage.IDRange{Base: base, Size: idsPerVM}
 			return nil
 		}
-		return fmt.Errorf("every one of the %d id ranges above container.uid_base %d is held by a vm on this host", d.maxSlots(), d.cfg.Container.UIDBase)
+		return fmt.Errorf("every one of the %d id ranges above container.uid_base %d is held by a vm on this host", v.maxSlots(), v.cfg.UIDBase)
 	})
 	return got, err
 }
@@ -132,26 +134,26 @@ func (d *Driver) allocateIDs(ctx context.Context, cid string) (storage.IDRange, 
 // registerEarlier brings the VMs this state dir made before the registry
 // (<state_dir>/idranges.json, slot → VM) into it, saying which ones
 // share ids with another state dir's (recreate one of them).
-func (d *Driver) registerEarlier(r *idRegistry) {
-	path := filepath.Join(d.st.Root, "idranges.json")
+func (v *VMs) registerEarlier(r *idRegistry) {
+	path := filepath.Join(v.st.Root, "idranges.json")
 	table := map[string]string{}
 	if record.Read(path, &table) != nil {
 		return
 	}
 	for slot, vm := range table {
 		n, err := strconv.Atoi(slot)
-		if err != nil || !d.st.OwnerAlive(vm) {
+		if err != nil || !v.st.OwnerAlive(vm) {
 			continue
 		}
-		base := d.cfg.Container.UIDBase + uint32(n)*idsPerVM
-		if rec, err := d.st.LoadVM(vm); err == nil && rec.IDs != nil {
+		base := v.cfg.UIDBase + uint32(n)*idsPerVM
+		if rec, err := v.st.LoadVM(vm); err == nil && rec.IDs != nil {
 			base = rec.IDs.Base
 		}
-		if other, taken := r.holder(base, d.st.Root, vm); taken {
-			d.st.Log.Warn("a vm made before the host-wide id registry shares host ids with another state dir's vm: recreate one of them", "vm", vm, "other_state_dir", other.State, "other_vm", other.VM)
+		if other, taken := r.holder(base, v.st.Root, vm); taken {
+			v.st.Log.Warn("a vm made before the host-wide id registry shares host ids with another state dir's vm: recreate one of them", "vm", vm, "other_state_dir", other.State, "other_vm", other.VM)
 		}
-		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == d.st.Root && c.VM == vm }) {
-			r.Claims = append(r.Claims, idClaim{Base: base, State: d.st.Root, VM: vm})
+		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == v.st.Root && c.VM == vm }) {
+			r.Claims = append(r.Claims, idClaim{Base: base, State: v.st.Root, VM: vm})
 		}
 	}
 	_ = os.Remove(path)
@@ -160,29 +162,29 @@ func (d *Driver) registerEarlier(r *idRegistry) {
 // claimIDs makes sure VM rec's recorded range is its own before it starts
 // again (the registry lost, or a VM made before it): refused by name when
 // another VM holds ids of it.
-func (d *Driver) claimIDs(ctx context.Context, rec *store.VM) error {
-	return d.withIDs(ctx, func(r *idRegistry) error {
-		r.prune(d)
-		d.registerEarlier(r)
-		if other, taken := r.holder(rec.IDs.Base, d.st.Root, rec.CID); taken {
+func (v *VMs) claimIDs(ctx context.Context, rec *store.VM) error {
+	return v.withIDs(ctx, func(r *idRegistry) error {
+		r.prune(v)
+		v.registerEarlier(r)
+		if other, taken := r.holder(rec.IDs.Base, v.st.Root, rec.CID); taken {
 			return fmt.Errorf("vm %s's host ids %d–%d are also vm %s's of state dir %s (made before ids were allocated host-wide): delete one of them and make it again (bosh recreate)",
 				rec.CID, rec.IDs.Base, uint64(rec.IDs.Base)+idsPerVM-1, other.VM, other.State)
 		}
-		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == d.st.Root && c.VM == rec.CID }) {
-			r.Claims = append(r.Claims, idClaim{Base: rec.IDs.Base, State: d.st.Root, VM: rec.CID})
+		if !slices.ContainsFunc(r.Claims, func(c idClaim) bool { return c.State == v.st.Root && c.VM == rec.CID }) {
+			r.Claims = append(r.Claims, idClaim{Base: rec.IDs.Base, State: v.st.Root, VM: rec.CID})
 		}
 		return nil
 	})
 }
 
 // releaseIDs frees cid's range.
-func (d *Driver) releaseIDs(ctx context.Context, cid string) {
-	err := d.withIDs(ctx, func(r *idRegistry) error {
-		r.Claims = slices.DeleteFunc(r.Claims, func(c idClaim) bool { return c.State == d.st.Root && c.VM == cid })
+func (v *VMs) releaseIDs(ctx context.Context, cid string) {
+	err := v.withIDs(ctx, func(r *idRegistry) error {
+		r.Claims = slices.DeleteFunc(r.Claims, func(c idClaim) bool { return c.State == v.st.Root && c.VM == cid })
 		return nil
 	})
 	if err != nil {
-		d.st.Log.Warn("releasing the vm's id range failed", "vm", cid, "err", err)
+		v.st.Log.Warn("releasing the vm's id range failed", "vm", cid, "err", err)
 	}
 }
 

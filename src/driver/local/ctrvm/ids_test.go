@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"context"
@@ -15,20 +15,20 @@ import (
 
 // idDriver is a container-mode driver's id allocation alone: its state
 // dir, a VM directory for each cid it allocates (as create_vm has).
-func idDriver(t *testing.T, base uint32) *Driver {
+func idDriver(t *testing.T, base uint32) *VMs {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "state")
 	locks, err := lock.New(filepath.Join(root, "locks"), 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Driver{st: &store.Store{Root: root, Locks: locks, Log: logging.Fields{Logger: logging.Discard()}},
-		cfg: Config{Container: ContainerConfig{UIDBase: base}}}
+	return &VMs{st: &store.Store{Root: root, Locks: locks, Log: logging.Fields{Logger: logging.Discard()}},
+		cfg: Config{UIDBase: base}}
 }
 
-func (d *Driver) testVM(t *testing.T, cid string) {
+func (v *VMs) testVM(t *testing.T, cid string) {
 	t.Helper()
-	if err := os.MkdirAll(d.st.Dir(store.VMs, cid), 0o700); err != nil {
+	if err := os.MkdirAll(v.st.Dir(store.VMs, cid), 0o700); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -41,7 +41,7 @@ func TestIDRangesAreAllocatedHostWide(t *testing.T) {
 	ctx := context.Background()
 	a, b := idDriver(t, DefaultUIDBase), idDriver(t, DefaultUIDBase)
 	taken := map[uint32]string{}
-	for i, d := range []*Driver{a, b, a, b} {
+	for i, d := range []*VMs{a, b, a, b} {
 		cid := "vm-" + string(rune('a'+i))
 		d.testVM(t, cid)
 		r, err := d.allocateIDs(ctx, cid)

@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"os"
@@ -34,11 +34,11 @@ var agentOwnDirs = []string{"/var/vcap/data", "/home"}
 // they exist (rec.OwnDirs), each directory of agentOwnDirs its image has
 // as a directory (no link on the way: the overlay's lower directory is
 // resolved on the host).
-func (d *Driver) ownMounts(rec store.VM) []container.OwnMount {
+func (v *VMs) ownMounts(rec store.VM) []container.OwnMount {
 	if !rec.OwnDirs {
 		return nil
 	}
-	image := d.st.ImageDir(rec.StemcellCID)
+	image := v.st.ImageDir(rec.StemcellCID)
 	var out []container.OwnMount
 	for _, dir := range agentOwnDirs {
 		if !realDir(image, dir) {

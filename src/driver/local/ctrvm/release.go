@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"errors"
@@ -31,13 +31,13 @@ import (
 // running VM rec (which must be called in its supervisor's namespace,
 // where at is the driver's own mount of it) and answers whether the VM
 // still held the file system and had to be cut off.
-func (d *Driver) releaseDisk(rec store.VM, at, image string, dev uint64) (cut bool, err error) {
+func (v *VMs) releaseDisk(rec store.VM, at, image string, dev uint64) (cut bool, err error) {
 	pin, err := storage.PinLoop(dev, image)
 	if err != nil {
 		return false, err
 	}
 	defer pin.Close()
-	c := d.ctr(rec.CID)
+	c := v.ctr(rec.CID)
 	thaw := freezeCgroup(c.cgroup())
 	err = unmountInVM(c, dev)
 	thaw()

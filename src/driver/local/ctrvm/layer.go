@@ -1,4 +1,4 @@
-package local
+package ctrvm
 
 import (
 	"context"
@@ -27,20 +27,20 @@ func (c ctr) layerImage() string { return filepath.Join(c.dir, "layer.img") }
 
 // ephemeralMiB is the size of a VM's writable layer: its cloud
 // properties' ephemeral_disk_size, else the configured default.
-func (d *Driver) ephemeralMiB(p store.VMProps) int {
+func (v *VMs) ephemeralMiB(p store.VMProps) int {
 	if p.EphemeralDiskSize > 0 {
 		return p.EphemeralDiskSize
 	}
-	return d.cfg.Container.DefaultEphemeralDiskMiB
+	return v.cfg.DefaultEphemeralDiskMiB
 }
 
 // makeLayer makes a new VM's layer image, cloned from a template of that
 // size (made once per size: a clone costs a few milliseconds, mkfs tens).
-func (d *Driver) makeLayer(ctx context.Context, c ctr, sizeMiB int) error {
-	if err := d.checkSpace(sizeMiB); err != nil {
+func (v *VMs) makeLayer(ctx context.Context, c ctr, sizeMiB int) error {
+	if err := v.st.CheckSpace(sizeMiB); err != nil {
 		return err
 	}
-	tmpl := filepath.Join(d.st.Root, "templates", "layer-"+strconv.Itoa(sizeMiB)+".img")
+	tmpl := filepath.Join(v.st.Root, "templates", "layer-"+strconv.Itoa(sizeMiB)+".img")
 	if _, err := os.Stat(tmpl); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(tmpl), 0o700); err != nil {
 			return err
@@ -64,7 +64,7 @@ func (d *Driver) makeLayer(ctx context.Context, c ctr, sizeMiB int) error {
 // mountLayer mounts the VM's writable layer at run/layer and makes its
 // upper and work directories, the upper one owned and moded as the
 // image's root is seen by the VM (the overlay's root takes them).
-func (d *Driver) mountLayer(c ctr, run *os.Root, ids storage.IDRange, image string) error {
+func (v *VMs) mountLayer(c ctr, run *os.Root, ids storage.IDRange, image string) error {
 	if err := storage.MkdirOwned(run, "layer", 0o700, 0, 0); err != nil {
 		return err
 	}
