@@ -10,8 +10,8 @@ import (
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
 
-// isolation is how VMs run: process groups on the host (processVMs) or
-// OCI containers (containerVMs), and the kind of disk each takes. New VMs
+// isolation is how VMs run: process groups on the host (procvm.VMs) or
+// OCI containers (ctrvm.VMs), and the kind of disk each takes. New VMs
 // and disks get the configured one; a VM or a disk keeps the one it was
 // made with (its record says), so the config may change while it lives
 // and deleting it still undoes what made it. Every difference between the
