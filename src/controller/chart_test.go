@@ -20,14 +20,16 @@ func helm(t *testing.T, args ...string) (string, error) {
 // The chart lints clean, and renders what Runway needs and no more: the
 // three CRDs, a ServiceAccount with a Role of its namespace only (no
 // ClusterRole), two replicas with leader election, restricted pods, the
-// webhook Service, the forges given as values; sqlite with two replicas
-// is refused.
+// webhook Service, the forges given as values (a token's Secret, or a
+// GitHub App's in ARC's githubConfigSecret form); sqlite with two
+// replicas is refused.
 func TestChartLintsAndRenders(t *testing.T) {
 	if out, err := helm(t, "lint", "--strict", "config/helm/runway"); err != nil {
 		t.Fatalf("helm lint: %v\n%s", err, out)
 	}
 	out, err := helm(t, "template", "rel", "config/helm/runway", "-n", "ci", "--include-crds",
-		"--set", "forges[0].name=gh,forges[0].type=github,forges[0].token.name=s,forges[0].token.key=k")
+		"--set", "forges[0].name=gh,forges[0].type=github,forges[0].token.name=s,forges[0].token.key=k",
+		"--set", "forges[1].name=app,forges[1].type=github,forges[1].githubConfigSecret=gh-app")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
@@ -37,9 +39,17 @@ func TestChartLintsAndRenders(t *testing.T) {
 	}
 	for _, want := range []string{"CustomResourceDefinition/runnergroups.gitea.bpg.pw", "CustomResourceDefinition/forges.runway.io",
 		"CustomResourceDefinition/runnergroups.runway.io", "ServiceAccount/rel-runway", "Role/rel-runway", "RoleBinding/rel-runway",
-		"Deployment/rel-runway", "Service/rel-runway", "ConfigMap/rel-runway", "Forge/gh"} {
+		"Deployment/rel-runway", "Service/rel-runway", "ConfigMap/rel-runway", "Forge/gh", "Forge/app"} {
 		if kinds[want] == nil {
 			t.Errorf("the chart renders no %s", want)
+		}
+	}
+	if f := kinds["Forge/app"]; f != nil {
+		if s, _, _ := unstructured.NestedString(f.Object, "spec", "githubConfigSecret"); s != "gh-app" {
+			t.Errorf("the App's forge: %v", f.Object["spec"])
+		}
+		if _, has, _ := unstructured.NestedFieldNoCopy(f.Object, "spec", "token"); has {
+			t.Errorf("the App's forge names a token too")
 		}
 	}
 	for k := range kinds {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -251,5 +252,66 @@ spec:
 	})
 	if g.Demand != config.DemandScaleSet || g.ScaleSet.Name != "linux-ss" || g.ScaleSet.RunnerGroupID != 3 {
 		t.Errorf("scale-set group: demand %q, scale set %+v", g.Demand, g.ScaleSet)
+	}
+}
+
+// A GitHub Forge whose credentials are a GitHub App's, in the Secret form
+// actions-runner-controller's githubConfigSecret takes: the engine's
+// forge answers the App (id, installation, key) at every use, so a key
+// rotated in the Secret reaches it; an enterprise's scale-set group is
+// handed over with its enterprise, but not on an App's forge (GitHub lets
+// no App register enterprise runners). The API server refuses a Forge
+// with both a token and githubConfigSecret, or neither.
+func TestGitHubAppForgeThroughTheController(t *testing.T) {
+	c := newCluster(t)
+	eng := &fakeEngine{states: map[string]GroupState{}}
+	c.start(t, eng)
+	key, rotated := appKeyPEM(t), appKeyPEM(t)
+	secret := func(k string) *unstructured.Unstructured {
+		return parseObjects(t, []byte(fmt.Sprintf("{apiVersion: v1, kind: Secret, metadata: {name: gh-app}, stringData: {github_app_id: \"123\", github_app_installation_id: \"42\", github_app_private_key: %q}}", k)))[0]
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(c.create(secret(key)))
+	must(c.create(parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: gh}, spec: {type: github, githubConfigSecret: gh-app}}`))[0]))
+	must(c.create(parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ss}, spec: {forge: gh, scope: org, org: acme, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
+	var g handed
+	waitFor(t, 10*time.Second, "the group handed over with the App's forge", func() bool {
+		var ok bool
+		g.GroupConfig, g.forge, ok = eng.group(engineName(kindGroup, c.ns, "ss"))
+		return ok
+	})
+	src, ok := g.forge.Secrets.(config.AppSource)
+	if !ok {
+		t.Fatal("the forge's source holds no App")
+	}
+	if id, inst, k := src.App(); id != "123" || inst != 42 || k != strings.TrimSpace(key) || g.forge.Secrets.Token() != "" {
+		t.Errorf("the engine's App: %s/%d", id, inst)
+	}
+	_, err := c.kube.CoreV1().Secrets(c.ns).Update(context.Background(), func() *corev1.Secret {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "gh-app", Namespace: c.ns},
+			StringData: map[string]string{"github_app_id": "123", "github_app_installation_id": "42", "github_app_private_key": rotated}}
+		return s
+	}(), metav1.UpdateOptions{})
+	must(err)
+	waitFor(t, 10*time.Second, "the rotated key in use", func() bool { _, _, k := src.App(); return k == strings.TrimSpace(rotated) })
+	must(c.create(parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ent}, spec: {forge: gh, scope: enterprise, enterprise: acme-corp, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
+	waitFor(t, 10*time.Second, "the enterprise group refused on the App's forge", func() bool {
+		cond, _ := c.readyOf(t, gvrs[kindGroup], "ent")
+		return cond.Reason == ReasonInvalid && strings.Contains(cond.Message, "classic PAT")
+	})
+	for _, bad := range []string{
+		`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: b1}, spec: {type: github, token: {name: t, key: k}, githubConfigSecret: gh-app}}`,
+		`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: b2}, spec: {type: github}}`,
+		`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: b3}, spec: {type: gitea, url: "http://g", githubConfigSecret: gh-app}}`,
+		`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: b4}, spec: {forge: gh, scope: enterprise, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`,
+	} {
+		if err := c.create(parseObjects(t, []byte(bad))[0]); err == nil {
+			t.Errorf("%s: the API server took it", bad)
+		}
 	}
 }

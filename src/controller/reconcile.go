@@ -126,7 +126,7 @@ func (c *Controller) buildSeed(e *entry, u *unstructured.Unstructured) error {
 	if err != nil {
 		return err
 	}
-	return c.accept(e, fc, &gc, token, hook)
+	return c.accept(e, fc, &gc, forgeSecrets{token: token, hook: hook})
 }
 
 func (c *Controller) buildForge(e *entry, u *unstructured.Unstructured) error {
@@ -134,12 +134,15 @@ func (c *Controller) buildForge(e *entry, u *unstructured.Unstructured) error {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &f); err != nil {
 		return err
 	}
-	e.secrets = secretRefs(e.ns, &f.Spec.Token, f.Spec.WebhookSecret)
-	fc, token, hook, err := runwayForge(&f, c.readSecret)
+	e.secrets = secretRefs(e.ns, f.Spec.Token, f.Spec.WebhookSecret)
+	if f.Spec.GitHubConfigSecret != "" {
+		e.secrets = append(e.secrets, e.ns+"/"+f.Spec.GitHubConfigSecret)
+	}
+	fc, sec, err := runwayForge(&f, c.readSecret)
 	if err != nil {
 		return err
 	}
-	return c.accept(e, fc, nil, token, hook)
+	return c.accept(e, fc, nil, sec)
 }
 
 func (c *Controller) buildGroup(e *entry, u *unstructured.Unstructured) error {
@@ -166,13 +169,18 @@ func (c *Controller) buildGroup(e *entry, u *unstructured.Unstructured) error {
 	if err := validate(&fc, &gc); err != nil {
 		return err
 	}
+	if a, ok := fc.Secrets.(config.AppSource); ok && gc.Scope == "enterprise" {
+		if id, _, _ := a.App(); id != "" {
+			return &notReady{ReasonInvalid, fmt.Sprintf("spec.scope: GitHub does not let an App register enterprise runners: Forge %s/%s needs a classic PAT (github_token) with manage_runners:enterprise", e.ns, rg.Spec.Forge)}
+		}
+	}
 	e.forge, e.group = &fc, &gc
 	return nil
 }
 
 // accept validates a forge (and a group of it) as the engine will, and
 // keeps them with the forge's secrets.
-func (c *Controller) accept(e *entry, fc config.ForgeConfig, gc *config.GroupConfig, token, hook string) error {
+func (c *Controller) accept(e *entry, fc config.ForgeConfig, gc *config.GroupConfig, sec forgeSecrets) error {
 	field := "spec.url"
 	if e.kind == kindSeed {
 		field = "spec.gitea.url"
@@ -190,7 +198,7 @@ func (c *Controller) accept(e *entry, fc config.ForgeConfig, gc *config.GroupCon
 		c.sources[fc.Name] = src
 	}
 	c.mu.Unlock()
-	src.set(token, hook)
+	src.set(sec.token, sec.hook, sec.app)
 	fc.Secrets = src
 	if err := validate(&fc, gc); err != nil {
 		return err
@@ -296,6 +304,10 @@ func (c *Controller) check(ctx context.Context, e *entry) {
 		return
 	}
 	key := fmt.Sprint(e.generation, e.forge.URL, e.forge.Secrets.Token())
+	if a, ok := e.forge.Secrets.(config.AppSource); ok {
+		id, inst, k := a.App()
+		key += fmt.Sprint(id, inst, k)
+	}
 	if key == e.checkKey {
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	giteav1 "github.com/runway-cpi/runway/src/controller/apis/gitea/v1alpha1"
 	runwayv1 "github.com/runway-cpi/runway/src/controller/apis/runway/v1alpha1"
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/forge/ghapp"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
@@ -65,13 +67,21 @@ func engineName(kind, ns, name string) string {
 	return base + "-" + hex.EncodeToString(h[:3])
 }
 
-// secretSource is one forge's token and webhook secret, read from its
-// Secrets: the engine asks for them at every use, so a rotation is
-// picked up without another call. A Secret that goes away keeps the last
-// value (a retiring group still needs its token).
+// secretSource is one forge's token (or GitHub App) and webhook secret,
+// read from its Secrets: the engine asks for them at every use, so a
+// rotation is picked up without another call. A Secret that goes away
+// keeps the last value (a retiring group still needs its token).
 type secretSource struct {
 	mu          sync.Mutex
 	token, hook string
+	app         appCreds
+}
+
+// appCreds are a GitHub App installation's credentials (no id: none).
+type appCreds struct {
+	id           string
+	installation int64
+	key          string
 }
 
 func (s *secretSource) Token() string {
@@ -86,9 +96,16 @@ func (s *secretSource) WebhookSecret() string {
 	return s.hook
 }
 
-func (s *secretSource) set(token, hook string) {
+// App implements config.AppSource.
+func (s *secretSource) App() (string, int64, string) {
 	s.mu.Lock()
-	s.token, s.hook = token, hook
+	defer s.mu.Unlock()
+	return s.app.id, s.app.installation, s.app.key
+}
+
+func (s *secretSource) set(token, hook string, app appCreds) {
+	s.mu.Lock()
+	s.token, s.hook, s.app = token, hook, app
 	s.mu.Unlock()
 }
 
@@ -162,32 +179,85 @@ func seedGroup(rg *giteav1.RunnerGroup, seed Seed, read secretReader) (config.Fo
 	return fc, gc, token, "", nil
 }
 
+// forgeSecrets are what a Forge's Secrets hold for the engine.
+type forgeSecrets struct {
+	token, hook string
+	app         appCreds
+}
+
 // runwayForge turns a Forge into a forge.
-func runwayForge(f *runwayv1.Forge, read secretReader) (config.ForgeConfig, string, string, error) {
+func runwayForge(f *runwayv1.Forge, read secretReader) (config.ForgeConfig, forgeSecrets, error) {
 	s := f.Spec
-	token, err := read(f.Namespace, "spec.token", s.Token.Name, s.Token.Key)
-	if err != nil {
-		return config.ForgeConfig{}, "", "", err
+	var sec forgeSecrets
+	var err error
+	switch {
+	case s.GitHubConfigSecret != "":
+		sec.token, sec.app, err = githubConfigSecret(read, f.Namespace, s.GitHubConfigSecret)
+	case s.Token != nil:
+		sec.token, err = read(f.Namespace, "spec.token", s.Token.Name, s.Token.Key)
+	default:
+		err = &notReady{ReasonInvalid, "spec.token: set exactly one of token or githubConfigSecret"}
 	}
-	hook := ""
+	if err != nil {
+		return config.ForgeConfig{}, sec, err
+	}
 	if s.WebhookSecret != nil {
-		if hook, err = read(f.Namespace, "spec.webhookSecret", s.WebhookSecret.Name, s.WebhookSecret.Key); err != nil {
-			return config.ForgeConfig{}, "", "", err
+		if sec.hook, err = read(f.Namespace, "spec.webhookSecret", s.WebhookSecret.Name, s.WebhookSecret.Key); err != nil {
+			return config.ForgeConfig{}, sec, err
 		}
 	}
 	fc := config.ForgeConfig{Name: engineName(kindForge, f.Namespace, f.Name), Type: s.Type, URL: s.URL, RunnerURL: s.RunnerURL,
 		RunnerGroupID: s.RunnerGroupID}
 	if fc.PollInterval, err = duration("spec.pollInterval", s.PollInterval); err != nil {
-		return config.ForgeConfig{}, "", "", err
+		return config.ForgeConfig{}, sec, err
 	}
-	return fc, token, hook, nil
+	return fc, sec, nil
+}
+
+// githubConfigSecret reads a Secret in actions-runner-controller's
+// githubConfigSecret form: github_token, or github_app_id,
+// github_app_installation_id and github_app_private_key (never both).
+// Its errors name the key, never a value.
+func githubConfigSecret(read secretReader, ns, name string) (string, appCreds, error) {
+	field := "spec.githubConfigSecret"
+	tok, tokErr := read(ns, field, name, "github_token")
+	id, idErr := read(ns, field, name, "github_app_id")
+	for _, err := range []error{tokErr, idErr} {
+		if nr, ok := err.(*notReady); ok && nr.reason != ReasonSecretMissing {
+			return "", appCreds{}, err // not a Secret Runway may read: said as such
+		}
+	}
+	switch {
+	case tokErr == nil && idErr == nil:
+		return "", appCreds{}, &notReady{ReasonInvalid, fmt.Sprintf("%s: Secret %s/%s holds both github_token and github_app_id: keep one", field, ns, name)}
+	case tokErr == nil:
+		return tok, appCreds{}, nil
+	case idErr != nil:
+		return "", appCreds{}, &notReady{ReasonSecretMissing, fmt.Sprintf("%s: Secret %s/%s has neither github_token nor github_app_id (or does not exist, or they are empty)", field, ns, name)}
+	}
+	instText, err := read(ns, field, name, "github_app_installation_id")
+	if err != nil {
+		return "", appCreds{}, err
+	}
+	inst, perr := strconv.ParseInt(instText, 10, 64)
+	if perr != nil || inst <= 0 {
+		return "", appCreds{}, &notReady{ReasonInvalid, fmt.Sprintf("%s: Secret %s/%s key github_app_installation_id is not a positive number", field, ns, name)}
+	}
+	key, err := read(ns, field, name, "github_app_private_key")
+	if err != nil {
+		return "", appCreds{}, err
+	}
+	if _, err := ghapp.ParseKey(key); err != nil {
+		return "", appCreds{}, &notReady{ReasonInvalid, fmt.Sprintf("%s: Secret %s/%s key github_app_private_key: %v", field, ns, name, err)}
+	}
+	return "", appCreds{id: id, installation: inst, key: key}, nil
 }
 
 // runwayGroup turns a Runway RunnerGroup into a group of forge.
 func runwayGroup(rg *runwayv1.RunnerGroup, forge string) (config.GroupConfig, error) {
 	s := rg.Spec
 	gc := config.GroupConfig{Name: engineName(kindGroup, rg.Namespace, rg.Name), Forge: forge, Scope: s.Scope, Org: s.Org,
-		User: s.User, Repo: s.Repo, Labels: s.Labels, MaxActiveRunners: int(s.MaxActiveRunners), MinIdle: int(s.MinIdle),
+		User: s.User, Repo: s.Repo, Enterprise: s.Enterprise, Labels: s.Labels, MaxActiveRunners: int(s.MaxActiveRunners), MinIdle: int(s.MinIdle),
 		Priority: int(s.Priority), SpawnConcurrency: int(s.SpawnConcurrency), Demand: s.Demand,
 		Runner: config.RunnerConfig{Command: s.Runner.Command, Args: s.Runner.Args, Env: s.Runner.Env}}
 	if s.Demand == config.DemandScaleSet {

@@ -24,12 +24,27 @@ import (
 // its status, goes back to the library, which makes its own error of it.
 // Under it, GETs are conditional (ETagCache).
 type Transport struct {
-	Base     http.RoundTripper
+	Base http.RoundTripper
+	// Cred, when set, gives each request's Authorization (in place of
+	// AuthFunc): a GitHub App installation's token, minted and kept.
+	Cred     Credential
 	AuthFunc func() string
 	Headers  map[string]string
 	Retry    retry.Policy
 	// Observe is told about every answer (requests, rate limit left).
 	Observe func(method string, status int, h http.Header)
+	// UserAgent is sent with every request (NewTransport: UserAgent()),
+	// over the library's own.
+	UserAgent string
+}
+
+// Credential gives a request's Authorization header, for ctx (it may
+// have to ask the forge for a token first).
+type Credential interface {
+	Authorization(ctx context.Context) (string, error)
+	// Refused: the forge answered 401 to a request sent with value (a
+	// token revoked before its time): it is not sent again.
+	Refused(value string)
 }
 
 // NewTransport returns a transport sending auth (the header's whole
@@ -38,7 +53,7 @@ func NewTransport(auth func() string) *Transport {
 	p := retry.Default()
 	p.Budget = 10 * time.Second
 	p.Classify = Classify
-	return &Transport{Base: &ETagCache{Base: http.DefaultTransport}, AuthFunc: auth, Retry: p}
+	return &Transport{Base: &ETagCache{Base: http.DefaultTransport}, AuthFunc: auth, Retry: p, UserAgent: UserAgent()}
 }
 
 // Client is an http.Client over t, bounding each request.
@@ -60,10 +75,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			r.Body = b
 		}
-		if t.AuthFunc != nil {
-			if a := t.AuthFunc(); a != "" {
-				r.Header.Set("Authorization", a)
+		auth := ""
+		switch {
+		case t.Cred != nil:
+			a, err := t.Cred.Authorization(ctx)
+			if err != nil {
+				return RedactError(err)
 			}
+			auth = a
+		case t.AuthFunc != nil:
+			auth = t.AuthFunc()
+		}
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		if t.UserAgent != "" {
+			r.Header.Set("User-Agent", t.UserAgent)
 		}
 		for k, v := range t.Headers {
 			r.Header.Set(k, v)
@@ -82,6 +109,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		last = resp
 		if resp.StatusCode/100 == 2 {
 			return nil
+		}
+		if resp.StatusCode == http.StatusUnauthorized && t.Cred != nil {
+			t.Cred.Refused(auth)
 		}
 		// Kept for the library (and read once here): the answer may be
 		// retried past, or be the one the caller sees.

@@ -77,7 +77,7 @@ type Registration struct {
 
 // Scope is where runners register and which jobs they can see.
 type Scope struct {
-	Kind  string // global | org | user | repo
+	Kind  string // global | org | user | repo | enterprise (GitHub scale sets)
 	Owner string // org or user (and the repo's owner)
 	Repo  string // repo name, for Kind repo
 }
@@ -88,7 +88,7 @@ func (s Scope) String() string {
 		return "repo " + s.Owner + "/" + s.Repo
 	case "global":
 		return "global"
-	default:
+	default: // org, user, enterprise
 		return s.Kind + " " + s.Owner
 	}
 }
@@ -114,7 +114,7 @@ func (s Scope) APIPrefix() (string, error) {
 func (s Scope) Covers(repo string) bool {
 	owner, name, _ := strings.Cut(repo, "/")
 	switch s.Kind {
-	case "global":
+	case "global", "enterprise": // an enterprise's organizations are not known here
 		return true
 	case "org", "user":
 		return strings.EqualFold(owner, s.Owner)

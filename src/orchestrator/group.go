@@ -456,7 +456,7 @@ func (g *group) refreshStatus(queued int) {
 	}
 	var ss *ScaleSetStatus
 	if g.ss != nil && queued >= 0 {
-		ss = g.scaleSetStatus()
+		ss = g.scaleSetStatus(c[store.Busy], g.isDrained() || g.cfg().Retire)
 	}
 	g.mu.Lock()
 	g.status.ScaleSet = ss

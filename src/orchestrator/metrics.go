@@ -32,6 +32,8 @@ type Metrics struct {
 	// A scale-set group's statistics, as ARC's listener exports them
 	// (gha_assigned_jobs, …): by series name.
 	scaleSetGauges map[string]*prometheus.GaugeVec
+	// scaleSetDropped: messages a scale-set group's listener gave up on.
+	scaleSetDropped *prometheus.CounterVec
 }
 
 // scaleSetSeries are the scale-set gauges and what each says.
@@ -42,8 +44,9 @@ var scaleSetSeries = map[string]string{
 	"runway_scaleset_registered_runners": "Runners registered in the scale set.",
 	"runway_scaleset_busy_runners":       "Runners of the scale set running a job.",
 	"runway_scaleset_idle_runners":       "Runners of the scale set online without a job.",
-	"runway_scaleset_desired_runners":    "min(max_active_runners, min_idle + assigned jobs), as ARC computes it.",
+	"runway_scaleset_desired_runners":    "The runners the group plans: min(max_active_runners, busy runners + max(waiting jobs, min_idle)).",
 	"runway_scaleset_session":            "1 while this process holds the scale set's message session.",
+	"runway_scaleset_paused":             "1 while the group holds no session because it can hold no job (drained, retiring).",
 }
 
 // NewMetrics registers every series.
@@ -83,6 +86,8 @@ func NewMetrics() *Metrics {
 			Help: "From a runner's spawn (its row, before create_vm) to its registration seen at the forge or its first job.", Buckets: durationBuckets}, []string{"group"}),
 		jobRun: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "runway_job_run_seconds",
 			Help: "From a runner taking its job to the runner found finished.", Buckets: durationBuckets}, []string{"group"}),
+		scaleSetDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runway_scaleset_dropped_messages_total",
+			Help: "Scale set messages given up on, by group and reason: handling_failed (its handling failed every try), acquire_not_found (it offered jobs the service would not let the listener acquire)."}, []string{"group", "reason"}),
 	}
 	m.scaleSetGauges = map[string]*prometheus.GaugeVec{}
 	for name, help := range scaleSetSeries {
@@ -90,7 +95,7 @@ func NewMetrics() *Metrics {
 		r.MustRegister(m.scaleSetGauges[name])
 	}
 	r.MustRegister(m.queued, m.runners, m.spawnLatency, m.cpiDuration, m.cpiErrors, m.forgeRequests,
-		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.httpCut, m.foreignVMs, m.notTaking, m.acting, m.jobQueue, m.runnerStartup, m.jobRun,
+		m.forgeRateRemaining, m.reconcileErrors, m.webhooks, m.httpCut, m.foreignVMs, m.notTaking, m.acting, m.jobQueue, m.runnerStartup, m.jobRun, m.scaleSetDropped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -123,14 +128,17 @@ func (m *Metrics) HTTPConnectionCut(reason string) { m.httpCut.WithLabelValues(r
 
 // scaleSet sets a scale-set group's gauges.
 func (m *Metrics) scaleSet(group string, s *ScaleSetStatus) {
-	session := 0
+	session, paused := 0, 0
 	if s.Session {
 		session = 1
+	}
+	if s.Paused {
+		paused = 1
 	}
 	for name, v := range map[string]int{"runway_scaleset_available_jobs": s.AvailableJobs, "runway_scaleset_assigned_jobs": s.AssignedJobs,
 		"runway_scaleset_running_jobs": s.RunningJobs, "runway_scaleset_registered_runners": s.RegisteredRunners,
 		"runway_scaleset_busy_runners": s.BusyRunners, "runway_scaleset_idle_runners": s.IdleRunners,
-		"runway_scaleset_desired_runners": s.DesiredRunners, "runway_scaleset_session": session} {
+		"runway_scaleset_desired_runners": s.DesiredRunners, "runway_scaleset_session": session, "runway_scaleset_paused": paused} {
 		m.scaleSetGauges[name].WithLabelValues(group).Set(float64(v))
 	}
 }

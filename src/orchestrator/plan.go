@@ -41,6 +41,10 @@ type decision struct {
 	unassign  int
 }
 
+// planTarget is how many runners without a job the group wants for
+// queued jobs waiting: one each, and at least min_idle.
+func planTarget(cfg *config.GroupConfig, queued int) int { return max(queued, cfg.MinIdle) }
+
 // plan decides one pass. jobs is the scope's listing; owned the queued
 // jobs this group claims; runners the group's rows that are not deleted;
 // finished the runners a delivery said finished their job.
@@ -140,7 +144,7 @@ func plan(cfg *config.GroupConfig, now time.Time, l listing, owned []forge.Job,
 // jobs no unassigned runner covers, within max_active_runners.
 func spawns(cfg *config.GroupConfig, owned []forge.Job, covered map[int64]bool, unassigned, active int) []int64 {
 	var out []int64
-	n := min(max(len(owned), cfg.MinIdle)-unassigned, cfg.MaxActiveRunners-active)
+	n := min(planTarget(cfg, len(owned))-unassigned, cfg.MaxActiveRunners-active)
 	for _, j := range owned {
 		if n <= len(out) {
 			break

@@ -48,7 +48,16 @@ type ScaleSetStatus struct {
 	IdleRunners       int    `json:"idle_runners"`
 	DesiredRunners    int    `json:"desired_runners"`
 	RefusedMessages   int    `json:"refused_messages,omitempty"`
-	LastError         string `json:"last_error,omitempty"`
+	DroppedMessages   int    `json:"dropped_messages,omitempty"`
+	// Paused: no session while the group can hold no job (drained,
+	// retiring). Flow: how the service hands out jobs, as seen ("assign":
+	// github.com; "acquire": GHES up to 3.19).
+	Paused    bool   `json:"paused,omitempty"`
+	Flow      string `json:"flow,omitempty"`
+	LastError string `json:"last_error,omitempty"`
+	// Warning: what the service does that limits the group (its labels
+	// dropped).
+	Warning string `json:"warning,omitempty"`
 }
 
 // scaleSetSpec is the scale set a group wants: its name (default the
@@ -88,7 +97,11 @@ func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scale
 			ok, err := o.leader.Lead(ctx, gc.Name)
 			return ok && err == nil
 		},
-		Record: sessionRecord{o: o, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: o.log, Now: o.now})
+		Record: sessionRecord{o: o, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: o.log, Now: o.now,
+		OnDrop: func(reason string, err error) {
+			o.metrics.scaleSetDropped.WithLabelValues(gc.Name, reason).Inc()
+			o.Failure(gc.Name, "scale set", err)
+		}})
 	ss.api = &scaleset.Forge{L: ss.listener, REST: g.forge.api}
 	return ss, nil
 }
@@ -204,15 +217,22 @@ func (g *group) syncScaleSet(ctx context.Context, c config.GroupConfig) error {
 }
 
 // scaleSetStatus is the group's scale set as /api/v1/groups shows it,
-// and its gauges.
-func (g *group) scaleSetStatus() *ScaleSetStatus {
+// and its gauges. Desired runners are what the planner plans (the busy
+// ones and, unless drained, max(waiting jobs, min_idle): planTarget), not
+// ARC's min_idle + assigned.
+func (g *group) scaleSetStatus(busy int, drained bool) *ScaleSetStatus {
 	st := g.ss.listener.State()
 	c := g.cfg()
-	s := &ScaleSetStatus{Name: g.ss.listener.Spec().Name, ID: st.ScaleSetID, Session: st.Session,
+	want := busy // drained or retiring: the runners it lets finish, no more
+	if !drained {
+		want += planTarget(&c.GroupConfig, st.Demand())
+	}
+	desired := min(c.MaxActiveRunners, want)
+	s := &ScaleSetStatus{Name: g.ss.listener.Spec().Name, ID: st.ScaleSetID, Session: st.Session, Paused: st.Paused, Flow: st.Flow,
 		AvailableJobs: st.Stats.TotalAvailableJobs, AssignedJobs: st.Stats.TotalAssignedJobs, RunningJobs: st.Stats.TotalRunningJobs,
 		RegisteredRunners: st.Stats.TotalRegisteredRunners, BusyRunners: st.Stats.TotalBusyRunners, IdleRunners: st.Stats.TotalIdleRunners,
-		DesiredRunners: min(c.MaxActiveRunners, c.MinIdle+st.Stats.TotalAssignedJobs), RefusedMessages: st.Refused,
-		LastError: g.o.redact.Redact(st.LastError)}
+		DesiredRunners: desired, RefusedMessages: st.Refused, DroppedMessages: st.Dropped,
+		LastError: g.o.redact.Redact(st.LastError), Warning: g.o.redact.Redact(st.Warning)}
 	g.o.metrics.scaleSet(c.Name, s)
 	return s
 }

@@ -57,14 +57,9 @@ func (c *quietCPI) count() int {
 	return len(c.vms)
 }
 
-// A scale-set group in the engine: drained, it acquires nothing; resumed,
-// its job gets a runner; retired, its session is deleted, its runner
-// removed and its scale set deleted at the service (GitHub would go on
-// routing jobs to it).
-func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
-	gh := forgetest.NewGitHub("tok")
-	defer gh.Close()
-	cpi := &quietCPI{vms: map[string]map[string]any{}}
+// scaleSetEngine is an engine with one scale-set group "ss" (org acme,
+// label runway-ss; extra its further keys) against gh, its VMs quietCPI's.
+func scaleSetEngine(t *testing.T, gh *forgetest.GitHub, cpi CPI, extra string) (*Orchestrator, *config.Config) {
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
 sweep_interval: 200ms
@@ -72,8 +67,8 @@ cpi: {path: /nonexistent}
 forges:
   - {name: gh, type: github, url: %q, runner_url: %q, token_env: UNUSED}
 groups:
-  - {name: ss, scope: org, org: acme, labels: [runway-ss], max_active_runners: 2, demand: scale_set, stemcell: {cid: sc-1}, runner: {command: /bin/true}}
-`, t.TempDir(), gh.URL, gh.URL)))
+  - {name: ss, scope: org, org: acme, labels: [runway-ss], demand: scale_set, stemcell: {cid: sc-1}, runner: {command: /bin/true}%s}
+`, t.TempDir(), gh.URL, gh.URL, extra)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,28 +84,39 @@ groups:
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer o.Close()
+	t.Cleanup(func() { o.Close() })
+	return o, cfg
+}
+
+// A scale-set group in the engine: drained, it holds no session (a
+// session telling capacity 0 may still be assigned jobs: the service's
+// doing then is not known) and the job queued meanwhile stays the
+// service's; resumed, a session opens and the job gets a runner at once;
+// retired, its session is deleted, its runner removed and its scale set
+// deleted at the service (GitHub would go on routing jobs to it).
+func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
+	gh := forgetest.NewGitHub("tok")
+	defer gh.Close()
+	cpi := &quietCPI{vms: map[string]map[string]any{}}
+	o, cfg := scaleSetEngine(t, gh, cpi, ", max_active_runners: 2")
 	if _, err := o.SetDrained("ss", true); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go o.Run(ctx)
-	eventually(t, 10*time.Second, "the session", func() bool {
+	eventually(t, 10*time.Second, "the drained group holds no session", func() bool {
 		s, _ := statusOf(o, "ss")
-		return s.ScaleSet != nil && s.ScaleSet.Session
+		return s.ScaleSet != nil && s.ScaleSet.Paused
 	})
 	job := gh.AddJob("acme/app", []string{"runway-ss"})
-	eventually(t, 10*time.Second, "the drained group's poll told the service it holds nothing", func() bool {
-		return gh.ActionsStats().MaxCapacity == 0 && gh.ScaleSets()[0].ID != 0
-	})
-	if gh.Job(job).ScaleSet != 0 || cpi.count() != 0 {
-		t.Fatalf("a drained group acquired job %+v or made %d VMs", gh.Job(job), cpi.count())
+	if n := gh.OpenSessions(); n != 0 || gh.Job(job).ScaleSet != 0 || cpi.count() != 0 {
+		t.Fatalf("drained: %d sessions, job %+v, %d VMs; want none, the job the service's", n, gh.Job(job), cpi.count())
 	}
 	if _, err := o.SetDrained("ss", false); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the job acquired and a runner made", func() bool { return gh.Job(job).ScaleSet != 0 && cpi.count() == 1 })
+	eventually(t, 10*time.Second, "the job assigned and a runner made", func() bool { return gh.Job(job).ScaleSet != 0 && cpi.count() == 1 })
 
 	g := cfg.Groups[0]
 	g.Retire = true
@@ -127,4 +133,48 @@ groups:
 	if v, _ := o.Store().Meta("scale_set_session/ss"); v != "" {
 		t.Errorf("session record %q left", v)
 	}
+}
+
+// The desired-runners gauge is what the planner plans: with min_idle 1
+// and two jobs waiting, two runners (max(2, 1)), not ARC's min_idle +
+// assigned (3).
+func TestScaleSetDesiredRunnersIsThePlan(t *testing.T) {
+	gh := forgetest.NewGitHub("tok")
+	defer gh.Close()
+	cpi := &quietCPI{vms: map[string]map[string]any{}}
+	o, _ := scaleSetEngine(t, gh, cpi, ", max_active_runners: 4, min_idle: 1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go o.Run(ctx)
+	eventually(t, 10*time.Second, "the session", func() bool {
+		s, _ := statusOf(o, "ss")
+		return s.ScaleSet != nil && s.ScaleSet.Session
+	})
+	gh.AddJob("acme/app", []string{"runway-ss"})
+	gh.AddJob("acme/app", []string{"runway-ss"})
+	var s GroupStatus
+	eventually(t, 10*time.Second, "two jobs held and their runners made", func() bool {
+		s, _ = statusOf(o, "ss")
+		return s.ScaleSet != nil && s.ScaleSet.AssignedJobs == 2 && cpi.count() == 2
+	})
+	if s.ScaleSet.DesiredRunners != 2 {
+		t.Errorf("desired runners %d with %d VMs made; want 2, the plan", s.ScaleSet.DesiredRunners, cpi.count())
+	}
+	if v := metricGauge(t, o, "runway_scaleset_desired_runners"); v != 2 {
+		t.Errorf("the gauge says %v; want 2", v)
+	}
+}
+
+// gauge is a series' value (its one label set).
+func metricGauge(t *testing.T, o *Orchestrator, name string) float64 {
+	mfs, err := o.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
 }

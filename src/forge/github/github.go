@@ -211,9 +211,18 @@ func (c *Client) Register(ctx context.Context, s forge.Scope, name string, label
 	return forge.Registration{Token: t.GetToken()}, nil
 }
 
+// runnerScope: the runners' endpoints also serve an enterprise (its
+// scale sets' runners).
+func runnerScope(s forge.Scope) error {
+	if s.Kind == "enterprise" {
+		return nil
+	}
+	return checkScope(s)
+}
+
 // Runners implements forge.Client.
 func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, error) {
-	if err := checkScope(s); err != nil {
+	if err := runnerScope(s); err != nil {
 		return nil, err
 	}
 	var out []forge.Runner
@@ -222,9 +231,12 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 		var rs *gh.Runners
 		var resp *gh.Response
 		var err error
-		if s.Kind == "org" {
+		switch s.Kind {
+		case "org":
 			rs, resp, err = c.gh.Actions.ListOrganizationRunners(ctx, s.Owner, opt)
-		} else {
+		case "enterprise":
+			rs, resp, err = c.gh.Enterprise.ListRunners(ctx, s.Owner, opt)
+		default:
 			rs, resp, err = c.gh.Actions.ListRunners(ctx, s.Owner, s.Repo, opt)
 		}
 		if rs != nil {
@@ -243,13 +255,16 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 
 // DeleteRunner implements forge.Client.
 func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) error {
-	if err := checkScope(s); err != nil {
+	if err := runnerScope(s); err != nil {
 		return err
 	}
 	var err error
-	if s.Kind == "org" {
+	switch s.Kind {
+	case "org":
 		_, err = c.gh.Actions.RemoveOrganizationRunner(ctx, s.Owner, id)
-	} else {
+	case "enterprise":
+		_, err = c.gh.Enterprise.RemoveRunner(ctx, s.Owner, id)
+	default:
 		_, err = c.gh.Actions.RemoveRunner(ctx, s.Owner, s.Repo, id)
 	}
 	if err = apiErr(err); errors.Is(err, forge.ErrNotFound) {

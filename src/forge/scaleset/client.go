@@ -4,19 +4,26 @@
 // them), written small on the one forge transport.
 //
 //   - The admin connection: a registration token from the REST API (POST
-//     <scope>/actions/runners/registration-token with the forge's token),
+//     <scope>/actions/runners/registration-token with the forge's token:
+//     a PAT or an App installation's; an enterprise's takes a PAT only),
 //     exchanged at POST /actions/runner-registration (Authorization:
 //     "RemoteAuth <registration token>", body {url: the scope's GitHub
 //     URL, runner_event: "register"}) for the Actions service's URL and
-//     an admin token (a JWT, renewed a minute before its exp).
+//     an admin token (a JWT, renewed a minute before its exp). A new
+//     registration token may not be known there at once: 401 and 403 are
+//     tried again, five tries in all with growing waits, as ARC does.
 //   - The runner scale set, found by runner group and name or made
 //     (_apis/runtime/runnerscalesets), its labels kept equal to the
 //     group's.
 //   - The message session (…/{id}/sessions): one listener per scale set
-//     (409 TaskAgentSessionConflictException otherwise); its message
-//     queue URL and token; the long poll (GET, lastMessageId, 202 when
-//     nothing came, X-ScaleSetMaxCapacity); messages deleted once handled;
-//     jobs acquired (…/acquirejobs); the token refreshed (PATCH) on 401.
+//     (409 …SessionConflictException otherwise); its message queue URL
+//     and token; the long poll (GET, lastMessageId, 202 or an empty 200
+//     when nothing came, X-ScaleSetMaxCapacity each time); messages
+//     deleted once handled; on GHES up to 3.19 jobs acquired
+//     (…/acquirejobs, 404 on github.com, which assigns them itself); the
+//     token refreshed (PATCH) on 401; a session deleted answers 204, or
+//     400 RunnerScaleSetSessionExpiredException once the service dropped
+//     it.
 //   - JIT runner configs (…/generatejitconfig) and runners removed
 //     (_apis/distributedtask/pools/0/agents/{id}).
 //
@@ -56,7 +63,8 @@ type Config struct {
 	// ConfigURL is the scope's GitHub URL as runners are configured with
 	// it: https://github.com/org or https://github.com/owner/repo.
 	ConfigURL string
-	// Scope is the REST scope the registration token is asked for.
+	// Scope is the REST scope the registration token is asked for: org,
+	// repo or enterprise.
 	Scope forge.Scope
 	// REST carries the forge's token (Bearer) for the REST API; Actions
 	// carries no credential of its own (each request sets the admin or
@@ -64,7 +72,14 @@ type Config struct {
 	// forge's metrics.
 	REST, Actions *forge.Transport
 	Now           func() time.Time
+	// AdminRetryWait is the first wait before the admin connection is
+	// tried again after a 401 or 403 (doubling, at most 20 s; default
+	// 1 s).
+	AdminRetryWait time.Duration
 }
+
+// adminTries is how many times the admin connection is tried (ARC: five).
+const adminTries = 5
 
 // Client is one scope's connection to the Actions service. Safe for
 // concurrent use.
@@ -78,6 +93,9 @@ type Client struct {
 	serviceURL string // the Actions service, from the admin connection
 	adminToken string
 	adminExp   time.Time
+	// dropped: scale sets whose labels the service dropped, by the
+	// labels asked for (not asked for again).
+	dropped map[int]string
 }
 
 // LongPollTimeout bounds one message long poll (the service answers 202
@@ -86,8 +104,8 @@ const LongPollTimeout = 90 * time.Second
 
 // New returns a client; nothing is asked of GitHub until it is used.
 func New(cfg Config) (*Client, error) {
-	if cfg.Scope.Kind != "org" && cfg.Scope.Kind != "repo" {
-		return nil, fmt.Errorf("scale sets: scope %q is not supported (use org or repo)", cfg.Scope.Kind)
+	if cfg.Scope.Kind != "org" && cfg.Scope.Kind != "repo" && cfg.Scope.Kind != "enterprise" {
+		return nil, fmt.Errorf("scale sets: scope %q is not supported (use org, repo or enterprise)", cfg.Scope.Kind)
 	}
 	if cfg.REST == nil || cfg.Actions == nil {
 		return nil, errors.New("scale sets: both transports are required")
@@ -98,13 +116,21 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Client{cfg: cfg, rest: cfg.REST.Client(), actions: cfg.Actions.Client(),
+	if cfg.AdminRetryWait <= 0 {
+		cfg.AdminRetryWait = time.Second
+	}
+	return &Client{cfg: cfg, dropped: map[int]string{}, rest: cfg.REST.Client(), actions: cfg.Actions.Client(),
 		longPoll: &http.Client{Timeout: LongPollTimeout, Transport: cfg.Actions}}, nil
 }
 
-// ConfigURL is the scope's GitHub URL (a runner is configured with it).
+// ConfigURL is the scope's GitHub URL (a runner is configured with it):
+// https://github.com/org, …/owner/repo, …/enterprises/name (GHES: its
+// host in place of github.com).
 func ConfigURL(runnerURL string, s forge.Scope) string {
 	u := strings.TrimRight(runnerURL, "/") + "/" + url.PathEscape(s.Owner)
+	if s.Kind == "enterprise" {
+		u = strings.TrimRight(runnerURL, "/") + "/enterprises/" + url.PathEscape(s.Owner)
+	}
 	if s.Kind == "repo" {
 		u += "/" + url.PathEscape(s.Repo)
 	}
@@ -132,17 +158,19 @@ func (c *Client) admin(ctx context.Context, force bool) (string, string, error) 
 	hdr := map[string]string{"Authorization": "RemoteAuth " + regToken}
 	// The Actions transport: the REST one would put the forge's token in
 	// place of the registration token. A new registration token may not
-	// be known to the service at once: 401/403 are tried again, as
-	// actions/scaleset does.
+	// be known to the service at once: 401/403 are tried again, five
+	// tries with waits doubling from AdminRetryWait (ARC: 1, 2, 4, 8 s).
+	wait := c.cfg.AdminRetryWait
 	for attempt := 1; ; attempt++ {
 		err = c.do(ctx, c.actions, "POST", u, hdr, body, &conn, "the admin connection")
 		var e *Error
-		if err == nil || attempt == 3 || !errors.As(err, &e) || (e.Status != 401 && e.Status != 403) {
+		if err == nil || attempt == adminTries || !errors.As(err, &e) || (e.Status != 401 && e.Status != 403) {
 			break
 		}
-		if err := retry.SleepContext(ctx, time.Duration(attempt)*time.Second); err != nil {
+		if err := retry.SleepContext(ctx, wait); err != nil {
 			return "", "", err
 		}
+		wait = min(wait*2, 20*time.Second)
 	}
 	if err != nil {
 		return "", "", err
@@ -165,8 +193,11 @@ func (c *Client) admin(ctx context.Context, force bool) (string, string, error) 
 // (201 {token, expires_at}).
 func (c *Client) registrationToken(ctx context.Context) (string, error) {
 	p := "/orgs/" + url.PathEscape(c.cfg.Scope.Owner)
-	if c.cfg.Scope.Kind == "repo" {
+	switch c.cfg.Scope.Kind {
+	case "repo":
 		p = "/repos/" + url.PathEscape(c.cfg.Scope.Owner) + "/" + url.PathEscape(c.cfg.Scope.Repo)
+	case "enterprise":
+		p = "/enterprises/" + url.PathEscape(c.cfg.Scope.Owner)
 	}
 	var t struct {
 		Token string `json:"token"`

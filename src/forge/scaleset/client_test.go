@@ -31,9 +31,17 @@ func newClient(t *testing.T, g *forgetest.GitHub, scope forge.Scope) *Client {
 	return c
 }
 
+// newServer is a contract server speaking github.com's flow (the
+// service as it is today); newGHES one speaking GHES 3.19's.
 func newServer(t *testing.T) *forgetest.GitHub {
 	g := forgetest.NewGitHub(apiToken)
 	t.Cleanup(g.Close)
+	return g
+}
+
+func newGHES(t *testing.T) *forgetest.GitHub {
+	g := newServer(t)
+	g.SetActionsFlow(forgetest.FlowGHES)
 	return g
 }
 
@@ -81,7 +89,8 @@ func (r runner) call(t *testing.T, what string) int64 {
 
 // The admin connection is made once and kept while its token lasts; the
 // scale set is found by runner group and name (made the first time, its
-// labels set again when they differ).
+// labels set again when they differ — its name, which the service always
+// adds, is no difference: no PATCH at every session's open).
 func TestScaleSetFoundOrMadeWithOneAdminConnection(t *testing.T) {
 	g := newServer(t)
 	c := newClient(t, g, org)
@@ -91,17 +100,22 @@ func TestScaleSetFoundOrMadeWithOneAdminConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.Ensure(ctx, spec)
-	if err != nil || b.ID != a.ID {
-		t.Fatalf("second Ensure: %+v, %v; want scale set %d again", b, err, a.ID)
+	for range 2 {
+		b, err := c.Ensure(ctx, spec)
+		if err != nil || b.ID != a.ID || len(b.Missing) != 0 {
+			t.Fatalf("Ensure again: %+v, %v; want scale set %d again", b, err, a.ID)
+		}
+	}
+	if n := g.ActionsStats().LabelPatches; n != 0 {
+		t.Fatalf("%d label PATCHes for unchanged labels; want none (the set's name among its labels is the service's)", n)
 	}
 	spec.Labels = []string{"linux"}
 	if _, err := c.Ensure(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	sets := g.ScaleSets()
-	if len(sets) != 1 || strings.Join(sets[0].Labels, ",") != "linux" {
-		t.Fatalf("scale sets %+v; want one, labelled linux", sets)
+	if len(sets) != 1 || strings.Join(sets[0].Labels, ",") != "runway-linux,linux" || g.ActionsStats().LabelPatches != 1 {
+		t.Fatalf("scale sets %+v; want one, labelled runway-linux (its name) and linux, after one PATCH", sets)
 	}
 	req := g.Requests()
 	if n := req["POST /orgs/acme/actions/runners/registration-token"]; n != 1 {
@@ -148,7 +162,7 @@ func TestOneSessionPerScaleSet(t *testing.T) {
 	}
 	_, err = c.OpenSession(ctx, set.ID, "replica-b")
 	var e *Error
-	if !errors.Is(err, ErrSessionConflict) || !errors.As(err, &e) || e.Status != 409 || e.Exception != "TaskAgentSessionConflictException" {
+	if !errors.Is(err, ErrSessionConflict) || !errors.As(err, &e) || e.Status != 409 || e.Exception != "RunnerScaleSetSessionConflictException" {
 		t.Fatalf("second session: %v; want the 409 session conflict", err)
 	}
 	if err := c.DeleteSession(ctx, set.ID, first.ID()); err != nil {
@@ -162,10 +176,10 @@ func TestOneSessionPerScaleSet(t *testing.T) {
 	}
 }
 
-// The long poll returns as a job arrives; the job is acquired once: a
-// second scale set offered the same job gets nothing.
+// GHES: the long poll returns as a job arrives; the job is acquired
+// once: a second scale set offered the same job gets nothing.
 func TestLongPollReturnsWhenAJobArrivesAndAJobIsAcquiredOnce(t *testing.T) {
-	g := newServer(t)
+	g := newGHES(t)
 	g.SetActionsTimes(0, 0, 20*time.Second)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
@@ -217,10 +231,11 @@ func TestLongPollReturnsWhenAJobArrivesAndAJobIsAcquiredOnce(t *testing.T) {
 	}
 }
 
-// A runner made from the scale set's JIT config takes the set's job:
-// JobStarted and JobCompleted name it; the runner is gone afterwards.
+// GHES: a runner made from the scale set's JIT config takes the set's
+// job: JobStarted and JobCompleted name it; the runner is gone
+// afterwards.
 func TestJITRunnerRunsTheAcquiredJob(t *testing.T) {
-	g := newServer(t)
+	g := newGHES(t)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
 	set, _ := c.Ensure(ctx, Spec{Name: "s", RunnerGroupID: 1, Labels: []string{"linux"}})

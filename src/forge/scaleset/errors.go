@@ -33,6 +33,10 @@ var (
 	// ErrMessageRefused: a message over the size bound or not the
 	// protocol's shape; the listener opens a new session (a new queue).
 	ErrMessageRefused = errors.New("message refused")
+	// ErrSessionExpired: the service no longer knows the session (400
+	// RunnerScaleSetSessionExpiredException on its delete, ARC #4285):
+	// it is gone.
+	ErrSessionExpired = errors.New("the message session expired")
 )
 
 // Error is a failed request to GitHub or the Actions service. It names
@@ -79,6 +83,8 @@ func (e *Error) Unwrap() []error {
 		out = append(out, ErrRunnerExists)
 	case strings.Contains(e.Exception, "JobStillRunning"):
 		out = append(out, ErrJobStillRunning, forge.ErrRunnerBusy)
+	case strings.Contains(e.Exception, "SessionExpired"):
+		out = append(out, ErrSessionExpired)
 	}
 	switch e.Status {
 	case http.StatusUnauthorized:

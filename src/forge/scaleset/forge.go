@@ -10,11 +10,11 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 )
 
-// Job is the job request as the orchestrator's forge.Job: its id is the
-// runner request id (the one every message names), its dates the
+// Job is the job as the orchestrator's forge.Job: its id is the job's
+// Key (from its jobId, else its runner request id), its dates the
 // messages' (queued, a runner assigned, finished).
 func (j JobMessage) Job(status string) forge.Job {
-	return forge.Job{ID: j.RequestID, RunID: j.WorkflowRunID, Repo: j.Repo(), Name: j.DisplayName, Labels: j.Labels,
+	return forge.Job{ID: j.Key(), RunID: j.WorkflowRunID, Repo: j.Repo(), Name: j.DisplayName, Labels: j.Labels,
 		Status: status, Conclusion: j.Result, RunnerName: j.RunnerName, CreatedAt: j.QueueTime.Time,
 		StartedAt: j.RunnerAssignTime.Time, CompletedAt: j.FinishTime.Time}
 }

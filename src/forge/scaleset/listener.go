@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,8 +30,9 @@ type ListenerConfig struct {
 	// Owner names the session (the service shows it).
 	Owner string
 	// MaxJobs is how many jobs the group can hold at once (its
-	// max_active_runners; 0 while drained): jobs are acquired only up to
-	// it, and the long poll tells the service as much.
+	// max_active_runners; 0 while drained or retiring): jobs are acquired
+	// only up to it, and every long poll tells the service as much. At 0
+	// the listener holds no session at all.
 	MaxJobs func() int
 	// Leading re-checks, before a session is opened or a dead one
 	// deleted, that this process still acts for the group.
@@ -41,43 +43,90 @@ type ListenerConfig struct {
 	Changed func()
 	// OnJob hears of each job started and completed (timings).
 	OnJob func(JobMessage)
-	Log   logging.Fields
-	Now   func() time.Time
+	// OnDrop hears of each message the listener gave up on (reason
+	// DropHandlingFailed: its handling failed MaxAttempts times; or
+	// DropNoAcquire: it offered jobs the service then would not let the
+	// listener acquire): the message is deleted and the stream goes on.
+	OnDrop func(reason string, err error)
+	Log    logging.Fields
+	Now    func() time.Time
 	// MinBackoff, MaxBackoff pace retries after a failure (default 2 s
 	// and 1 min).
 	MinBackoff, MaxBackoff time.Duration
+	// MaxAttempts bounds how often one message's handling is tried
+	// (default 3).
+	MaxAttempts int
 }
 
+// Why a message was dropped (ListenerConfig.OnDrop).
+const (
+	DropHandlingFailed = "handling_failed"
+	DropNoAcquire      = "acquire_not_found"
+)
+
+// The flows a service speaks, as the listener found out (State.Flow).
+const (
+	// FlowAssign: the service assigns jobs itself (JobAssigned with no
+	// JobAvailable before it; acquirejobs 404): github.com.
+	FlowAssign = "assign"
+	// FlowAcquire: the service offers jobs (JobAvailable) for the
+	// listener to acquire: GHES up to 3.19.
+	FlowAcquire = "acquire"
+)
+
 // Listener keeps one scale set's message session while its context
-// lasts: the acting replica's one listener.
+// lasts and the group can hold jobs: the acting replica's one listener.
 type Listener struct {
 	cfg ListenerConfig
 
 	mu        sync.Mutex
 	st        State
-	completed map[int64]time.Time // recently completed request ids
+	completed map[int64]completion // recently completed jobs, by Key
+	acquired  map[int64]bool       // jobs this listener acquired, not yet assigned
+	attempts  map[int64]int        // failed handlings, by message id
+	warned    string               // the warning last logged
 
 	// The long poll in flight: its cancel and the capacity it told the
-	// service (Nudge ends it when the group can hold more).
+	// service (Nudge ends it when that changed); wake ends a pause.
 	pollMu     sync.Mutex
 	pollCancel context.CancelFunc
 	pollCap    int
+	wake       chan struct{}
+}
+
+// completion is a job's end: when, and whether a runner ran it (one
+// that did not was an assignment taken back: the job may be assigned
+// again).
+type completion struct {
+	at  time.Time
+	ran bool
 }
 
 // State is what the listener knows, for the group's passes.
 type State struct {
 	ScaleSetID int
 	Session    bool // a session is open now
-	Stats      Statistics
+	// Paused: no session, because the group can hold no job (drained,
+	// retiring): the service keeps what is queued meanwhile and assigns
+	// it once a session opens again.
+	Paused bool
+	// Flow is how the service hands out jobs, as seen so far (FlowAssign,
+	// FlowAcquire; "" until a job came).
+	Flow  string
+	Stats Statistics
 	// Queued: jobs acquired by (or assigned to) the scale set that no
-	// runner has started; Running: started, by runner name.
+	// runner has started; Running: started. Both by the job's Key.
 	Queued  map[int64]JobMessage
 	Running map[int64]JobMessage
 	// Finished: runners whose job completed, since when.
 	Finished  map[string]time.Time
 	LastError string
-	// Refused counts messages and entries refused since start.
-	Refused int
+	// Warning: what the service does that the group should know of (its
+	// labels dropped), while it holds.
+	Warning string
+	// Refused counts messages and entries refused since start; Dropped
+	// the messages given up on (OnDrop).
+	Refused, Dropped int
 }
 
 // Demand is how many runners the scale set's jobs wait for: the known
@@ -104,14 +153,21 @@ func NewListener(cfg ListenerConfig) *Listener {
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = time.Minute
 	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 3
+	}
 	if cfg.Changed == nil {
 		cfg.Changed = func() {}
 	}
 	if cfg.OnJob == nil {
 		cfg.OnJob = func(JobMessage) {}
 	}
-	return &Listener{cfg: cfg, completed: map[int64]time.Time{},
-		st: State{Queued: map[int64]JobMessage{}, Running: map[int64]JobMessage{}, Finished: map[string]time.Time{}}}
+	if cfg.OnDrop == nil {
+		cfg.OnDrop = func(string, error) {}
+	}
+	return &Listener{cfg: cfg, completed: map[int64]completion{}, acquired: map[int64]bool{}, attempts: map[int64]int{},
+		wake: make(chan struct{}, 1),
+		st:   State{Queued: map[int64]JobMessage{}, Running: map[int64]JobMessage{}, Finished: map[string]time.Time{}}}
 }
 
 // State returns a copy of what the listener knows.
@@ -131,7 +187,7 @@ func clone[K comparable, V any](m map[K]V) map[K]V {
 	return out
 }
 
-// Completed reports whether a job request completed recently.
+// Completed reports whether a job (by Key) completed recently.
 func (l *Listener) Completed(id int64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -157,7 +213,12 @@ func (l *Listener) setError(err error) {
 	l.cfg.Changed()
 }
 
-// Run keeps the session until ctx ends, then deletes it. Failures are
+// errPaused ends a session: the group can hold no job.
+var errPaused = errors.New("the group can hold no job: its session is deleted")
+
+// Run keeps the session until ctx ends, then deletes it; while the group
+// can hold no job it holds none (advertising capacity 0 would leave the
+// service free to assign jobs the group will not run). Failures are
 // retried with backoff (State.LastError says why meanwhile); it returns
 // only when ctx ends.
 func (l *Listener) Run(ctx context.Context) {
@@ -171,6 +232,10 @@ func (l *Listener) Run(ctx context.Context) {
 		return retry.SleepContext(ctx, backoff) == nil
 	}
 	for ctx.Err() == nil {
+		if l.capacity() == 0 {
+			l.pause(ctx)
+			continue
+		}
 		sess, err := l.open(ctx)
 		if err != nil {
 			if !wait(err) {
@@ -179,16 +244,43 @@ func (l *Listener) Run(ctx context.Context) {
 			continue
 		}
 		backoff = 0
+		opened := time.Now()
 		err = l.poll(ctx, sess, func() { backoff = 0 }, wait)
 		l.close(sess)
-		if err != nil && ctx.Err() == nil && !wait(err) {
+		gone := errors.Is(err, forge.ErrNotFound) || errors.Is(err, ErrUnauthorized)
+		switch {
+		case err == nil || errors.Is(err, errPaused) || ctx.Err() != nil:
+		case gone && time.Since(opened) >= l.cfg.MinBackoff:
+			// A session that served a while and is gone (the service
+			// evicted it: actions/scaleset #123): a new one at once.
+			l.cfg.Log.Info("scale set session gone; opening a new one", "scale_set", l.Spec().Name, "err", err)
+		case !wait(err):
 			return
 		}
 	}
 }
 
+// pause waits, with no session, until the group can hold jobs again
+// (Nudge) or ctx ends.
+func (l *Listener) pause(ctx context.Context) {
+	l.mu.Lock()
+	l.st.Paused, l.st.LastError = true, ""
+	l.mu.Unlock()
+	l.cfg.Changed()
+	for l.capacity() == 0 && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-l.wake:
+		}
+	}
+	l.mu.Lock()
+	l.st.Paused = false
+	l.mu.Unlock()
+}
+
 // open finds (or makes) the scale set and opens its session. A session
-// held by a dead listener whose id this group recorded is deleted first;
+// held by a dead listener whose id this group recorded is deleted first
+// (one the service expired is gone already: its 400 is no obstacle);
 // one held by anyone else is ErrSessionConflict, retried by Run.
 func (l *Listener) open(ctx context.Context) (*Session, error) {
 	if !l.cfg.Leading(ctx) {
@@ -201,6 +293,7 @@ func (l *Listener) open(ctx context.Context) (*Session, error) {
 	l.mu.Lock()
 	l.st.ScaleSetID = set.ID
 	l.mu.Unlock()
+	l.noteLabels(set)
 	sess, err := l.cfg.Client.OpenSession(ctx, set.ID, l.cfg.Owner)
 	if errors.Is(err, ErrSessionConflict) {
 		recID, recSession, rerr := l.cfg.Record.LoadSession()
@@ -234,6 +327,24 @@ func (l *Listener) open(ctx context.Context) (*Session, error) {
 	return sess, nil
 }
 
+// noteLabels keeps (and logs once) a warning when the service dropped
+// some of the scale set's labels.
+func (l *Listener) noteLabels(set ScaleSet) {
+	warn := ""
+	if len(set.Missing) > 0 {
+		warn = fmt.Sprintf("the service dropped labels %s of scale set %s (GHES before 3.18, or custom labels off: it keeps the name only); jobs reach this group with runs-on: %s",
+			strings.Join(set.Missing, ", "), set.Name, set.Name)
+	}
+	l.mu.Lock()
+	l.st.Warning = warn
+	logIt := warn != "" && warn != l.warned
+	l.warned = warn
+	l.mu.Unlock()
+	if logIt {
+		l.cfg.Log.Warn("scale set labels dropped", "scale_set", set.Name, "missing", strings.Join(set.Missing, ","))
+	}
+}
+
 // close deletes the session (best effort: a session left is deleted by
 // the next listener of the group, by its recorded id).
 func (l *Listener) close(sess *Session) {
@@ -256,18 +367,23 @@ func (l *Listener) close(sess *Session) {
 func (l *Listener) capacity() int { return max(l.cfg.MaxJobs(), 0) }
 
 // poll long-polls the session until ctx ends or the session is unusable
-// (returned as an error: Run opens a new one). A service that fails is
-// waited for (wait) on the same session.
+// (returned as an error: Run opens a new one) or the group can hold no
+// job (errPaused). A service that fails is waited for (wait) on the same
+// session. A message whose handling fails is tried again, at most
+// MaxAttempts times, then dropped: it never holds up the stream.
 func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func(error) bool) error {
 	var lastID int64
 	for ctx.Err() == nil {
+		if l.capacity() == 0 {
+			return errPaused
+		}
 		msg, nudged, err := l.poll1(ctx, sess, lastID)
 		var me *MessageError
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case nudged:
-			continue // the group can hold more than the poll told: tell it again
+			continue // the group can hold another number of jobs: tell it again
 		case errors.As(err, &me):
 			l.refused(me)
 			if me.ID == 0 {
@@ -293,11 +409,15 @@ func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func
 		}
 		ok()
 		if err := l.handle(ctx, sess, msg); err != nil {
-			if !wait(err) {
-				return nil
+			if l.attempts[msg.ID]++; l.attempts[msg.ID] < l.cfg.MaxAttempts {
+				if !wait(err) {
+					return nil
+				}
+				continue // not deleted: the service sends it again
 			}
-			continue // not deleted: the service sends it again
+			l.drop(msg.ID, DropHandlingFailed, err)
 		}
+		delete(l.attempts, msg.ID)
 		lastID = msg.ID
 		if err := sess.DeleteMessage(ctx, msg.ID); err != nil && ctx.Err() == nil {
 			l.cfg.Log.Warn("deleting a handled message", "scale_set", l.Spec().Name, "message", msg.ID, "err", err)
@@ -305,6 +425,15 @@ func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func
 		l.setError(nil)
 	}
 	return nil
+}
+
+// drop gives up on a message: counted, logged, told (OnDrop).
+func (l *Listener) drop(id int64, reason string, err error) {
+	l.mu.Lock()
+	l.st.Dropped++
+	l.mu.Unlock()
+	l.cfg.Log.Error("scale set message dropped", "scale_set", l.Spec().Name, "message", id, "reason", reason, "err", err)
+	l.cfg.OnDrop(reason, fmt.Errorf("scale set %s: message %d dropped (%s): %w", l.Spec().Name, id, reason, err))
 }
 
 // poll1 is one long poll, ended early by Nudge (nudged).
@@ -323,16 +452,21 @@ func (l *Listener) poll1(ctx context.Context, sess *Session, lastID int64) (*Mes
 	return msg, nudged, err
 }
 
-// Nudge ends the long poll in flight when the group can now hold more
-// jobs than it told the service (it was drained, its maximum was raised):
-// the next poll says so, and the service offers what waits. A message
-// the service built for the poll ended is sent again (it is not deleted).
+// Nudge tells the listener the group's capacity may have changed (it was
+// drained or resumed, its maximum changed): a long poll in flight that
+// told the service another number ends (the next poll tells the new one;
+// a message the service built for the poll ended is sent again, as it is
+// not deleted), and a pause ends if the group can hold jobs again.
 func (l *Listener) Nudge() {
 	l.pollMu.Lock()
 	defer l.pollMu.Unlock()
-	if l.pollCancel != nil && l.capacity() > l.pollCap {
+	if l.pollCancel != nil && l.capacity() != l.pollCap {
 		l.pollCancel()
 		l.pollCancel = nil
+	}
+	select {
+	case l.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -341,95 +475,4 @@ func (l *Listener) refused(me *MessageError) {
 	l.mu.Lock()
 	l.st.Refused++
 	l.mu.Unlock()
-}
-
-// completedMemory bounds the completed request ids kept (a late or
-// repeated message about one is then still recognised).
-const completedMemory = 20000
-
-// handle applies one message: the statistics, the jobs assigned, started
-// and completed, then acquires the available jobs the group has room for
-// (a job known already — acquired, running or done — is not asked for
-// again). An error leaves the message undeleted: the service sends it
-// again, and applying it twice changes nothing.
-func (l *Listener) handle(ctx context.Context, sess *Session, m *Message) error {
-	now := l.cfg.Now()
-	l.mu.Lock()
-	st := &l.st
-	st.Stats, st.Refused = m.Statistics, st.Refused+m.Refused
-	for _, j := range m.Assigned {
-		_, running := st.Running[j.RequestID]
-		if _, done := l.completed[j.RequestID]; !running && !done {
-			if prev, ok := st.Queued[j.RequestID]; ok && j.QueueTime.IsZero() {
-				j.QueueTime = prev.QueueTime
-			}
-			st.Queued[j.RequestID] = j
-		}
-	}
-	for _, j := range m.Started {
-		delete(st.Queued, j.RequestID)
-		if _, done := l.completed[j.RequestID]; !done {
-			st.Running[j.RequestID] = j
-		}
-	}
-	for _, j := range m.Completed {
-		delete(st.Queued, j.RequestID)
-		delete(st.Running, j.RequestID)
-		l.completed[j.RequestID] = now
-		if j.RunnerName != "" {
-			st.Finished[j.RunnerName] = now
-		}
-	}
-	l.prune(now)
-	room := max(l.cfg.MaxJobs()-st.Held(), 0)
-	var ask []int64
-	offered := map[int64]JobMessage{}
-	for _, j := range m.Available {
-		_, queued := st.Queued[j.RequestID]
-		_, running := st.Running[j.RequestID]
-		_, done := l.completed[j.RequestID]
-		if len(ask) >= room || queued || running || done || offered[j.RequestID].RequestID != 0 {
-			continue
-		}
-		ask = append(ask, j.RequestID)
-		offered[j.RequestID] = j
-	}
-	l.mu.Unlock()
-	for _, j := range append(append([]JobMessage(nil), m.Started...), m.Completed...) {
-		l.cfg.OnJob(j)
-	}
-	if len(ask) > 0 {
-		got, err := sess.Acquire(ctx, ask)
-		if err != nil {
-			l.cfg.Changed()
-			return err
-		}
-		l.mu.Lock()
-		for _, id := range got {
-			j := offered[id]
-			j.ScaleSetAssignTime = Time{now}
-			l.st.Queued[id] = j
-		}
-		l.mu.Unlock()
-		if len(got) > 0 {
-			l.cfg.Log.Info("jobs acquired", "scale_set", l.Spec().Name, "asked", len(ask), "acquired", len(got))
-		}
-	}
-	l.cfg.Changed()
-	return nil
-}
-
-// prune forgets completed ids and finished runners over an hour old (or
-// the oldest, past the bound). The caller holds l.mu.
-func (l *Listener) prune(now time.Time) {
-	for id, at := range l.completed {
-		if now.Sub(at) > time.Hour || len(l.completed) > completedMemory {
-			delete(l.completed, id)
-		}
-	}
-	for name, at := range l.st.Finished {
-		if now.Sub(at) > time.Hour {
-			delete(l.st.Finished, name)
-		}
-	}
 }

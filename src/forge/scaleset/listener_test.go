@@ -1,6 +1,7 @@
 package scaleset
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
@@ -45,22 +48,54 @@ type harness struct {
 	changed chan struct{}
 	stop    context.CancelFunc
 	done    chan struct{}
+	log     *syncBuffer
+	drops   atomic.Int32
+}
+
+// syncBuffer is the listener's log.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func newHarness(t *testing.T, g *forgetest.GitHub, maxJobs int) *harness {
-	h := &harness{t: t, g: g, c: newClient(t, g, org), rec: &memRecord{}, changed: make(chan struct{}, 1)}
+	h := &harness{t: t, g: g, c: newClient(t, g, org), rec: &memRecord{}, changed: make(chan struct{}, 1), log: &syncBuffer{}}
 	h.c.cfg.Actions.Retry.Budget = 300 * time.Millisecond
 	h.maxJobs.Store(int32(maxJobs))
+	logger, _ := logging.New(boshlog.LevelInfo, h.log)
 	h.l = NewListener(ListenerConfig{Client: h.c, Spec: Spec{Name: "runway-linux", RunnerGroupID: 1, Labels: []string{"linux"}},
 		Owner: "test", MaxJobs: func() int { return int(h.maxJobs.Load()) }, Leading: func(context.Context) bool { return true },
-		Record: h.rec, Log: logging.Fields{Logger: logging.Discard(), Tag: "test"},
+		Record: h.rec, Log: logging.Fields{Logger: logger, Tag: "test"},
 		Changed: func() {
 			select {
 			case h.changed <- struct{}{}:
 			default:
 			}
-		}, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		}, OnDrop: func(string, error) { h.drops.Add(1) }, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 	return h
+}
+
+// flows runs a test against each flow the service speaks.
+func flows(t *testing.T, test func(t *testing.T, g *forgetest.GitHub)) {
+	for _, f := range []forgetest.ActionsFlow{forgetest.FlowGitHubCom, forgetest.FlowGHES} {
+		t.Run(f.String(), func(t *testing.T) {
+			g := newServer(t)
+			g.SetActionsFlow(f)
+			test(t, g)
+		})
+	}
 }
 
 func (h *harness) start() {
@@ -91,10 +126,12 @@ func (h *harness) until(what string, cond func(State) bool) State {
 	}
 }
 
-// The listener acquires only what the group can start: with room for
-// two, two of five jobs; as one is done, one more.
-func TestListenerAcquiresOnlyWhatItCanStart(t *testing.T) {
-	g := newServer(t)
+// The listener takes only what the group can start: with room for two,
+// two of five jobs (GHES: acquired; github.com: assigned as far as each
+// poll's capacity leaves room); as one is done, one more.
+func TestListenerAcquiresOnlyWhatItCanStart(t *testing.T) { flows(t, acquiresOnlyWhatItCanStart) }
+
+func acquiresOnlyWhatItCanStart(t *testing.T, g *forgetest.GitHub) {
 	h := newHarness(t, g, 2)
 	h.start()
 	h.until("a session", func(s State) bool { return s.Session })
@@ -151,8 +188,8 @@ func TestListenerTakesOverOnlyItsGroupsSession(t *testing.T) {
 	h.until("the conflict reported", func(s State) bool { return strings.Contains(s.LastError, "held by another listener") })
 	g.AddJob("acme/app", []string{"linux"})
 	h.until("a few more tries", func(State) bool { return g.ActionsStats().Conflicts >= 3 })
-	if st := g.ActionsStats(); st.Acquires != 0 {
-		t.Fatalf("acquired while another listener held the scale set: %+v", st)
+	if st := g.ActionsStats(); st.Acquires != 0 || st.Assigned != 0 {
+		t.Fatalf("took a job while another listener held the scale set: %+v", st)
 	}
 	// The foreign session is now this group's (as if a replica of it had
 	// opened it and died): recorded, it is deleted and taken over.
@@ -191,7 +228,7 @@ func TestListenerWaitsOutTheServiceBeingDown(t *testing.T) {
 // counted; a JobAvailable again for a job already acquired is not asked
 // for again. Real jobs still flow.
 func TestListenerRefusesHostileMessages(t *testing.T) {
-	g := newServer(t)
+	g := newGHES(t)
 	h := newHarness(t, g, 4)
 	h.start()
 	s := h.until("a session", func(s State) bool { return s.Session })
@@ -286,7 +323,7 @@ func TestForgeOverTheListener(t *testing.T) {
 	if err := h.l.SetSpec(ctx, Spec{Labels: []string{"linux", "gpu"}}); err != nil {
 		t.Fatal(err)
 	}
-	if sets := g.ScaleSets(); len(sets) != 1 || len(sets[0].Labels) != 2 || sets[0].Name != "runway-linux" {
+	if sets := g.ScaleSets(); len(sets) != 1 || strings.Join(sets[0].Labels, ",") != "runway-linux,linux,gpu" {
 		t.Errorf("after SetSpec: %+v", sets)
 	}
 }
@@ -314,24 +351,3 @@ func TestCheckNamesTheMissingPermission(t *testing.T) {
 type restStub struct{ forge.Client }
 
 func (restStub) Runners(context.Context, forge.Scope) ([]forge.Runner, error) { return nil, nil }
-
-// A group that can hold more than its poll told the service (resumed
-// from a drain, its maximum raised) ends the poll in flight: the job
-// waiting is offered and acquired at once, not at the poll's end.
-func TestListenerNudgedWhenTheGroupCanHoldMore(t *testing.T) {
-	g := newServer(t)
-	g.SetActionsTimes(0, 0, 30*time.Second)
-	h := newHarness(t, g, 0)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
-	job := g.AddJob("acme/app", []string{"linux"})
-	h.until("the drained poll under way", func(State) bool { return g.ActionsStats().MaxCapacity == 0 })
-	h.l.Nudge() // nothing more to hold: the poll goes on
-	h.maxJobs.Store(1)
-	start := time.Now()
-	h.l.Nudge()
-	h.until("the job acquired", func(s State) bool { return len(s.Queued) == 1 })
-	if took := time.Since(start); took > 5*time.Second || g.Job(job).ScaleSet == 0 {
-		t.Errorf("acquired %s after the nudge; want at once", took)
-	}
-}

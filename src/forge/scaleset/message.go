@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 )
@@ -29,7 +30,10 @@ const (
 // messageKind is the one kind of message the listener handles.
 const messageKind = "RunnerScaleSetJobMessages"
 
-// JobMessage is one entry of a batch: what happened to a job request.
+// JobMessage is one entry of a batch: what happened to a job. On
+// github.com since mid-2025 its identity is JobID (a UUID) and RequestID
+// is 0; GHES up to 3.19 also names the runner request, which acquiring
+// needs.
 type JobMessage struct {
 	Kind          string   `json:"messageType"`
 	RequestID     int64    `json:"runnerRequestId"`
@@ -52,6 +56,19 @@ type JobMessage struct {
 	Result             string `json:"result"`
 }
 
+// Key is the job's identity as Runway tracks it: from its jobId when the
+// message has one (the same for every message about the job, across
+// reassignments), else its runner request id. Keys made from a jobId
+// are at or above 1<<62, where no request id reaches.
+func (j JobMessage) Key() int64 {
+	if j.JobID == "" {
+		return j.RequestID
+	}
+	h := fnv.New64a()
+	h.Write([]byte(j.JobID))
+	return int64(h.Sum64()&(1<<62-1) | 1<<62)
+}
+
 // Repo is owner/name.
 func (j JobMessage) Repo() string {
 	if j.Owner == "" {
@@ -68,6 +85,10 @@ type Message struct {
 	Assigned   []JobMessage
 	Started    []JobMessage
 	Completed  []JobMessage
+	// Events are the assigned, started and completed entries in the
+	// order the service wrote them (a job taken back and assigned again
+	// in one batch is completed, then assigned).
+	Events []JobMessage
 	// Refused counts entries not the protocol's shape (no request id, a
 	// started job without a runner, undecodable); Unknown counts entries
 	// of kinds the listener does not know (ignored, as actions/scaleset
@@ -143,13 +164,17 @@ func (m *Message) add(e json.RawMessage) {
 		m.Unknown++
 		return
 	}
-	if j.RequestID <= 0 || (j.Kind == JobStarted && j.RunnerName == "") {
+	// A request id is needed only to acquire; every other entry names
+	// its job by jobId or request id.
+	if j.RequestID < 0 || (j.Kind == JobAvailable && j.RequestID == 0) || j.Key() == 0 ||
+		(j.Kind == JobStarted && j.RunnerName == "") || len(j.JobID) > 200 {
 		m.Refused++
 		return
 	}
 	switch j.Kind {
 	case JobAvailable:
 		m.Available = append(m.Available, j)
+		return
 	case JobAssigned:
 		m.Assigned = append(m.Assigned, j)
 	case JobStarted:
@@ -157,6 +182,7 @@ func (m *Message) add(e json.RawMessage) {
 	case JobCompleted:
 		m.Completed = append(m.Completed, j)
 	}
+	m.Events = append(m.Events, j)
 }
 
 func clipKind(s string) string {

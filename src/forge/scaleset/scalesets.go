@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
@@ -21,6 +22,9 @@ type ScaleSet struct {
 	Labels          []Label       `json:"labels,omitempty"`
 	RunnerSetting   RunnerSetting `json:"RunnerSetting"`
 	Statistics      *Statistics   `json:"statistics,omitempty"`
+	// Missing are the labels asked for that the service did not keep
+	// (GHES before 3.18, or custom labels off: the name only).
+	Missing []string `json:"-"`
 }
 
 // Label is one of a scale set's labels (type "System" as ARC makes
@@ -84,12 +88,30 @@ func sameLabels(a []Label, b []string) bool {
 	}
 	slices.Sort(names)
 	b = slices.Sorted(slices.Values(b))
-	return slices.Equal(names, b)
+	return slices.Equal(slices.Compact(names), slices.Compact(b))
+}
+
+// kept are the labels the service holds for spec: its labels and its
+// name, which the service always adds (actions/scaleset's README: the
+// name "also serves as the label").
+func (s Spec) kept() []string { return append([]string{s.Name}, s.Labels...) }
+
+// missing are spec's labels the set does not hold.
+func missing(set ScaleSet, spec Spec) []string {
+	var out []string
+	for _, l := range spec.Labels {
+		if !slices.ContainsFunc(set.Labels, func(h Label) bool { return h.Name == l }) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // Ensure finds the scale set by runner group and name, makes it if there
-// is none, and sets its labels when they differ from spec's. It answers
-// the scale set as the service holds it.
+// is none, and sets its labels when they differ from spec's (its name
+// among them). A PATCH whose answer still lacks some (the service drops
+// them) is not sent again for that spec: the set comes back with those
+// labels in Missing. It answers the scale set as the service holds it.
 func (c *Client) Ensure(ctx context.Context, spec Spec) (ScaleSet, error) {
 	if spec.Name == "" || len(spec.Labels) == 0 {
 		return ScaleSet{}, errors.New("scale sets: a scale set needs a name and labels")
@@ -108,13 +130,16 @@ func (c *Client) Ensure(ctx context.Context, spec Spec) (ScaleSet, error) {
 		if err := c.service(ctx, "POST", scaleSetsPath, want, &made, "making scale set "+spec.Name); err != nil {
 			return ScaleSet{}, err
 		}
+		made.Missing = missing(made, spec)
+		c.noteLabels(made.ID, spec, made.Missing)
 		return made, checkSet(made, "making scale set "+spec.Name)
 	}
 	have := found.Value[0]
 	if err := checkSet(have, "finding scale set "+spec.Name); err != nil {
 		return ScaleSet{}, err
 	}
-	if sameLabels(have.Labels, spec.Labels) {
+	have.Missing = missing(have, spec)
+	if sameLabels(have.Labels, spec.kept()) || c.refusedBefore(have.ID, spec) {
 		return have, nil
 	}
 	var updated ScaleSet
@@ -122,7 +147,28 @@ func (c *Client) Ensure(ctx context.Context, spec Spec) (ScaleSet, error) {
 	if err := c.service(ctx, "PATCH", fmt.Sprintf("%s/%d", scaleSetsPath, have.ID), want, &updated, op); err != nil {
 		return ScaleSet{}, err
 	}
+	updated.Missing = missing(updated, spec)
+	c.noteLabels(updated.ID, spec, updated.Missing)
 	return updated, checkSet(updated, op)
+}
+
+// noteLabels remembers that the service dropped some of spec's labels
+// on set id (nothing dropped: forgets it).
+func (c *Client) noteLabels(id int, spec Spec, dropped []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(dropped) == 0 {
+		delete(c.dropped, id)
+		return
+	}
+	c.dropped[id] = strings.Join(slices.Sorted(slices.Values(spec.Labels)), ",")
+}
+
+// refusedBefore: the service dropped these very labels on set id before.
+func (c *Client) refusedBefore(id int, spec Spec) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dropped[id] == strings.Join(slices.Sorted(slices.Values(spec.Labels)), ",")
 }
 
 func checkSet(s ScaleSet, op string) error {

@@ -1,6 +1,7 @@
 package scaleset
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -97,15 +98,15 @@ func (s *Session) Statistics() Statistics {
 }
 
 // DeleteSession deletes a scale set's session by id (the listener's own
-// on exit, or a dead listener's it recorded); one already gone is not an
-// error.
+// on exit, or a dead listener's it recorded); one already gone (404) or
+// expired (400 RunnerScaleSetSessionExpiredException) is not an error.
 func (c *Client) DeleteSession(ctx context.Context, scaleSetID int, id string) error {
 	if id == "" || strings.ContainsAny(id, "/?#") {
 		return errors.New("scale sets: no session id to delete")
 	}
 	err := c.service(ctx, "DELETE", fmt.Sprintf("%s/%d/sessions/%s", scaleSetsPath, scaleSetID, url.PathEscape(id)), nil, nil,
 		fmt.Sprintf("deleting session %s of scale set %d", id, scaleSetID))
-	if errors.Is(err, forge.ErrNotFound) {
+	if errors.Is(err, forge.ErrNotFound) || errors.Is(err, ErrSessionExpired) {
 		return nil
 	}
 	return err
@@ -146,7 +147,9 @@ func (s *Session) withToken(ctx context.Context, req func(queue, token string) e
 // Message waits for the next message after lastID (the long poll),
 // telling the service how many jobs the listener can hold at one time
 // (capacity: its maximum; the jobs the scale set holds count against
-// it). nil, nil: nothing came before the service's poll ended (202).
+// it). nil, nil: nothing came before the service's poll ended — 202, or
+// 200 with an empty body (github.com answers that too: ARC #4285,
+// #4470).
 func (s *Session) Message(ctx context.Context, lastID int64, capacity int) (*Message, error) {
 	if capacity < 0 {
 		capacity = 0
@@ -177,6 +180,9 @@ func (s *Session) Message(ctx context.Context, lastID int64, capacity int) (*Mes
 			return nil
 		case resp.StatusCode != http.StatusOK:
 			return answerError("the next message", resp, body)
+		case len(bytes.TrimSpace(bytes.TrimPrefix(body, []byte("\xef\xbb\xbf")))) == 0:
+			msg = nil
+			return nil
 		}
 		msg, err = parseMessage(body)
 		return err
@@ -204,7 +210,8 @@ func (s *Session) DeleteMessage(ctx context.Context, id int64) error {
 
 // Acquire asks for the jobs of these request ids; the service answers
 // the ones this scale set got (a job another listener or scale set got
-// first, or one gone, is left out).
+// first, or one gone, is left out). github.com has no acquire step: 404
+// (forge.ErrNotFound).
 func (s *Session) Acquire(ctx context.Context, ids []int64) ([]int64, error) {
 	if len(ids) == 0 {
 		return nil, nil

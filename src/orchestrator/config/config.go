@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -91,6 +92,9 @@ type ForgeConfig struct {
 	WebhookSecretEnv  string   `yaml:"webhook_secret_env"`
 	PollInterval      Duration `yaml:"poll_interval"`
 	RunnerGroupID     int64    `yaml:"runner_group_id"` // GitHub JIT
+	// App authenticates to GitHub as an App installation (in place of
+	// token_file / token_env).
+	App AppConfig `yaml:"app"`
 	// Secrets gives the token and webhook secret from memory instead of
 	// a file or the environment: a config source other than the file
 	// (Kubernetes Secrets) sets it, and keeps it current itself.
@@ -106,11 +110,33 @@ type AddressGuard interface {
 	Check(addr netip.Addr) error
 }
 
+// AppConfig is a GitHub App installation Runway authenticates as: the
+// App's id (or client id), the installation's id, and where the App's
+// private key (PEM) is read from.
+type AppConfig struct {
+	ID             string `yaml:"id"`
+	InstallationID int64  `yaml:"installation_id"`
+	PrivateKeyFile string `yaml:"private_key_file"`
+	PrivateKeyEnv  string `yaml:"private_key_env"`
+}
+
+// Set reports whether any of the App's keys is set.
+func (a AppConfig) Set() bool { return a != AppConfig{} }
+
 // SecretSource is a forge's token and webhook secret held in memory,
 // read at every use (a rotated value needs no other call).
 type SecretSource interface {
 	Token() string
 	WebhookSecret() string
+}
+
+// AppSource is a SecretSource that may hold a GitHub App installation's
+// credentials in place of a token (ARC's githubConfigSecret:
+// github_app_id, github_app_installation_id, github_app_private_key).
+// An empty id: it holds a token.
+type AppSource interface {
+	SecretSource
+	App() (id string, installation int64, privateKey string)
 }
 
 // GroupConfig is one pool of runners (seed 001's RunnerGroup).
@@ -121,6 +147,7 @@ type GroupConfig struct {
 	Org              string         `yaml:"org"`
 	User             string         `yaml:"user"`
 	Repo             string         `yaml:"repo"` // owner/name
+	Enterprise       string         `yaml:"enterprise"`
 	Labels           []string       `yaml:"labels"`
 	MaxActiveRunners int            `yaml:"max_active_runners"`
 	MinIdle          int            `yaml:"min_idle"`
@@ -330,6 +357,26 @@ func (c *Config) defaults() {
 	defaultSet(c.Forges, c.Groups)
 }
 
+// gitHubRunnerURL is the GitHub a REST API URL belongs to: github.com
+// for api.github.com, NAME.ghe.com for api.NAME.ghe.com (GHE.com's data
+// residency), and for GHES's https://HOST/api/v3 the host itself.
+func gitHubRunnerURL(api string) string {
+	u, err := url.Parse(api)
+	if err != nil || u.Host == "" {
+		return "https://github.com"
+	}
+	host := strings.ToLower(u.Host)
+	switch {
+	case host == "api.github.com":
+		return "https://github.com"
+	case strings.HasPrefix(host, "api.") && strings.HasSuffix(host, ".ghe.com"):
+		return u.Scheme + "://" + strings.TrimPrefix(host, "api.")
+	case strings.HasSuffix(strings.TrimRight(u.Path, "/"), "/api/v3"):
+		return u.Scheme + "://" + u.Host + strings.TrimSuffix(strings.TrimRight(u.Path, "/"), "/api/v3")
+	}
+	return "https://github.com"
+}
+
 // defaultSet fills the forges' and groups' defaults.
 func defaultSet(forges []ForgeConfig, groups []GroupConfig) {
 	for i := range forges {
@@ -340,7 +387,7 @@ func defaultSet(forges []ForgeConfig, groups []GroupConfig) {
 				f.URL = "https://api.github.com"
 			}
 			if f.RunnerURL == "" {
-				f.RunnerURL = "https://github.com"
+				f.RunnerURL = gitHubRunnerURL(f.URL)
 			}
 			if f.RunnerGroupID == 0 {
 				f.RunnerGroupID = 1
@@ -385,6 +432,8 @@ func (g GroupConfig) ForgeScope() forge.Scope {
 	case "repo":
 		o, n, _ := strings.Cut(g.Repo, "/")
 		return forge.Scope{Kind: "repo", Owner: o, Repo: n}
+	case "enterprise":
+		return forge.Scope{Kind: "enterprise", Owner: g.Enterprise}
 	}
 	return forge.Scope{Kind: "global"}
 }

@@ -119,17 +119,44 @@ func validateForges(errs *fieldErrors, list []ForgeConfig) map[string]ForgeConfi
 		if !strings.HasPrefix(f.URL, "http://") && !strings.HasPrefix(f.URL, "https://") {
 			errs.bad(p+".url", "%q must be an http(s) URL", logging.RedactURLs(f.URL))
 		}
+		n := 0
+		for _, set := range []bool{f.TokenFile != "", f.TokenEnv != "", f.App.Set()} {
+			if set {
+				n++
+			}
+		}
 		switch {
-		case f.Secrets != nil && (f.TokenFile != "" || f.TokenEnv != "" || f.WebhookSecretFile != "" || f.WebhookSecretEnv != ""):
-			errs.bad(p+".token_file", "a forge whose secrets come from memory names no file or variable")
-		case f.Secrets == nil && (f.TokenFile == "") == (f.TokenEnv == ""):
+		case f.Secrets != nil && (n > 0 || f.WebhookSecretFile != "" || f.WebhookSecretEnv != ""):
+			errs.bad(p+".token_file", "a forge whose secrets come from memory names no file, variable or app")
+		case f.Secrets == nil && n != 1 && f.Type == "github":
+			errs.bad(p+".token_file", "set exactly one of token_file, token_env or app (tokens and keys are never inline)")
+		case f.Secrets == nil && n != 1:
 			errs.bad(p+".token_file", "set exactly one of token_file or token_env (tokens are never inline)")
+		}
+		if f.App.Set() {
+			f.App.validate(errs, p+".app", f.Type)
 		}
 		if f.WebhookSecretFile != "" && f.WebhookSecretEnv != "" {
 			errs.bad(p+".webhook_secret_file", "set at most one of webhook_secret_file or webhook_secret_env")
 		}
 	}
 	return forges
+}
+
+// validate checks a GitHub App's keys (p is their field path).
+func (a AppConfig) validate(errs *fieldErrors, p, forgeType string) {
+	if forgeType != "github" {
+		errs.bad(p, "a GitHub App authenticates to GitHub only (the forge is %s)", forgeType)
+	}
+	if strings.TrimSpace(a.ID) == "" || strings.ContainsAny(a.ID, " \t\n/") {
+		errs.bad(p+".id", "%q must be the App's id or client id", a.ID)
+	}
+	if a.InstallationID <= 0 {
+		errs.bad(p+".installation_id", "must be the installation's id (a positive number)")
+	}
+	if (a.PrivateKeyFile == "") == (a.PrivateKeyEnv == "") {
+		errs.bad(p+".private_key_file", "set exactly one of private_key_file or private_key_env (the key is never inline)")
+	}
 }
 
 // validate checks one group (p is its field path).
@@ -139,6 +166,9 @@ func (g GroupConfig) validate(errs *fieldErrors, p string, forges map[string]For
 		errs.bad(p+".forge", "%q is not a configured forge", g.Forge)
 	}
 	g.validateScope(errs, p, f.Type)
+	if g.Scope == "enterprise" && f.App.Set() {
+		errs.bad(p+".scope", "GitHub does not let an App register enterprise runners: forge %s needs a classic PAT with manage_runners:enterprise", f.Name)
+	}
 	if len(g.Labels) == 0 {
 		errs.bad(p+".labels", "at least one label is required (no default labels are added)")
 	}
@@ -224,8 +254,15 @@ func (g GroupConfig) validateScope(errs *fieldErrors, p, forgeType string) {
 		if o, n, ok := strings.Cut(g.Repo, "/"); !ok || o == "" || n == "" || strings.Contains(n, "/") {
 			errs.bad(p+".repo", "%q must be owner/name for scope repo", g.Repo)
 		}
+	case "enterprise":
+		if g.Enterprise == "" || strings.Contains(g.Enterprise, "/") {
+			errs.bad(p+".enterprise", "%q must be the enterprise's slug for scope enterprise", g.Enterprise)
+		}
+		if forgeType != "github" || g.Demand != DemandScaleSet {
+			errs.bad(p+".scope", "enterprise is GitHub's, for demand: scale_set only (its REST API lists no enterprise's jobs)")
+		}
 	default:
-		errs.bad(p+".scope", "%q must be one of global, org, user, repo", g.Scope)
+		errs.bad(p+".scope", "%q must be one of global, org, user, repo, enterprise", g.Scope)
 	}
 }
 

@@ -13,7 +13,9 @@ import (
 )
 
 // BenchmarkScaleSet is issue 40's measurement, process mode, no webhook
-// and an hour's poll (nothing inbound, no REST listing):
+// and an hour's poll (nothing inbound, no REST listing), on each flow the
+// Actions service speaks (flow=github.com: jobs assigned by the service;
+// flow=ghes: offered, then acquired — issue 47):
 //
 //   - single: 20 jobs one after another into an idle daemon; queued →
 //     the runner that took it online (its first call-in), p50 and max;
@@ -35,8 +37,12 @@ func BenchmarkScaleSet(b *testing.B) {
 	if v := os.Getenv("RUNWAY_BENCH_JOBS"); v != "" {
 		n, _ = strconv.Atoi(v)
 	}
-	b.Run("single", func(b *testing.B) { scaleSetSingle(b) })
-	b.Run(fmt.Sprintf("jobs=%d", n), func(b *testing.B) { scaleSetBurst(b, n) })
+	for _, flow := range []forgetest.ActionsFlow{forgetest.FlowGitHubCom, forgetest.FlowGHES} {
+		b.Run("flow="+flow.String(), func(b *testing.B) {
+			b.Run("single", func(b *testing.B) { scaleSetSingle(b, flow) })
+			b.Run(fmt.Sprintf("jobs=%d", n), func(b *testing.B) { scaleSetBurst(b, flow, n) })
+		})
+	}
 	b.Run("at-rest", func(b *testing.B) { scaleSetAtRest(b) })
 }
 
@@ -58,12 +64,12 @@ func restRequests(gh *forgetest.GitHub, before map[string]int) (rest, actions in
 
 // benchScaleSetEnv is a started scale-set daemon with room for max
 // runners, its stemcell uploaded by a warm-up job.
-func benchScaleSetEnv(b *testing.B, max int) (*env, *forgetest.GitHub) {
+func benchScaleSetEnv(b *testing.B, flow forgetest.ActionsFlow, max int) (*env, *forgetest.GitHub) {
 	spawn := 16
 	if v := os.Getenv("RUNWAY_BENCH_SPAWN"); v != "" {
 		spawn, _ = strconv.Atoi(v)
 	}
-	e, gh := scaleSetEnv(b, max, fmt.Sprintf("    spawn_concurrency: %d\n", spawn))
+	e, gh := scaleSetEnv(b, flow, max, fmt.Sprintf("    spawn_concurrency: %d\n", spawn))
 	e.sweep = "30s"
 	e.writeConfig("", e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, max,
 		fmt.Sprintf("    demand: scale_set\n    spawn_concurrency: %d\n", spawn)))
@@ -74,9 +80,9 @@ func benchScaleSetEnv(b *testing.B, max int) (*env, *forgetest.GitHub) {
 	return e, gh
 }
 
-func scaleSetSingle(b *testing.B) {
+func scaleSetSingle(b *testing.B, flow forgetest.ActionsFlow) {
 	for range b.N {
-		e, gh := benchScaleSetEnv(b, 4)
+		e, gh := benchScaleSetEnv(b, flow, 4)
 		before := gh.Requests()
 		var waits []time.Duration
 		for range 20 {
@@ -95,9 +101,9 @@ func scaleSetSingle(b *testing.B) {
 	}
 }
 
-func scaleSetBurst(b *testing.B, n int) {
+func scaleSetBurst(b *testing.B, flow forgetest.ActionsFlow, n int) {
 	for range b.N {
-		e, gh := benchScaleSetEnv(b, n)
+		e, gh := benchScaleSetEnv(b, flow, n)
 		calls, creates := cpiCalls(e.metrics()), vmsMade(e.metrics())
 		before := gh.Requests()
 		cpu0 := procCPU(e.daemon.Process.Pid)
@@ -144,7 +150,7 @@ func scaleSetBurst(b *testing.B, n int) {
 
 func scaleSetAtRest(b *testing.B) {
 	for range b.N {
-		e, gh := scaleSetEnv(b, 4, "")
+		e, gh := scaleSetEnv(b, forgetest.FlowGitHubCom, 4, "")
 		e.start()
 		e.eventually(30*time.Second, "the session", func() bool {
 			ss := e.groupStatus("ss").ScaleSet

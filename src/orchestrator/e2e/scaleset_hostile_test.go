@@ -34,12 +34,17 @@ func foreignListener(t *testing.T, gh *forgetest.GitHub, name string, labels []s
 // touched, then served once it is let go); the service down (requests
 // retried, the listener waits on its session; the job queued meanwhile
 // served once); a message too big to read (the session opened anew), one
-// of another kind (deleted, counted), a JobAvailable again for a job the
-// group holds (not asked for again); the session's token expired
-// mid-poll (refreshed). Every job gets exactly one runner, and no token
-// or JIT config reaches the log, the API or the metrics.
-func TestScaleSetSurvivesAHostileService(t *testing.T) {
-	e, gh := scaleSetEnv(t, 3, "")
+// of another kind (deleted, counted); on GHES a JobAvailable again for a
+// job the group holds (not asked for again); on github.com a JobAvailable
+// whose acquire answers 404 (dropped at once, counted, the stream goes
+// on) and the session evicted (its refresh 404, its delete 400: a new
+// one); the session's token expired mid-poll (refreshed). Every job gets
+// exactly one runner, and no token or JIT config reaches the log, the API
+// or the metrics.
+func TestScaleSetSurvivesAHostileService(t *testing.T) { scaleSetFlows(t, survivesAHostileService) }
+
+func survivesAHostileService(t *testing.T, flow forgetest.ActionsFlow) {
+	e, gh := scaleSetEnv(t, flow, 3, "")
 	_, foreign := foreignListener(t, gh, "ss", []string{"runway-ss"})
 	e.start()
 	first := gh.AddJob("acme/app", []string{"runway-ss"})
@@ -76,7 +81,19 @@ func TestScaleSetSurvivesAHostileService(t *testing.T) {
 	must(t, os.WriteFile(e.hold, nil, 0o600))
 	held := gh.AddJob("acme/app", []string{"runway-ss"})
 	e.eventually(30*time.Second, "the held job runs", func() bool { return gh.Job(held).Status == "in_progress" })
-	gh.RedeliverAvailable(held)
+	if flow == forgetest.FlowGHES {
+		gh.RedeliverAvailable(held)
+	} else {
+		gh.InjectMessage(set, jobAvailableMessage(902, gh.Job(held).RequestID))
+		e.eventually(20*time.Second, "the offer github.com will not let acquire dropped", func() bool {
+			return metricValue(e.metrics(), `runway_scaleset_dropped_messages_total{group="ss",reason="acquire_not_found"}`) == 1
+		})
+		opened := gh.ActionsStats().SessionsOpened
+		gh.ExpireSessions()
+		e.eventually(20*time.Second, "a new session after the service evicted it", func() bool {
+			return gh.ActionsStats().SessionsOpened == opened+1 && gh.ActionsStats().ExpiredDeletes == 1
+		})
+	}
 	gh.ExpireSessionTokens()
 	last := gh.AddJob("acme/app", []string{"runway-ss"})
 	e.eventually(30*time.Second, "a job after the token expired runs", func() bool { return gh.Job(last).Status == "in_progress" })
@@ -96,6 +113,15 @@ func TestScaleSetSurvivesAHostileService(t *testing.T) {
 		t.Errorf("%d runners for %d jobs; server %+v: want one each, nothing asked twice, the token refreshed", n, len(jobs), st)
 	}
 	secretsStayOut(t, e, gh.ActionsSecrets())
+}
+
+// jobAvailableMessage offers a job by request id, as GHES would.
+func jobAvailableMessage(id, request int64) []byte {
+	body, _ := json.Marshal([]map[string]any{{"messageType": "JobAvailable", "runnerRequestId": request,
+		"jobId": "7d0e2f3a-0000-4000-8000-000000000001", "ownerName": "acme", "repositoryName": "app", "requestLabels": []string{"runway-ss"}}})
+	b, _ := json.Marshal(map[string]any{"messageId": id, "messageType": "RunnerScaleSetJobMessages", "body": string(body),
+		"statistics": map[string]int{"totalAssignedJobs": 1, "totalRunningJobs": 1}})
+	return b
 }
 
 // secretsStayOut looks for every secret in the daemon's output, its API

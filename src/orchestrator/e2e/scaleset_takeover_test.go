@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
 )
 
@@ -40,8 +41,10 @@ printf '%%s' "$req" | exec %[3]q "$@"
 // it). On restart the session it left is deleted by its recorded id and
 // a new one opened; the interrupted spawn's VM is adopted; the job is
 // not acquired again and gets no second runner; nothing is left.
-func TestScaleSetKill9MidSpawn(t *testing.T) {
-	e, gh := scaleSetEnv(t, 3, "")
+func TestScaleSetKill9MidSpawn(t *testing.T) { scaleSetFlows(t, kill9MidSpawn) }
+
+func kill9MidSpawn(t *testing.T, flow forgetest.ActionsFlow) {
+	e, gh := scaleSetEnv(t, flow, 3, "")
 	wrapper, stall, reached, made := stallingCPI(t, e)
 	e.writeConfig("", e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, 3,
 		fmt.Sprintf("    demand: scale_set\n    cpi: {path: %q}\n", wrapper)))
@@ -81,9 +84,11 @@ func TestScaleSetKill9MidSpawn(t *testing.T) {
 // the VM); the other takes over the group, deletes the dead listener's
 // session and opens its own; every job gets exactly one runner and no VM
 // is left; the standby never opens a session.
-func TestScaleSetReplicasTakeOver(t *testing.T) {
+func TestScaleSetReplicasTakeOver(t *testing.T) { scaleSetFlows(t, replicasTakeOver) }
+
+func replicasTakeOver(t *testing.T, flow forgetest.ActionsFlow) {
 	dsn := pgtest.Database(t)
-	e, gh := scaleSetEnv(t, 10, "")
+	e, gh := scaleSetEnv(t, flow, 10, "")
 	wrapper, stall, reached, made := stallingCPI(t, e)
 	dsnFile := filepath.Join(e.dir, "pg.dsn")
 	must(t, os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600))

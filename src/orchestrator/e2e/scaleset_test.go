@@ -10,20 +10,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
-// scaleSetEnv is an env whose forge is a GitHub contract server (an
-// hour's poll, a webhook secret for the groups that take webhooks) and
-// whose group "ss" (org acme, label runway-ss) takes its demand from a
-// runner scale set; more groups may follow. Not started.
-func scaleSetEnv(t testing.TB, maxActive int, extra string, more ...string) (*env, *forgetest.GitHub) {
+// scaleSetEnv is an env whose forge is a GitHub contract server speaking
+// flow (an hour's poll, a webhook secret for the groups that take
+// webhooks) and whose group "ss" (org acme, label runway-ss) takes its
+// demand from a runner scale set; more groups may follow. Not started.
+func scaleSetEnv(t testing.TB, flow forgetest.ActionsFlow, maxActive int, extra string, more ...string) (*env, *forgetest.GitHub) {
 	e, gh := gitHubForge(t, "1h")
+	gh.SetActionsFlow(flow)
 	groups := append([]string{e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, maxActive,
 		"    demand: scale_set\n"+extra)}, more...)
 	e.writeConfig("", groups...)
 	return e, gh
+}
+
+// scaleSetFlows runs a test against each flow the Actions service speaks:
+// github.com's (jobs assigned by the service, known by jobId) and GHES
+// 3.19's (offered, then acquired).
+func scaleSetFlows(t *testing.T, test func(t *testing.T, flow forgetest.ActionsFlow)) {
+	for _, f := range []forgetest.ActionsFlow{forgetest.FlowGitHubCom, forgetest.FlowGHES} {
+		t.Run(f.String(), func(t *testing.T) { test(t, f) })
+	}
 }
 
 // metricValue reads one series' value from /metrics text (-1: absent).
@@ -37,12 +48,18 @@ func metricValue(text, series string) float64 {
 }
 
 // A scale-set group gets its jobs with nothing inbound and no REST
-// listing: each job acquired from the scale set's session, one JIT
-// runner of the scale set per job, made through bin/cpi, gone after its
-// job. A webhook group of the same forge goes on as before. Metrics and
-// status show the scale set as ARC users read it.
+// listing, on either flow: each job's whole life — queued, assigned to
+// (github.com) or acquired by (GHES) the scale set, its own JIT runner of
+// the scale set made through bin/cpi and online, the job started and
+// completed, the runner reaped. A webhook group of the same forge goes on
+// as before. Metrics and status show the scale set as ARC users read it,
+// and the flow the service spoke.
 func TestScaleSetRunsJobsWithNothingInbound(t *testing.T) {
-	e, gh := scaleSetEnv(t, 4, "    scale_set: {name: runway-ss-set}\n",
+	scaleSetFlows(t, runsJobsWithNothingInbound)
+}
+
+func runsJobsWithNothingInbound(t *testing.T, flow forgetest.ActionsFlow) {
+	e, gh := scaleSetEnv(t, flow, 4, "    scale_set: {name: runway-ss-set}\n",
 		e2eGroup(t, "hooked", "scope: repo\n    repo: acme/web", []string{"linux"}, 2))
 	e.start()
 	e.eventually(20*time.Second, "the scale set's session", func() bool {
@@ -65,12 +82,27 @@ func TestScaleSetRunsJobsWithNothingInbound(t *testing.T) {
 	})
 	e.eventually(30*time.Second, "the runners are gone", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	sets := gh.ScaleSets()
-	if len(sets) != 1 || sets[0].Name != "runway-ss-set" || strings.Join(sets[0].Labels, ",") != "runway-ss" {
-		t.Fatalf("scale sets %+v; want runway-ss-set labelled runway-ss", sets)
+	if len(sets) != 1 || sets[0].Name != "runway-ss-set" || strings.Join(sets[0].Labels, ",") != "runway-ss-set,runway-ss" {
+		t.Fatalf("scale sets %+v; want runway-ss-set labelled with its name and runway-ss", sets)
+	}
+	rows := map[string]httpapi.RunnerView{}
+	for _, r := range e.runners(true) {
+		rows[r.Name] = r
 	}
 	for _, id := range jobs {
-		if j := gh.Job(id); j.ScaleSet != sets[0].ID || !strings.HasPrefix(j.RunnerName, "ss-") {
+		j := gh.Job(id)
+		if j.ScaleSet != sets[0].ID || !strings.HasPrefix(j.RunnerName, "ss-") {
 			t.Errorf("job %d: scale set %d, runner %q; want the scale set's, an ss- runner", id, j.ScaleSet, j.RunnerName)
+		}
+		// Its life in order: queued, held by the set, its runner online,
+		// started, completed; the runner then reaped as finished.
+		if !(!j.Created.After(j.Acquired) && !j.Acquired.After(j.RunnerOnline) && !j.RunnerOnline.After(j.Started) && j.Started.Before(j.Completed)) {
+			t.Errorf("job %d's life out of order: queued %s, held %s, runner online %s, started %s, completed %s", id,
+				j.Created.Format(time.StampMicro), j.Acquired.Format(time.StampMicro), j.RunnerOnline.Format(time.StampMicro),
+				j.Started.Format(time.StampMicro), j.Completed.Format(time.StampMicro))
+		}
+		if r := rows[j.RunnerName]; r.State != store.Deleted || !endedByItself(r.Reason) {
+			t.Errorf("job %d's runner %s: %s (%s); want deleted as finished", id, j.RunnerName, r.State, r.Reason)
 		}
 	}
 	if j := gh.Job(hooked); j.ScaleSet != 0 || !strings.HasPrefix(j.RunnerName, "hooked-") {
@@ -107,6 +139,18 @@ func TestScaleSetRunsJobsWithNothingInbound(t *testing.T) {
 	if !strings.Contains(page, `data-scale-set="runway-ss-set"`) || !strings.Contains(page, `<td class="session">open</td>`) {
 		t.Errorf("the status page shows no open session of runway-ss-set")
 	}
+	want := "assign"
+	if flow == forgetest.FlowGHES {
+		want = "acquire"
+	}
+	if ss := e.groupStatus("ss").ScaleSet; ss == nil || ss.Flow != want || ss.RefusedMessages != 0 || ss.DroppedMessages != 0 {
+		t.Errorf("scale set status %+v; want flow %s, nothing refused or dropped", ss, want)
+	}
+}
+
+// endedByItself: a reap reason of a runner whose job was done.
+func endedByItself(reason string) bool {
+	return reason == "job finished" || reason == "runner left the forge after its job" || strings.HasPrefix(reason, "runner process exited")
 }
 
 // e2eGroup is one more group for an env's config (the test runner as
@@ -126,12 +170,17 @@ func (e *env) page(path string) string {
 	return string(b)
 }
 
-// The group acquires only what it can start: with room for two runners,
-// two of five jobs are acquired at the service (the others stay
-// available to it) and never more than two runners exist; as jobs end,
-// the rest follow, one runner each.
+// The group takes only what it can start: with room for two runners, two
+// of five jobs are acquired (GHES) or assigned (github.com, by the
+// capacity each poll tells) at the service, the others stay available,
+// and never more than two runners exist; as jobs end, the rest follow,
+// one runner each.
 func TestScaleSetAcquiresOnlyWhatItCanStart(t *testing.T) {
-	e, gh := scaleSetEnv(t, 2, "")
+	scaleSetFlows(t, acquiresOnlyWhatItCanStart)
+}
+
+func acquiresOnlyWhatItCanStart(t *testing.T, flow forgetest.ActionsFlow) {
+	e, gh := scaleSetEnv(t, flow, 2, "")
 	must(t, os.WriteFile(e.hold, nil, 0o600))
 	e.start()
 	var jobs []int64

@@ -36,6 +36,11 @@ type GitHubJob struct {
 	RequestID int64
 	ScaleSet  int
 	Acquired  time.Time
+	// UUID is the job's jobId in scale set messages (its identity on
+	// github.com, where the request id is sent as 0); Assignments counts
+	// its assignments to a scale set (more than one: taken back).
+	UUID        string
+	Assignments int
 	// RunnerOnline: when the runner that took it first called in.
 	RunnerOnline time.Time
 }
@@ -77,12 +82,15 @@ type GitHub struct {
 	hooksOut *deliveries
 	rate     rateLimit
 	actions  actionsService
+	apps     appService
+	agents   map[string]int // User-Agent → requests
 }
 
 // NewGitHub starts a server on 127.0.0.1.
 func NewGitHub(apiToken string) *GitHub {
 	g := &GitHub{APIToken: apiToken, jobs: map[int64]*GitHubJob{}, runners: map[int64]*ghRunner{}, nextID: 5000,
-		requests: map[string]int{}, Archived: map[string]bool{}, hooksOut: gitHubDeliveries(), actions: newActionsService()}
+		requests: map[string]int{}, Archived: map[string]bool{}, hooksOut: gitHubDeliveries(), actions: newActionsService(),
+		apps: newAppService(), agents: map[string]int{}}
 	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
 	return g
 }
@@ -107,7 +115,7 @@ func (g *GitHub) AddJobInRun(repo string, run int64, labels []string) int64 {
 	}
 	g.actions.nextReq++
 	j := &GitHubJob{ID: g.nextID, RunID: run, Repo: repo, Labels: labels, Status: "queued", Created: time.Now(),
-		RequestID: g.actions.nextReq}
+		RequestID: g.actions.nextReq, UUID: randUUID()}
 	g.jobs[j.ID] = j
 	g.actionsChanged() // a scale set's long poll offers it
 	g.mu.Unlock()
@@ -151,6 +159,14 @@ func (g *GitHub) Requests() map[string]int {
 	return maps.Clone(g.requests)
 }
 
+// UserAgents counts the requests to the REST API and the Actions service
+// by User-Agent.
+func (g *GitHub) UserAgents() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.agents)
+}
+
 // WaitDeliveries waits for webhook deliveries in flight.
 func (g *GitHub) WaitDeliveries() { g.hooksOut.Wait() }
 
@@ -160,9 +176,16 @@ func (g *GitHub) FailedDeliveries() []string { return g.hooksOut.Failed() }
 func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
 	g.requests[r.Method+" "+r.URL.Path]++
+	if !strings.HasPrefix(r.URL.Path, "/_runner/") {
+		g.agents[r.Header.Get("User-Agent")]++
+	}
 	g.mu.Unlock()
 	if strings.HasPrefix(r.URL.Path, "/_runner/") {
 		g.runnerSide(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/app/installations/") {
+		g.installationToken(w, r)
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, actionsPrefix+"/") || strings.HasPrefix(r.URL.Path, queuePrefix) {
@@ -173,8 +196,10 @@ func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 		g.runnerRegistration(w, r)
 		return
 	}
-	if r.Header.Get("Authorization") != "Bearer "+g.APIToken {
-		writeJSON(w, 401, map[string]string{"message": "Bad credentials"})
+	switch code, msg := g.restAuth(r); code {
+	case 0:
+	default:
+		writeJSON(w, code, map[string]string{"message": msg})
 		return
 	}
 	g.metered(w, r, g.api)
@@ -190,6 +215,8 @@ func (g *GitHub) api(w http.ResponseWriter, r *http.Request) {
 		scope, rest = "repos/"+p[1]+"/"+p[2], p[3:]
 	case len(p) >= 2 && p[0] == "orgs":
 		scope, rest = "orgs/"+p[1], p[2:]
+	case len(p) >= 2 && p[0] == "enterprises":
+		scope, rest = "enterprises/"+p[1], p[2:]
 	default:
 		writeJSON(w, 404, map[string]string{"message": "Not Found"})
 		return
@@ -387,62 +414,6 @@ func (g *GitHub) jit(w http.ResponseWriter, r *http.Request, scope string) {
 	cfg, _ := json.Marshal(map[string]any{"url": g.URL, "runner_id": rn.ID, "secret": rn.Secret})
 	writeJSON(w, 201, map[string]any{"runner": map[string]any{"id": rn.ID, "name": rn.Name, "status": "offline"},
 		"encoded_jit_config": base64.StdEncoding.EncodeToString(cfg)})
-}
-
-// runnerSide is the stand-in for the runner protocol: acquire a job the
-// JIT runner's labels satisfy, then complete it (the runner is then
-// removed, as a JIT runner is).
-func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
-	var who struct {
-		RunnerID int64  `json:"runner_id"`
-		Secret   string `json:"secret"`
-	}
-	_ = json.NewDecoder(r.Body).Decode(&who)
-	g.mu.Lock()
-	rn, ok := g.runners[who.RunnerID]
-	if !ok || rn.Secret != who.Secret {
-		g.mu.Unlock()
-		writeJSON(w, 401, map[string]string{"message": "unknown runner"})
-		return
-	}
-	switch r.URL.Path {
-	case "/_runner/acquire":
-		if !rn.Connected {
-			rn.Connected, rn.Online = true, time.Now()
-		}
-		picked := g.pickJob(rn)
-		if picked == nil {
-			g.mu.Unlock()
-			writeJSON(w, 200, map[string]any{})
-			return
-		}
-		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
-		rn.Job, picked.RunnerOnline = picked.ID, rn.Online
-		if rn.ScaleSet != 0 {
-			g.event("JobStarted", picked)
-		}
-		g.mu.Unlock()
-		g.deliver(picked, "in_progress")
-		writeJSON(w, 200, map[string]any{"job_id": picked.ID})
-	case "/_runner/complete":
-		j := g.jobs[rn.Job]
-		if j == nil {
-			g.mu.Unlock()
-			writeJSON(w, 409, map[string]string{"message": "no job"})
-			return
-		}
-		j.Status, j.Conclusion, j.Completed = "completed", "success", time.Now()
-		delete(g.runners, rn.ID)
-		if j.ScaleSet != 0 {
-			g.event("JobCompleted", j)
-		}
-		g.mu.Unlock()
-		g.deliver(j, "completed")
-		w.WriteHeader(204)
-	default:
-		g.mu.Unlock()
-		writeJSON(w, 404, map[string]string{"message": "Not Found"})
-	}
 }
 
 func (g *GitHub) jobJSON(j *GitHubJob) map[string]any {

@@ -1,20 +1,25 @@
 package forgetest
 
 // The GitHub contract server's Actions service: runner scale sets as
-// actions-runner-controller's listener and actions/scaleset use them (read
-// for facts; differences in docs/testing.md). Its state lives under g.mu
+// actions-runner-controller's listener and actions/scaleset use them, and
+// as their users have seen the service answer since mid-2025 (read for
+// facts; differences in docs/testing.md). Its state lives under g.mu
 // beside the REST API's jobs and runners: a scale set's runners are
 // GitHub runners (listed by the REST API), its jobs GitHub jobs.
+//
+// Two flows (SetActionsFlow): github.com's, where the service assigns a
+// job to a scale set itself (JobAssigned, jobId a UUID, runnerRequestId 0,
+// capped by the capacity each poll tells) and acquirejobs answers 404;
+// and GHES up to 3.19's, where it offers JobAvailable and the listener
+// acquires.
 
 import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -26,13 +31,39 @@ const actionsPrefix = "/_services/pipelines"
 // queuePrefix is where message queues are served.
 const queuePrefix = "/_services/broker/sessions/"
 
+const (
+	// FlowGitHubCom is github.com's since mid-2025 (garm's "Handle new
+	// jobID for scale sets", actions/scaleset #4): no JobAvailable, a
+	// JobAssigned at the poll for as many jobs as the poll's
+	// X-ScaleSetMaxCapacity leaves room for (capacity 0 read as no bound:
+	// SetZeroCapacityAssigns), runnerRequestId 0 and the job's identity
+	// in jobId (a UUID); POST acquirejobs answers 404; an idle poll is
+	// answered 202 or, every other time, 200 with an empty body (ARC
+	// #4285, #4470).
+	FlowGitHubCom ActionsFlow = iota
+	// FlowGHES is GitHub Enterprise Server up to 3.19 (actions/scaleset
+	// #75, #90): JobAvailable with the runner request id, acquired by
+	// POST acquirejobs, then JobAssigned.
+	FlowGHES
+)
+
+func (f ActionsFlow) String() string {
+	if f == FlowGHES {
+		return "ghes"
+	}
+	return "github.com"
+}
+
 // ScaleSet is a runner scale set as the server holds it.
 type ScaleSet struct {
 	ID            int
 	Name          string
 	RunnerGroupID int
-	Labels        []string
-	Scope         string // orgs/x or repos/o/r
+	// Labels are the set's labels as the service keeps them: its name
+	// first, then the labels it was given unless custom labels are off
+	// (GHES before 3.18, or the feature flag off: the name only).
+	Labels []string
+	Scope  string // orgs/x, repos/o/r or enterprises/e
 }
 
 // actionsService is the Actions service's state (under GitHub.mu).
@@ -41,6 +72,7 @@ type actionsService struct {
 	regTokens map[string]string         // registration token → scope
 	admins    map[string]adminToken     // admin token → its scope and expiry
 	sets      map[int]*ScaleSet         // by id
+	queues    map[int]*ssQueue          // each scale set's message stream
 	sessions  map[string]*ssSession     // by session id
 	bySet     map[int]*ssSession        // the one session of a scale set
 	nextSet   int                       // scale set ids
@@ -58,6 +90,23 @@ type actionsService struct {
 	batch                          int
 	closed                         bool     // the server is closing: long polls end
 	issued                         []string // JIT configs, runner secrets, session tokens
+
+	flow ActionsFlow
+	// noCustomLabels: a scale set keeps its name as its only label.
+	noCustomLabels bool
+	// zeroCapAssigns: on github.com, a poll telling capacity 0 is
+	// assigned jobs as if it told none (what the service does then is
+	// not known; this is the harsher reading).
+	zeroCapAssigns bool
+	// assignTimeout: a job assigned to a scale set and taken by none of
+	// its runners within it is taken back (JobCompleted, canceled) and
+	// assigned again, up to 3 times (actions/scaleset README); 0: never.
+	assignTimeout time.Duration
+	idlePolls     int // idle polls answered (every other one 200 empty on github.com)
+	// failAcquire: acquirejobs answers this status (0: as the flow
+	// does); refuseAdmin: the next admin connections answered 401 (a
+	// registration token the service does not know yet).
+	failAcquire, refuseAdmin int
 }
 
 type adminToken struct {
@@ -74,13 +123,29 @@ type ActionsStats struct {
 	// set held already (a message about a job already acquired, asked
 	// again). MaxCapacity: the last X-ScaleSetMaxCapacity received.
 	AcquiredTwice, MaxCapacity int
+	// AcquireNotFound: acquirejobs answered 404 (github.com has no
+	// acquire step). Assigned: JobAssigned sent; Reassigned: assignments
+	// taken back (JobCompleted canceled). EmptyPolls: idle polls answered
+	// 200 with no body.
+	AcquireNotFound, Assigned, Reassigned, EmptyPolls int
+	// SessionDeletes: DELETE of a session (ExpiredDeletes of them
+	// answered 400 RunnerScaleSetSessionExpiredException). LabelPatches:
+	// PATCHes of a scale set.
+	SessionDeletes, ExpiredDeletes, LabelPatches int
 }
 
 func newActionsService() actionsService {
 	return actionsService{key: []byte(randHex(16)), regTokens: map[string]string{}, admins: map[string]adminToken{},
-		sets: map[int]*ScaleSet{}, sessions: map[string]*ssSession{}, bySet: map[int]*ssSession{}, nextSet: 0,
+		sets: map[int]*ScaleSet{}, queues: map[int]*ssQueue{}, sessions: map[string]*ssSession{}, bySet: map[int]*ssSession{},
 		nextReq: 700000, changed: make(chan struct{}), injected: map[int][]json.RawMessage{},
-		adminTTL: time.Hour, sessionTTL: time.Hour, longPoll: 50 * time.Second, batch: 500}
+		adminTTL: time.Hour, sessionTTL: time.Hour, longPoll: 50 * time.Second, batch: 50, zeroCapAssigns: true}
+}
+
+// ActionsFlow is the flow the service speaks.
+func (g *GitHub) ActionsFlow() ActionsFlow {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.actions.flow
 }
 
 // SetActionsTimes sets the admin and message queue tokens' lifetimes and
@@ -207,6 +272,10 @@ func (g *GitHub) runnerRegistration(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	scope, known := g.actions.regTokens[tok]
+	if known && g.actions.refuseAdmin > 0 {
+		g.actions.refuseAdmin--
+		known = false
+	}
 	if !ok || !known {
 		writeJSON(w, 401, map[string]string{"message": "Bad credentials"})
 		return
@@ -219,14 +288,17 @@ func (g *GitHub) runnerRegistration(w http.ResponseWriter, r *http.Request) {
 	exp := time.Now().Add(g.actions.adminTTL)
 	admin := g.actions.token(exp, scope)
 	g.actions.admins[admin] = adminToken{scope: scope, exp: exp}
-	writeJSON(w, 201, map[string]string{"url": g.URL + actionsPrefix + "/", "token": admin})
+	// 200, as the service answers it (scaleset accepts any 2xx).
+	writeJSON(w, 200, map[string]string{"url": g.URL + actionsPrefix + "/", "token": admin})
 }
 
-// configScope is the REST scope of a GitHub URL's path (/org or
-// /owner/repo).
+// configScope is the REST scope of a GitHub URL's path (/org,
+// /owner/repo or /enterprises/name).
 func configScope(path string) string {
 	p := strings.Split(strings.Trim(path, "/"), "/")
 	switch {
+	case len(p) == 2 && strings.EqualFold(p[0], "enterprises"):
+		return "enterprises/" + p[1]
 	case len(p) == 1 && p[0] != "":
 		return "orgs/" + p[0]
 	case len(p) == 2:
@@ -307,142 +379,4 @@ func (g *GitHub) actionsRoute(w http.ResponseWriter, r *http.Request, scope stri
 	default:
 		actionsError(w, 404, "NotFoundException", "no such route: "+r.Method+" "+strings.Join(p, "/"))
 	}
-}
-
-// runnerGroups answers ?groupName= (only the Default group, id 1).
-func (g *GitHub) runnerGroups(w http.ResponseWriter, r *http.Request) {
-	out := []map[string]any{}
-	if name := r.URL.Query().Get("groupName"); name == "" || strings.EqualFold(name, "default") {
-		out = append(out, map[string]any{"id": 1, "name": "Default", "size": 0, "isDefaultGroup": true})
-	}
-	writeJSON(w, 200, map[string]any{"count": len(out), "value": out})
-}
-
-func (g *GitHub) setJSON(s *ScaleSet) map[string]any {
-	labels := []map[string]string{}
-	for _, l := range s.Labels {
-		labels = append(labels, map[string]string{"type": "System", "name": l})
-	}
-	return map[string]any{"id": s.ID, "name": s.Name, "runnerGroupId": s.RunnerGroupID, "runnerGroupName": "Default",
-		"labels": labels, "RunnerSetting": map[string]any{"disableUpdate": true}, "statistics": g.statistics(s.ID),
-		"runnerJitConfigUrl": fmt.Sprintf("%s%s/_apis/runtime/runnerscalesets/%d/generatejitconfig", g.URL, actionsPrefix, s.ID)}
-}
-
-// findScaleSet is GET runnerscalesets?runnerGroupId=&name=.
-func (g *GitHub) findScaleSet(w http.ResponseWriter, r *http.Request, scope string) {
-	q := r.URL.Query()
-	group, _ := strconv.Atoi(q.Get("runnerGroupId"))
-	g.mu.Lock()
-	out := []map[string]any{}
-	for id := 1; id <= g.actions.nextSet; id++ {
-		s, ok := g.actions.sets[id]
-		if ok && s.Scope == scope && s.Name == q.Get("name") && (group == 0 || s.RunnerGroupID == group) {
-			out = append(out, g.setJSON(s))
-		}
-	}
-	g.mu.Unlock()
-	writeJSON(w, 200, map[string]any{"count": len(out), "value": out})
-}
-
-// setBody reads a scale set's name, runner group and labels.
-func setBody(r *http.Request) (name string, group int, labels []string, err error) {
-	var body struct {
-		Name          string `json:"name"`
-		RunnerGroupID int    `json:"runnerGroupId"`
-		Labels        []struct {
-			Name string `json:"name"`
-		} `json:"labels"`
-	}
-	if err = json.NewDecoder(r.Body).Decode(&body); err != nil {
-		return "", 0, nil, err
-	}
-	for _, l := range body.Labels {
-		labels = append(labels, l.Name)
-	}
-	return body.Name, body.RunnerGroupID, labels, nil
-}
-
-// createScaleSet is POST runnerscalesets.
-func (g *GitHub) createScaleSet(w http.ResponseWriter, r *http.Request, scope string) {
-	name, group, labels, err := setBody(r)
-	if err != nil || name == "" || len(labels) == 0 {
-		actionsError(w, 400, "ArgumentException", "a scale set needs a name and labels")
-		return
-	}
-	if group == 0 {
-		group = 1
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, s := range g.actions.sets {
-		if s.Scope == scope && s.Name == name && s.RunnerGroupID == group {
-			actionsError(w, 409, "RunnerScaleSetExistsException", "a scale set named "+name+" exists in this runner group")
-			return
-		}
-	}
-	g.actions.nextSet++
-	s := &ScaleSet{ID: g.actions.nextSet, Name: name, RunnerGroupID: group, Labels: labels, Scope: scope}
-	g.actions.sets[s.ID] = s
-	writeJSON(w, 200, g.setJSON(s))
-}
-
-// scaleSet is GET, PATCH (labels, runner group) and DELETE of one scale set.
-func (g *GitHub) scaleSet(w http.ResponseWriter, r *http.Request, scope, idText string) {
-	id, _ := strconv.Atoi(idText)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	s, ok := g.actions.sets[id]
-	if !ok || s.Scope != scope {
-		actionsError(w, 404, "RunnerScaleSetNotFoundException", "no scale set "+idText)
-		return
-	}
-	switch r.Method {
-	case "GET":
-		writeJSON(w, 200, g.setJSON(s))
-	case "PATCH":
-		_, group, labels, err := setBody(r)
-		if err != nil {
-			actionsError(w, 400, "ArgumentException", err.Error())
-			return
-		}
-		if len(labels) > 0 {
-			s.Labels = labels
-		}
-		if group != 0 {
-			s.RunnerGroupID = group
-		}
-		writeJSON(w, 200, g.setJSON(s))
-	case "DELETE":
-		for _, rn := range g.runners {
-			if rn.ScaleSet == id && rn.Job != 0 {
-				actionsError(w, 400, "JobStillRunningException", "a runner of the scale set runs a job")
-				return
-			}
-		}
-		g.dropScaleSet(id)
-		w.WriteHeader(204)
-	default:
-		actionsError(w, 405, "MethodNotAllowed", r.Method)
-	}
-}
-
-// dropScaleSet removes a scale set, its session and runners; its jobs
-// not started are queued again. The caller holds g.mu.
-func (g *GitHub) dropScaleSet(id int) {
-	delete(g.actions.sets, id)
-	if sess := g.actions.bySet[id]; sess != nil {
-		delete(g.actions.sessions, sess.id)
-		delete(g.actions.bySet, id)
-	}
-	for rid, rn := range g.runners {
-		if rn.ScaleSet == id {
-			delete(g.runners, rid)
-		}
-	}
-	for _, j := range g.jobs {
-		if j.ScaleSet == id && j.Status == "queued" {
-			j.ScaleSet = 0
-		}
-	}
-	g.actionsChanged()
 }

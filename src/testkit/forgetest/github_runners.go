@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // scaleSetJIT is POST runnerscalesets/{id}/generatejitconfig: a runner of
@@ -115,4 +116,60 @@ func (g *GitHub) pickJob(rn *ghRunner) *GitHubJob {
 		}
 	}
 	return nil
+}
+
+// runnerSide is the stand-in for the runner protocol: acquire a job the
+// JIT runner's labels satisfy, then complete it (the runner is then
+// removed, as a JIT runner is).
+func (g *GitHub) runnerSide(w http.ResponseWriter, r *http.Request) {
+	var who struct {
+		RunnerID int64  `json:"runner_id"`
+		Secret   string `json:"secret"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&who)
+	g.mu.Lock()
+	rn, ok := g.runners[who.RunnerID]
+	if !ok || rn.Secret != who.Secret {
+		g.mu.Unlock()
+		writeJSON(w, 401, map[string]string{"message": "unknown runner"})
+		return
+	}
+	switch r.URL.Path {
+	case "/_runner/acquire":
+		if !rn.Connected {
+			rn.Connected, rn.Online = true, time.Now()
+		}
+		picked := g.pickJob(rn)
+		if picked == nil {
+			g.mu.Unlock()
+			writeJSON(w, 200, map[string]any{})
+			return
+		}
+		picked.Status, picked.RunnerID, picked.RunnerName, picked.Started = "in_progress", rn.ID, rn.Name, time.Now()
+		rn.Job, picked.RunnerOnline = picked.ID, rn.Online
+		if rn.ScaleSet != 0 {
+			g.event("JobStarted", picked)
+		}
+		g.mu.Unlock()
+		g.deliver(picked, "in_progress")
+		writeJSON(w, 200, map[string]any{"job_id": picked.ID})
+	case "/_runner/complete":
+		j := g.jobs[rn.Job]
+		if j == nil {
+			g.mu.Unlock()
+			writeJSON(w, 409, map[string]string{"message": "no job"})
+			return
+		}
+		j.Status, j.Conclusion, j.Completed = "completed", "success", time.Now()
+		delete(g.runners, rn.ID)
+		if j.ScaleSet != 0 {
+			g.event("JobCompleted", j)
+		}
+		g.mu.Unlock()
+		g.deliver(j, "completed")
+		w.WriteHeader(204)
+	default:
+		g.mu.Unlock()
+		writeJSON(w, 404, map[string]string{"message": "Not Found"})
+	}
 }

@@ -3,24 +3,35 @@ package forgetest
 import (
 	"encoding/json"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// ssSession is a scale set's message session: its queue of messages
-// (built when a poll asks, kept until deleted), the events not yet sent,
-// and the jobs offered in messages not yet deleted.
+// ssQueue is a scale set's message stream: the messages built for a poll
+// and not deleted (oldest first), the events not yet sent, and the jobs
+// offered in undeleted messages. It is the scale set's, not a session's:
+// a new session is answered what the last one left undeleted (its first
+// poll names no lastMessageId), and events that happen while no session
+// is open wait for the next one.
+type ssQueue struct {
+	nextMsg  int64
+	messages []ssMessage
+	pending  []map[string]any
+	offered  map[int64]int64 // job request id → the message offering it
+}
+
+// ssSession is a scale set's message session.
 type ssSession struct {
 	id, owner string
 	set       int
 	token     string
 	tokenExp  time.Time
-	nextMsg   int64
-	messages  []ssMessage // undeleted, oldest first
-	pending   []map[string]any
-	offered   map[int64]int64 // job request id → the message offering it
+	// expired: the service dropped the session (ExpireSessions): its
+	// token is refused, refreshing it is 404, deleting it 400
+	// RunnerScaleSetSessionExpiredException — and until that delete it
+	// still holds the scale set (ARC #4285).
+	expired bool
 }
 
 type ssMessage struct {
@@ -30,9 +41,11 @@ type ssMessage struct {
 }
 
 // matches reports whether scale set s can run job j: its scope covers
-// the job's repository and every runs-on label is one of its labels.
+// the job's repository (an enterprise's covers every one) and every
+// runs-on label is one of its labels.
 func (s *ScaleSet) matches(j *GitHubJob) bool {
-	inScope := s.Scope == "repos/"+j.Repo || strings.HasPrefix(j.Repo, strings.TrimPrefix(s.Scope, "orgs/")+"/")
+	inScope := s.Scope == "repos/"+j.Repo || strings.HasPrefix(s.Scope, "enterprises/") ||
+		strings.HasPrefix(j.Repo, strings.TrimPrefix(s.Scope, "orgs/")+"/")
 	return inScope && hasAll(s.Labels, j.Labels)
 }
 
@@ -67,7 +80,9 @@ func (g *GitHub) statistics(set int) map[string]int {
 	return st
 }
 
-// jobMessage is a job's entry in a batch. The caller holds g.mu.
+// jobMessage is a job's entry in a batch. On github.com the runner
+// request id is 0 and jobId (a UUID) is the job's identity. The caller
+// holds g.mu.
 func (g *GitHub) jobMessage(kind string, j *GitHubJob) map[string]any {
 	owner, repo, _ := strings.Cut(j.Repo, "/")
 	date := func(t time.Time) string {
@@ -76,8 +91,12 @@ func (g *GitHub) jobMessage(kind string, j *GitHubJob) map[string]any {
 		}
 		return t.UTC().Format(time.RFC3339Nano)
 	}
-	m := map[string]any{"messageType": kind, "runnerRequestId": j.RequestID, "repositoryName": repo, "ownerName": owner,
-		"jobId": strconv.FormatInt(j.ID, 10), "jobWorkflowRef": j.Repo + "/.github/workflows/ci.yml@refs/heads/main",
+	req := j.RequestID
+	if g.actions.flow == FlowGitHubCom {
+		req = 0
+	}
+	m := map[string]any{"messageType": kind, "runnerRequestId": req, "repositoryName": repo, "ownerName": owner,
+		"jobId": j.UUID, "jobWorkflowRef": j.Repo + "/.github/workflows/ci.yml@refs/heads/main",
 		"jobDisplayName": "job-" + strconv.FormatInt(j.ID, 10), "workflowRunId": j.RunID, "eventName": "push",
 		"requestLabels": j.Labels, "queueTime": date(j.Created), "scaleSetAssignTime": date(j.Acquired),
 		"runnerAssignTime": date(j.Started), "finishTime": date(j.Completed)}
@@ -93,17 +112,23 @@ func (g *GitHub) jobMessage(kind string, j *GitHubJob) map[string]any {
 	return m
 }
 
-// event queues a job's event for its scale set's session (none open: it
-// is lost, as the statistics still tell). The caller holds g.mu.
+// event queues a job's event on its scale set's stream (sent at the next
+// poll of whichever session is open then). The caller holds g.mu.
 func (g *GitHub) event(kind string, j *GitHubJob) {
-	if sess := g.actions.bySet[j.ScaleSet]; sess != nil {
-		sess.pending = append(sess.pending, g.jobMessage(kind, j))
+	g.eventOn(j.ScaleSet, g.jobMessage(kind, j))
+}
+
+func (g *GitHub) eventOn(set int, entry map[string]any) {
+	if q := g.actions.queues[set]; q != nil {
+		q.pending = append(q.pending, entry)
 	}
 	g.actionsChanged()
 }
 
 // openSession is POST runnerscalesets/{id}/sessions: one session per
-// scale set; a second is 409 TaskAgentSessionConflictException.
+// scale set; a second is 409 RunnerScaleSetSessionConflictException (the
+// name ARC #4285 logged; older services answered
+// TaskAgentSessionConflictException).
 func (g *GitHub) openSession(w http.ResponseWriter, r *http.Request, scope, idText string) {
 	id, _ := strconv.Atoi(idText)
 	var body struct {
@@ -119,10 +144,10 @@ func (g *GitHub) openSession(w http.ResponseWriter, r *http.Request, scope, idTe
 	}
 	if old := g.actions.bySet[id]; old != nil {
 		g.actions.stats.Conflicts++
-		actionsError(w, 409, "TaskAgentSessionConflictException", "The scale set "+s.Name+" already has an active session for owner "+old.owner+".")
+		actionsError(w, 409, "RunnerScaleSetSessionConflictException", "The scale set "+s.Name+" already has an active session for owner "+old.owner+".")
 		return
 	}
-	sess := &ssSession{id: randUUID(), owner: body.Owner, set: id, offered: map[int64]int64{}}
+	sess := &ssSession{id: randUUID(), owner: body.Owner, set: id}
 	g.renewSession(sess)
 	g.actions.sessions[sess.id], g.actions.bySet[id] = sess, sess
 	g.actions.stats.SessionsOpened++
@@ -143,7 +168,11 @@ func (g *GitHub) sessionJSON(sess *ssSession) map[string]any {
 		"statistics": g.statistics(sess.set)}
 }
 
-// session is PATCH (refresh the token) and DELETE of a session.
+// session is PATCH (refresh the token) and DELETE of a session. An
+// expired session's refresh is 404 (actions/scaleset #123: "runner
+// referenced a session ID that doesn't exist"), its delete 400
+// RunnerScaleSetSessionExpiredException (ARC #4285) — after which it is
+// gone.
 func (g *GitHub) session(w http.ResponseWriter, r *http.Request, scope, setText, id string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -154,13 +183,24 @@ func (g *GitHub) session(w http.ResponseWriter, r *http.Request, scope, setText,
 	}
 	switch r.Method {
 	case "PATCH":
+		if sess.expired {
+			actionsError(w, 404, "RunnerAdminException", "runner referenced a session ID that doesn't exist in redis")
+			return
+		}
 		g.renewSession(sess)
 		g.actions.stats.Refreshes++
 		writeJSON(w, 200, g.sessionJSON(sess))
 	case "DELETE":
+		g.actions.stats.SessionDeletes++
 		delete(g.actions.sessions, id)
 		delete(g.actions.bySet, sess.set)
 		g.actionsChanged()
+		if sess.expired {
+			g.actions.stats.ExpiredDeletes++
+			actionsError(w, 400, "GitHub.Actions.Runtime.WebApi.RunnerScaleSetSessionExpiredException, GitHub.Actions.Runtime.WebApi",
+				"The session identifier "+id+" is not valid.")
+			return
+		}
 		w.WriteHeader(204)
 	default:
 		actionsError(w, 405, "MethodNotAllowed", r.Method)
@@ -178,12 +218,31 @@ func (g *GitHub) ExpireSessionTokens() {
 	g.actionsChanged()
 }
 
+// ExpireSessions drops every open session as the service does one it
+// evicted: its token is refused (401), its refresh 404, its delete 400;
+// it holds its scale set until deleted.
+func (g *GitHub) ExpireSessions() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, s := range g.actions.sessions {
+		s.expired = true
+	}
+	g.actionsChanged()
+}
+
+// OpenSessions counts the sessions open now (expired ones included).
+func (g *GitHub) OpenSessions() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.actions.sessions)
+}
+
 // sessionByToken authenticates a message queue or acquirejobs request.
 // The caller holds g.mu.
 func (g *GitHub) sessionByToken(r *http.Request) (*ssSession, int) {
 	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	for _, s := range g.actions.sessions {
-		if s.token == tok {
+		if s.token == tok && !s.expired {
 			if !time.Now().Before(s.tokenExp) {
 				g.actions.stats.Expired401++
 				return nil, 401
@@ -192,209 +251,4 @@ func (g *GitHub) sessionByToken(r *http.Request) (*ssSession, int) {
 		}
 	}
 	return nil, 401
-}
-
-// messageQueue serves GET (the long poll) and DELETE of messages.
-func (g *GitHub) messageQueue(w http.ResponseWriter, r *http.Request) {
-	rest := strings.TrimPrefix(r.URL.Path, queuePrefix)
-	id, tail, _ := strings.Cut(rest, "/messages")
-	g.mu.Lock()
-	sess := g.actions.sessions[id]
-	if sess == nil {
-		g.mu.Unlock()
-		http.Error(w, "no such session", 404)
-		return
-	}
-	if r.Header.Get("Authorization") != "Bearer "+sess.token || !time.Now().Before(sess.tokenExp) {
-		if r.Header.Get("Authorization") == "Bearer "+sess.token {
-			g.actions.stats.Expired401++
-		}
-		g.mu.Unlock()
-		http.Error(w, "the message queue token is expired or wrong", 401)
-		return
-	}
-	if r.Method == "DELETE" {
-		msgID, _ := strconv.ParseInt(strings.Trim(tail, "/"), 10, 64)
-		g.deleteMessage(sess, msgID)
-		g.mu.Unlock()
-		w.WriteHeader(204)
-		return
-	}
-	if c := r.Header.Get("X-ScaleSetMaxCapacity"); c != "" {
-		g.actions.stats.MaxCapacity, _ = strconv.Atoi(c)
-	}
-	g.mu.Unlock()
-	g.longPoll(w, r, sess)
-}
-
-// deleteMessage acknowledges a message; the jobs it offered and no one
-// acquired may be offered again. The caller holds g.mu.
-func (g *GitHub) deleteMessage(sess *ssSession, id int64) {
-	for i, m := range sess.messages {
-		if m.id == id {
-			for _, req := range m.offered {
-				delete(sess.offered, req)
-			}
-			sess.messages = slices.Delete(sess.messages, i, i+1)
-			g.actionsChanged()
-			return
-		}
-	}
-}
-
-// longPoll answers the first undeleted message after lastMessageId, or
-// a new one when there is something to say, or waits for that until the
-// poll's time is up (202).
-func (g *GitHub) longPoll(w http.ResponseWriter, r *http.Request, sess *ssSession) {
-	last, _ := strconv.ParseInt(r.URL.Query().Get("lastMessageId"), 10, 64)
-	capacity := -1
-	if c := r.Header.Get("X-ScaleSetMaxCapacity"); c != "" {
-		capacity, _ = strconv.Atoi(c)
-	}
-	g.mu.Lock()
-	timeout := time.NewTimer(g.actions.longPoll)
-	g.mu.Unlock()
-	defer timeout.Stop()
-	for {
-		g.mu.Lock()
-		if g.actions.closed {
-			g.mu.Unlock()
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
-		if g.actions.down {
-			g.actions.stats.Unavailable++
-			g.mu.Unlock()
-			http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		if g.actions.sessions[sess.id] != sess {
-			g.mu.Unlock()
-			http.Error(w, "the session is gone", 404)
-			return
-		}
-		body := g.nextMessage(sess, last, capacity)
-		wait := g.actions.changed
-		g.mu.Unlock()
-		if body != nil {
-			w.Header().Set("Content-Type", "application/json; charset=utf-8")
-			w.WriteHeader(200)
-			w.Write(body)
-			return
-		}
-		select {
-		case <-wait:
-		case <-timeout.C:
-			w.WriteHeader(http.StatusAccepted)
-			return
-		case <-r.Context().Done():
-			return
-		}
-	}
-}
-
-// nextMessage is the message to answer a poll with, or nil. The caller
-// holds g.mu.
-func (g *GitHub) nextMessage(sess *ssSession, last int64, capacity int) []byte {
-	for _, m := range sess.messages {
-		if m.id > last {
-			return m.body
-		}
-	}
-	if raw := g.actions.injected[sess.set]; len(raw) > 0 {
-		g.actions.injected[sess.set] = raw[1:]
-		var head struct {
-			ID int64 `json:"messageId"`
-		}
-		if json.Unmarshal(raw[0], &head) == nil && head.ID > sess.nextMsg {
-			sess.nextMsg = head.ID // later messages follow it
-		}
-		return raw[0]
-	}
-	entries := sess.pending
-	sess.pending = nil
-	var offered []int64
-	room := len(g.jobs) + 1 // no capacity header: no bound
-	if capacity >= 0 {
-		room = capacity - g.statistics(sess.set)["totalAssignedJobs"] - len(sess.offered)
-	}
-	set := g.actions.sets[sess.set]
-	for _, j := range g.sortedJobs() {
-		if len(entries) >= g.actions.batch || len(offered) >= room {
-			break
-		}
-		if j.Status == "queued" && j.ScaleSet == 0 && set.matches(j) && sess.offered[j.RequestID] == 0 {
-			entries = append(entries, g.jobMessage("JobAvailable", j))
-			offered = append(offered, j.RequestID)
-		}
-	}
-	if len(entries) == 0 {
-		return nil
-	}
-	sess.nextMsg++
-	inner, _ := json.Marshal(entries)
-	body, _ := json.Marshal(map[string]any{"messageId": sess.nextMsg, "messageType": "RunnerScaleSetJobMessages",
-		"body": string(inner), "statistics": g.statistics(sess.set)})
-	for _, req := range offered {
-		sess.offered[req] = sess.nextMsg
-	}
-	sess.messages = append(sess.messages, ssMessage{id: sess.nextMsg, body: body, offered: offered})
-	return body
-}
-
-// InjectMessage makes the next poll of the scale set's session answer
-// raw as it is (a malformed or huge message, for the listener's bounds).
-func (g *GitHub) InjectMessage(set int, raw []byte) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.actions.injected[set] = append(g.actions.injected[set], raw)
-	g.actionsChanged()
-}
-
-// RedeliverAvailable sends a JobAvailable again for a job its scale set
-// acquired already (as a message replayed after a failed delete).
-func (g *GitHub) RedeliverAvailable(jobID int64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if j := g.jobs[jobID]; j != nil && j.ScaleSet != 0 {
-		if sess := g.actions.bySet[j.ScaleSet]; sess != nil {
-			sess.pending = append(sess.pending, g.jobMessage("JobAvailable", j))
-		}
-		g.actionsChanged()
-	}
-}
-
-// acquireJobs is POST runnerscalesets/{id}/acquirejobs with the session's
-// token: each job request still available to the scale set is its now
-// (once: a job acquired is no one else's), and a JobAssigned follows.
-func (g *GitHub) acquireJobs(w http.ResponseWriter, r *http.Request, setText string) {
-	var ids []int64
-	if err := json.NewDecoder(r.Body).Decode(&ids); err != nil {
-		actionsError(w, 400, "ArgumentException", "the body is a JSON array of request ids")
-		return
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	sess, code := g.sessionByToken(r)
-	if sess == nil || strconv.Itoa(sess.set) != setText {
-		actionsError(w, max(code, 401), "TaskAgentSessionExpiredException", "the session's token is expired or unknown")
-		return
-	}
-	g.actions.stats.Acquires++
-	set := g.actions.sets[sess.set]
-	got := []int64{}
-	for _, j := range g.sortedJobs() {
-		if !slices.Contains(ids, j.RequestID) {
-			continue
-		}
-		switch {
-		case j.ScaleSet == sess.set:
-			g.actions.stats.AcquiredTwice++
-		case j.Status == "queued" && j.ScaleSet == 0 && set.matches(j):
-			j.ScaleSet, j.Acquired = sess.set, time.Now()
-			got = append(got, j.RequestID)
-			g.event("JobAssigned", j)
-		}
-	}
-	writeJSON(w, 200, map[string]any{"count": len(got), "value": got})
 }

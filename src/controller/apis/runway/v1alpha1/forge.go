@@ -11,6 +11,8 @@ import (
 // +kubebuilder:validation:XValidation:rule="self.type != 'forgejo' || !has(self.webhookSecret)",message="Forgejo sends no workflow_job webhook: Runway polls it (leave the webhook secret out)",fieldPath=".webhookSecret"
 // +kubebuilder:validation:XValidation:rule="self.type == 'github' || has(self.url)",message="url is required for gitea and forgejo",fieldPath=".url",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="self.type == oldSelf.type",message="type cannot change: make another Forge",fieldPath=".type"
+// +kubebuilder:validation:XValidation:rule="has(self.token) != has(self.githubConfigSecret)",message="set exactly one of token or githubConfigSecret",fieldPath=".token",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="!has(self.githubConfigSecret) || self.type == 'github'",message="githubConfigSecret is GitHub's",fieldPath=".githubConfigSecret"
 type ForgeSpec struct {
 	// Type of the forge.
 	// +kubebuilder:validation:Enum=gitea;forgejo;github
@@ -27,9 +29,18 @@ type ForgeSpec struct {
 	// +kubebuilder:validation:Pattern=`^https?://[^\s]+$`
 	RunnerURL string `json:"runnerURL,omitempty"`
 	// Token is the forge's API token (read again whenever the Secret
-	// changes).
-	// +required
-	Token corev1.SecretKeySelector `json:"token"`
+	// changes). Exactly one of token or githubConfigSecret.
+	// +optional
+	Token *corev1.SecretKeySelector `json:"token,omitempty"`
+	// GitHubConfigSecret names a Secret of the forge's namespace holding
+	// GitHub's credentials as actions-runner-controller's
+	// githubConfigSecret does: github_token (a PAT), or github_app_id
+	// (the App's id or client id), github_app_installation_id and
+	// github_app_private_key (PEM) for a GitHub App installation. Read
+	// again whenever the Secret changes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	GitHubConfigSecret string `json:"githubConfigSecret,omitempty"`
 	// WebhookSecret signs the forge's workflow_job deliveries to the
 	// controller's Service (/webhooks/gitea, /webhooks/github); without
 	// one, deliveries are refused and the forge is polled.

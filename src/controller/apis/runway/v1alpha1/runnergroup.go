@@ -11,11 +11,12 @@ import (
 // +kubebuilder:validation:XValidation:rule="self.scope != 'org' || (has(self.org) && size(self.org) > 0)",message="org is required for scope org",fieldPath=".org",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="self.scope != 'user' || (has(self.user) && size(self.user) > 0)",message="user is required for scope user",fieldPath=".user",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="self.scope != 'repo' || (has(self.repo) && self.repo.matches('^[^/]+/[^/]+$'))",message="repo must be owner/name for scope repo",fieldPath=".repo",reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.scope != 'enterprise' || (has(self.enterprise) && size(self.enterprise) > 0 && self.demand == 'scale_set')",message="scope enterprise needs enterprise (its slug) and demand scale_set",fieldPath=".enterprise",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.minIdle) || self.minIdle <= self.maxActiveRunners",message="minIdle must be at most maxActiveRunners",fieldPath=".minIdle"
 // +kubebuilder:validation:XValidation:rule="has(self.image) != has(self.stemcellCID)",message="set exactly one of image or stemcellCID",fieldPath=".image",reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!has(self.scaleSet) || self.demand == 'scale_set'",message="scaleSet is set only with demand scale_set",fieldPath=".scaleSet"
 // +kubebuilder:validation:XValidation:rule="oldSelf.demand == self.demand && has(oldSelf.scaleSet) == has(self.scaleSet) && (!has(self.scaleSet) || oldSelf.scaleSet == self.scaleSet)",message="demand and scaleSet cannot change: delete the group and make it anew",fieldPath=".demand"
-// +kubebuilder:validation:XValidation:rule="oldSelf.forge == self.forge && oldSelf.scope == self.scope && has(oldSelf.org) == has(self.org) && (!has(self.org) || oldSelf.org == self.org) && has(oldSelf.user) == has(self.user) && (!has(self.user) || oldSelf.user == self.user) && has(oldSelf.repo) == has(self.repo) && (!has(self.repo) || oldSelf.repo == self.repo)",message="forge, scope, org, user and repo cannot change: delete the group and make it anew",fieldPath=".scope"
+// +kubebuilder:validation:XValidation:rule="oldSelf.forge == self.forge && oldSelf.scope == self.scope && has(oldSelf.org) == has(self.org) && (!has(self.org) || oldSelf.org == self.org) && has(oldSelf.user) == has(self.user) && (!has(self.user) || oldSelf.user == self.user) && has(oldSelf.repo) == has(self.repo) && (!has(self.repo) || oldSelf.repo == self.repo) && has(oldSelf.enterprise) == has(self.enterprise) && (!has(self.enterprise) || oldSelf.enterprise == self.enterprise)",message="forge, scope, org, user, repo and enterprise cannot change: delete the group and make it anew",fieldPath=".scope"
 type RunnerGroupSpec struct {
 	// Forge is the name of a Forge in the group's namespace.
 	// +kubebuilder:validation:MinLength=1
@@ -23,8 +24,9 @@ type RunnerGroupSpec struct {
 	// +required
 	Forge string `json:"forge"`
 	// Scope of the runners: global (Gitea/Forgejo admin), org, user
-	// (Gitea/Forgejo: the token's own user) or repo. GitHub: org or repo.
-	// +kubebuilder:validation:Enum=global;org;user;repo
+	// (Gitea/Forgejo: the token's own user), repo, or enterprise (GitHub
+	// scale sets, with a classic PAT). GitHub: org, repo or enterprise.
+	// +kubebuilder:validation:Enum=global;org;user;repo;enterprise
 	// +required
 	Scope string `json:"scope"`
 	// +optional
@@ -37,6 +39,10 @@ type RunnerGroupSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=200
 	Repo string `json:"repo,omitempty"`
+	// Enterprise is the enterprise's slug (scope enterprise).
+	// +optional
+	// +kubebuilder:validation:MaxLength=100
+	Enterprise string `json:"enterprise,omitempty"`
 	// Labels the runners offer: name, name:host, name:docker://image (the
 	// runners register the names, which jobs are matched on; a label a
 	// runner could not register as written is refused). No default
