@@ -118,11 +118,12 @@ func TestChartRoleIsNarrow(t *testing.T) {
 		return out
 	}
 	k := render("--set", "secrets.names={gitea-auth-token}", "--set", "forgeURLs.deny={10.0.0.0/16}", "--set",
-		"forges[0].name=gh,forges[0].type=github,forges[0].token.name=gh-token,forges[0].token.key=k,forges[0].webhookSecret.name=gh-hook,forges[0].webhookSecret.key=h")
+		"forges[0].name=gh,forges[0].type=github,forges[0].token.name=gh-token,forges[0].token.key=k,forges[0].webhookSecret.name=gh-hook,forges[0].webhookSecret.key=h",
+		"--set", "forges[1].name=app,forges[1].type=github,forges[1].githubConfigSecret=gh-app")
 	r := rules(k["Role"])
 	for _, v := range []string{"get", "list", "watch"} {
-		if got := r["secrets"][v]; got != "gitea-auth-token,gh-token,gh-hook" {
-			t.Errorf("secrets %s: %q, want the three named", v, got)
+		if got := r["secrets"][v]; got != "gitea-auth-token,gh-token,gh-hook,gh-app" {
+			t.Errorf("secrets %s: %q, want the four named (an App's githubConfigSecret among them)", v, got)
 		}
 	}
 	if r["secrets"]["patch"] != "" || r["secrets"]["update"] != "" || r["secrets"]["create"] != "*" || r["secrets"]["delete"] != "*" {
@@ -135,7 +136,7 @@ func TestChartRoleIsNarrow(t *testing.T) {
 	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
 	args := strings.Join(toStrings(containers[0].(map[string]any)["args"]), " ")
 	env := fmt.Sprint(containers[0].(map[string]any)["env"])
-	if !strings.Contains(args, "-secret-names=gitea-auth-token,gh-token,gh-hook") || !strings.Contains(args, "-secrets-by-label=false") ||
+	if !strings.Contains(args, "-secret-names=gitea-auth-token,gh-token,gh-hook,gh-app") || !strings.Contains(args, "-secrets-by-label=false") ||
 		!strings.Contains(args, "-forge-deny=10.0.0.0/16") || !strings.Contains(env, "status.hostIPs") {
 		t.Errorf("args %q, env %s", args, env)
 	}

@@ -30,7 +30,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "runway.secretNames" -}}
 {{- $names := .Values.secrets.names | default list -}}
 {{- range .Values.forges -}}
-{{- $names = append $names .token.name -}}
+{{- with .token }}{{ $names = append $names .name }}{{ end -}}
+{{- with .githubConfigSecret }}{{ $names = append $names . }}{{ end -}}
 {{- with .webhookSecret }}{{ $names = append $names .name }}{{ end -}}
 {{- end -}}
 {{- if has .Values.store.postgres.dsnSecret.name $names -}}
