@@ -128,3 +128,27 @@ func TestDemandIsCheckedByField(t *testing.T) {
 		}
 	}
 }
+
+// GHES's and GHE.com's URL forms beside github.com's (issue 47): a GitHub
+// forge's REST URL gives the web URL its runners and scale sets are
+// registered under, unless runner_url says otherwise. Before issue 47
+// every GitHub forge defaulted to https://github.com.
+func TestGitHubURLForms(t *testing.T) {
+	for api, want := range map[string]string{
+		"https://api.github.com":           "https://github.com",
+		"https://ghes.example.com/api/v3":  "https://ghes.example.com",
+		"https://ghes.example.com/api/v3/": "https://ghes.example.com",
+		"http://127.0.0.1:8443/api/v3":     "http://127.0.0.1:8443",
+		"https://api.acme.ghe.com":         "https://acme.ghe.com",
+	} {
+		cfg := strings.Replace(minimal, `{name: gitea, type: gitea, url: "https://gitea.example", token_file: /etc/token}`,
+			`{name: gitea, type: github, url: "`+api+`", token_file: /etc/token}`, 1)
+		c, err := ParseConfig([]byte(cfg))
+		if err != nil {
+			t.Fatalf("%s: %v", api, err)
+		}
+		if got := c.Forges[0].RunnerURL; got != want {
+			t.Errorf("url %s: runner_url %q, want %q", api, got, want)
+		}
+	}
+}
