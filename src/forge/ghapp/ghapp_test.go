@@ -123,7 +123,14 @@ func TestRefreshedOnceUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk.advance(8500 * time.Millisecond) // within the last fifth of its life, short of the last tenth
+	// Into the refresh window: past the margin, short of half of it
+	// (relative to the expiry GitHub gave, in whole seconds: a fixed step
+	// of 8.5 s overshot it whenever the mint's second was late, and the
+	// callers then waited for the held mint for ever).
+	a.mu.Lock()
+	into := a.exp.Add(-a.margin * 3 / 4)
+	a.mu.Unlock()
+	clk.advance(into.Sub(clk.now()))
 	refreshed := make(chan string)
 	go func() {
 		tok, _ := a.Token(context.Background())
