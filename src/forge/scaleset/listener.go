@@ -427,13 +427,14 @@ func (l *Listener) poll(ctx context.Context, sess *Session, ok func(), wait func
 	return nil
 }
 
-// drop gives up on a message: counted, logged, told (OnDrop).
+// drop gives up on a message: logged, told (OnDrop), then counted, so
+// whoever sees the count sees the rest.
 func (l *Listener) drop(id int64, reason string, err error) {
+	l.cfg.Log.Error("scale set message dropped", "scale_set", l.Spec().Name, "message", id, "reason", reason, "err", err)
+	l.cfg.OnDrop(reason, fmt.Errorf("scale set %s: message %d dropped (%s): %w", l.Spec().Name, id, reason, err))
 	l.mu.Lock()
 	l.st.Dropped++
 	l.mu.Unlock()
-	l.cfg.Log.Error("scale set message dropped", "scale_set", l.Spec().Name, "message", id, "reason", reason, "err", err)
-	l.cfg.OnDrop(reason, fmt.Errorf("scale set %s: message %d dropped (%s): %w", l.Spec().Name, id, reason, err))
 }
 
 // poll1 is one long poll, ended early by Nudge (nudged).
