@@ -219,7 +219,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // start runs a controller on the test's namespace with engine e.
 func (c *cluster) start(t *testing.T, e Engine) *Controller {
 	ctl := New(Options{Kube: c.kube, Dyn: c.dyn, Namespaces: []string{c.ns}, Engine: e, StatusInterval: 200 * time.Millisecond,
-		Secrets: SecretAccess{Names: []string{"gitea-auth-token", "gitea-registration-token", "gh"}},
+		Secrets: SecretAccess{Names: []string{"gitea-auth-token", "gitea-registration-token", "gh", "gh-app"}},
 		Seed:    Seed{Image: "registry.example/act_runner:1", Command: "/bin/runner", PollInterval: time.Second},
 		Log:     logging.Fields{Logger: logging.Discard()}})
 	ctx, cancel := context.WithCancel(context.Background())
