@@ -122,9 +122,12 @@ func TestSeedRunnerGroupThroughTheController(t *testing.T) {
 		g, _, _ := eng.group(name)
 		return g.Retire
 	})
-	if cond, u := c.readyOf(t, giteav1.Resource, "acme-linux"); u == nil || cond.Reason != ReasonDeleting {
-		t.Fatalf("deleted while the engine retires it: %v, %+v", u != nil, cond)
-	}
+	// The status follows the hand-over: awaited, and the object must
+	// still be there with it.
+	waitFor(t, 10*time.Second, "Ready false: Deleting, the object kept while the engine retires it", func() bool {
+		cond, u := c.readyOf(t, giteav1.Resource, "acme-linux")
+		return u != nil && cond.Reason == ReasonDeleting
+	})
 	eng.set(name, GroupState{Retired: true})
 	waitFor(t, 10*time.Second, "the object gone and the group left out", func() bool {
 		_, u := c.readyOf(t, giteav1.Resource, "acme-linux")
