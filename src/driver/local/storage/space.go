@@ -2,15 +2,14 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/tarcheck"
 )
 
 // ReserveBytes is left free on the state dir's file system by every copy
@@ -88,31 +87,6 @@ func (b *Budget) Take(n int64) error {
 	return nil
 }
 
-// CopyContext copies like io.Copy, stopping with ctx between chunks.
-func CopyContext(ctx context.Context, dst io.Writer, src io.Reader) (int64, error) {
-	buf := make([]byte, 1<<20)
-	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return n, err
-		}
-		r, rerr := src.Read(buf)
-		if r > 0 {
-			w, werr := dst.Write(buf[:r])
-			n += int64(w)
-			if werr != nil {
-				return n, werr
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			return n, nil
-		}
-		if rerr != nil {
-			return n, rerr
-		}
-	}
-}
-
 // TreeSize is the bytes of the regular files under dir.
 func TreeSize(dir string) (int64, error) {
 	var total int64
@@ -187,7 +161,7 @@ func CopyTree(ctx context.Context, src, dst string, budget *Budget) error {
 			if err != nil {
 				return err
 			}
-			_, err = CopyContext(ctx, w, r)
+			_, err = tarcheck.Copy(ctx, w, r)
 			if cerr := w.Close(); err == nil {
 				err = cerr
 			}

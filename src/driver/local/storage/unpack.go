@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/runway-cpi/runway/src/driver/tarcheck"
 )
 
 // Untar unpacks src into dst, refusing entries that would land outside dst
@@ -165,7 +167,7 @@ func (u *unpacker) file(name string, h *tar.Header) error {
 	if err != nil {
 		return err
 	}
-	_, err = CopyContext(u.ctx, out, u.tr)
+	_, err = tarcheck.Copy(u.ctx, out, u.tr)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
