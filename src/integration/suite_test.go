@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -241,8 +242,19 @@ func call(method string, args ...any) json.RawMessage {
 	return callV(2, method, args...)
 }
 
+// maxVMCreateTries is the Director's max_vm_create_tries default: it calls
+// create_vm again while the answer is a VMCreationFailed with ok_to_retry
+// (create_vm_step.rb), so a VM the cloud put in ERROR once is not a failed
+// deployment, and is not a failed spec here either.
+const maxVMCreateTries = 5
+
 func callV(api int, method string, args ...any) json.RawMessage {
 	r := runRaw(request(method, api, args...))
+	for tries := 1; method == "create_vm" && r.Error != nil && r.Error.Type == "Bosh::Clouds::VMCreationFailed" &&
+		r.Error.OkToRetry && tries < maxVMCreateTries; tries++ {
+		fmt.Fprintf(GinkgoWriter, "create_vm failed (try %d): %s; trying again as the Director does\n", tries, r.Error.Message)
+		r = runRaw(request(method, api, args...))
+	}
 	ExpectWithOffset(1, r.Error).To(BeNil(), "%s failed: %+v\nlog:\n%s", method, r.Error, r.Log)
 	return r.Result
 }
