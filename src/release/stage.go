@@ -28,7 +28,7 @@ func StageDir(root string) string { return filepath.Join(root, "src", "runway_cp
 
 // Stage builds the package's static linux/amd64 executables with the Go
 // toolchain go.mod pins. Same commit and toolchain, same bytes: -trimpath
-// drops paths, -buildvcs=false drops the dirty flag, no cgo.
+// drops paths, -buildvcs=false drops the dirty flag, no cgo, no build id.
 func Stage(root string) error {
 	want, err := pinnedGo(root)
 	if err != nil {
@@ -48,12 +48,23 @@ func Stage(root string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	// One build for all of them (scripts/static-build, the images'
+	// recipe too), each named for its main package's directory.
+	args := []string{filepath.Join(root, "scripts", "static-build"), dir}
 	for name, pkg := range Binaries {
-		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", filepath.Join(dir, name), pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=")
-		if msg, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %v\n%s", name, err, msg)
+		if filepath.Base(pkg) != name {
+			return fmt.Errorf("executable %s is built from %s, whose directory names it otherwise", name, pkg)
+		}
+		args = append(args, pkg)
+	}
+	cmd := exec.Command("bash", args...)
+	cmd.Dir = root
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the package's executables: %v\n%s", err, msg)
+	}
+	for name := range Binaries {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("building %s: %w", name, err)
 		}
 	}
 	return nil
