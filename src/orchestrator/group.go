@@ -17,7 +17,7 @@ import (
 // scope and CPI are fixed; the rest of its config may be replaced while
 // it runs (Orchestrator.Replace), read through cfg.
 type group struct {
-	o     *Orchestrator
+	dep   *groupDeps
 	conf  atomic.Pointer[groupConf]
 	forge *forgeView
 	cpi   CPI
@@ -175,13 +175,13 @@ func (g *group) loop(ctx context.Context) {
 	defer g.stopListening() // its session deleted before the daemon exits
 	// Passes also pace the sweep; between forge polls they use the cached
 	// listing, so a long poll interval costs no forge requests.
-	poll := min(g.pollInterval(), g.o.cfg.SweepInterval.Duration)
+	poll := min(g.pollInterval(), g.dep.sweepInterval)
 	for ctx.Err() == nil {
 		var err error
 		if lctx, acting := g.lead(ctx); acting && g.cfg().Retire {
 			var done bool
 			if done, err = g.retirePass(lctx); done && g.dropping.Load() {
-				g.o.dropGroup(g)
+				g.dep.drop(g)
 				return
 			}
 		} else if acting {
@@ -191,7 +191,7 @@ func (g *group) loop(ctx context.Context) {
 			err = g.pass(lctx)
 		} else if g.standby(); g.dropping.Load() && g.Status().ActiveRunners == 0 {
 			// Another replica acts for it and has removed every runner.
-			g.o.dropGroup(g)
+			g.dep.drop(g)
 			return
 		}
 		g.mu.Lock()
@@ -199,11 +199,11 @@ func (g *group) loop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			g.backoff = min(max(g.backoff*2, minBackoff), maxBackoff)
 			next = g.backoff
-			g.status.LastError = g.o.redact.Redact(err.Error())
-			g.status.LastErrorBrief = g.o.redact.Redact(forge.Brief(err))
-			g.status.BackoffUntil = g.o.now().Add(next)
-			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
-			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
+			g.status.LastError = g.dep.redact.Redact(err.Error())
+			g.status.LastErrorBrief = g.dep.redact.Redact(forge.Brief(err))
+			g.status.BackoffUntil = g.dep.now().Add(next)
+			g.dep.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
+			g.dep.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
 		} else {
 			if !g.spawnFailing {
 				g.backoff = 0
@@ -252,10 +252,10 @@ func (g *group) setForgeDown(down bool) {
 
 // pass is one reconcile of the group.
 func (g *group) pass(ctx context.Context) error {
-	o := g.o
+	dep := g.dep
 	// Acting on a lost store would forget every runner made from here on:
 	// stop until the operator restores it (health says why).
-	if err := o.store.Check(); err != nil {
+	if err := dep.store.Check(); err != nil {
 		return err
 	}
 	drained, err := g.syncDrained()
@@ -267,7 +267,7 @@ func (g *group) pass(ctx context.Context) error {
 			return err
 		}
 	}
-	now := o.now()
+	now := dep.now()
 	g.mu.Lock()
 	g.status.LastCheckTime = now
 	// A spawn failed since the last pass: report it (the loop backs off)
@@ -283,7 +283,7 @@ func (g *group) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	runners, err := o.store.Active(g.cfg().Name)
+	runners, err := dep.store.Active(g.cfg().Name)
 	if err != nil {
 		return err
 	}
@@ -292,7 +292,7 @@ func (g *group) pass(ctx context.Context) error {
 	pc, runners := g.planConfig(c.GroupConfig, runners)
 	d := plan(&pc, now, l, l.owned[c.Name], runners, inflight, finished, drained)
 	g.checkPickup(&d, now)
-	o.metrics.queued.WithLabelValues(g.cfg().Name).Set(float64(d.queued))
+	dep.metrics.queued.WithLabelValues(g.cfg().Name).Set(float64(d.queued))
 	// Spawns start before the pass deletes runners and sweeps (a
 	// delete_vm waits for its VM to go: it would delay a webhook's runner
 	// by seconds). A runner about to be deleted still holds its place
@@ -307,7 +307,7 @@ func (g *group) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if sweepNow || now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
+	if sweepNow || now.Sub(g.lastSweep) >= dep.sweepInterval {
 		n, err := g.sweep(ctx)
 		if err != nil {
 			errs = append(errs, err)
@@ -331,7 +331,7 @@ func (g *group) pass(ctx context.Context) error {
 	if removed && !drained {
 		// Demand after the removals: a runner reaped in this pass (its job
 		// done) no longer covers a job queued meanwhile.
-		if fresh, err := o.store.Active(g.cfg().Name); err == nil {
+		if fresh, err := dep.store.Active(g.cfg().Name); err == nil {
 			pc, fresh := g.planConfig(c.GroupConfig, fresh)
 			d.spawn = plan(&pc, now, l, l.owned[c.Name], fresh, g.inflightNow(), nil, drained).spawn
 			if g.spawnsHeld(now) {
@@ -368,10 +368,10 @@ func (g *group) listing(ctx context.Context, now time.Time) (listing, error) {
 	g.setForgeDown(err != nil)
 	if err != nil {
 		err = fmt.Errorf("forge %s: %w", g.cfg().Forge, err)
-		g.o.Failure(g.cfg().Name, "forge", err)
+		g.dep.failure(g.cfg().Name, "forge", err)
 		return listing{}, err
 	}
-	return g.o.partition(g.forge, sj), nil
+	return g.dep.partition(g.forge, sj), nil
 }
 
 // inflightNow copies the runners whose spawn runs in this process.
@@ -391,7 +391,7 @@ func (g *group) inflightNow() map[string]bool {
 // sweep must look now, the errors to report, and a store error that
 // stops the pass.
 func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now time.Time) (removed, sweepNow bool, errs []error, fatal error) {
-	o := g.o
+	dep := g.dep
 	byName := map[string]store.Runner{}
 	for _, r := range runners {
 		byName[r.Name] = r
@@ -399,10 +399,10 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 	for name, j := range d.busy {
 		r := byName[name]
 		g.tookJob(&r, j, now)
-		if err := o.store.Save(r); err != nil {
+		if err := dep.store.Save(r); err != nil {
 			return false, false, nil, err
 		}
-		o.log.Info("runner took a job", "group", g.cfg().Name, "runner", name, "job", j.ID, "repo", j.Repo)
+		dep.log.Info("runner took a job", "group", g.cfg().Name, "runner", name, "job", j.ID, "repo", j.Repo)
 	}
 	removed = len(d.reap) > 0
 	for _, r := range d.recover {
@@ -414,7 +414,7 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 	}
 	for _, r := range d.taken {
 		r.TriggerJob = 0
-		if err := o.store.Save(r); err != nil {
+		if err := dep.store.Save(r); err != nil {
 			return false, false, nil, err
 		}
 		sweepNow = true
@@ -446,7 +446,7 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 // refreshStatus recounts the group's runners for status and metrics
 // (queued < 0: not known, as on a replica not acting for the group).
 func (g *group) refreshStatus(queued int) {
-	runners, err := g.o.store.Active(g.cfg().Name)
+	runners, err := g.dep.store.Active(g.cfg().Name)
 	if err != nil {
 		return
 	}
@@ -467,9 +467,9 @@ func (g *group) refreshStatus(queued int) {
 	}
 	g.mu.Unlock()
 	if queued >= 0 {
-		g.o.hist.Record(g.cfg().Name, g.o.now(), queued, len(runners))
+		g.dep.hist.Record(g.cfg().Name, g.dep.now(), queued, len(runners))
 	}
 	for _, s := range []string{store.Spawning, store.Idle, store.Busy, store.Deleting} {
-		g.o.metrics.runners.WithLabelValues(g.cfg().Name, s).Set(float64(c[s]))
+		g.dep.metrics.runners.WithLabelValues(g.cfg().Name, s).Set(float64(c[s]))
 	}
 }

@@ -32,7 +32,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		return nil
 	}
 	keep := func(name, why string) {
-		g.o.log.Info("kept a runner about to be retired", "group", g.cfg().Name, "runner", name, "reason", reap[name], "why", why)
+		g.dep.log.Info("kept a runner about to be retired", "group", g.cfg().Name, "runner", name, "reason", reap[name], "why", why)
 		delete(reap, name)
 	}
 	keepAll := func(err error) error {
@@ -62,7 +62,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 			keep(name, "the forge shows it busy")
 			continue
 		}
-		if err := g.o.fenced(); err != nil {
+		if err := g.dep.fenced(); err != nil {
 			return keepAll(err)
 		}
 		did, err := g.api().DisableRunner(ctx, g.scope, fr.ID)
@@ -76,7 +76,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 	}
 	if disabled {
 		g.forge.markStale(g.scope)
-		l, err := g.listing(ctx, g.o.now())
+		l, err := g.listing(ctx, g.dep.now())
 		if err != nil {
 			return errors.Join(append(errs, keepAll(err))...)
 		}
@@ -90,7 +90,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		if _, ok := reap[name]; !ok {
 			continue
 		}
-		if err := g.o.fenced(); err != nil {
+		if err := g.dep.fenced(); err != nil {
 			return keepAll(err)
 		}
 		if err := g.api().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
@@ -123,7 +123,7 @@ func (g *group) tookJob(r *store.Runner, j forge.Job, now time.Time) {
 func (g *group) cameOnline(r *store.Runner, now time.Time) {
 	if r.OnlineAt.IsZero() {
 		r.OnlineAt = now
-		if g.o.firstStart(r.Name) {
+		if g.dep.firstStart(r.Name) {
 			g.observe(RunnerStartup, now.Sub(g.spawnStart(*r)))
 		}
 	}
@@ -208,6 +208,6 @@ func (g *group) takenForReaping(name string) bool {
 	if g.isReaping(name) {
 		return true
 	}
-	r, err := g.o.store.Get(name)
+	r, err := g.dep.store.Get(name)
 	return err == nil && (r.State == store.Deleting || r.State == store.Deleted)
 }

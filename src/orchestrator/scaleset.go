@@ -18,6 +18,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
 // scaleSetGroup is a scale-set group's client and listener, and the
@@ -75,7 +76,7 @@ func scaleSetSpec(gc config.GroupConfig, fc config.ForgeConfig) scaleset.Spec {
 }
 
 // newScaleSetGroup builds a scale-set group's client and listener.
-func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scaleSetGroup, error) {
+func newScaleSetGroup(dep *groupDeps, g *group, gc config.GroupConfig) (*scaleSetGroup, error) {
 	fc := g.forge.cur.Load()
 	if fc.scaleSets == nil {
 		return nil, fmt.Errorf("group %s: forge %s serves no scale sets (a GitHub forge does)", gc.Name, fc.cfg.Name)
@@ -85,7 +86,7 @@ func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scale
 		return nil, fmt.Errorf("group %s: %w", gc.Name, err)
 	}
 	ss := &scaleSetGroup{client: c}
-	ss.listener = scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, fc.cfg), Owner: o.sessionOwner(),
+	ss.listener = scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, fc.cfg), Owner: sessionOwner(dep.replica),
 		MaxJobs: func() int {
 			c := g.cfg()
 			if c.Retire || g.isDrained() {
@@ -94,28 +95,28 @@ func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scale
 			return c.MaxActiveRunners
 		},
 		Leading: func(ctx context.Context) bool {
-			ok, err := o.leader.Lead(ctx, gc.Name)
+			ok, err := dep.leader.Lead(ctx, gc.Name)
 			return ok && err == nil
 		},
-		Record: sessionRecord{o: o, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: o.log, Now: o.now,
+		Record: sessionRecord{store: dep.store, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: dep.log, Now: dep.now,
 		OnDrop: func(reason string, err error) {
-			o.metrics.scaleSetDropped.WithLabelValues(gc.Name, reason).Inc()
-			o.Failure(gc.Name, "scale set", err)
+			dep.metrics.scaleSetDropped.WithLabelValues(gc.Name, reason).Inc()
+			dep.failure(gc.Name, "scale set", err)
 		}})
 	ss.api = &scaleset.Forge{L: ss.listener, REST: g.forge.api}
 	return ss, nil
 }
 
 // sessionOwner names this process's sessions: the host and the replica.
-func (o *Orchestrator) sessionOwner() string {
+func sessionOwner(replica string) string {
 	host, _ := os.Hostname()
-	return strings.TrimPrefix(host+"-", "-") + "runway-" + o.replica
+	return strings.TrimPrefix(host+"-", "-") + "runway-" + replica
 }
 
 // sessionRecord keeps a group's session id in the store, where a replica
 // taking over (or this daemon after a crash) finds it.
 type sessionRecord struct {
-	o     *Orchestrator
+	store *store.Store
 	group string
 }
 
@@ -123,7 +124,7 @@ func (r sessionRecord) key() string { return "scale_set_session/" + r.group }
 
 // LoadSession implements scaleset.SessionRecord.
 func (r sessionRecord) LoadSession() (int, string, error) {
-	v, err := r.o.store.Meta(r.key())
+	v, err := r.store.Meta(r.key())
 	if err != nil || v == "" {
 		return 0, "", err
 	}
@@ -135,9 +136,9 @@ func (r sessionRecord) LoadSession() (int, string, error) {
 // SaveSession implements scaleset.SessionRecord.
 func (r sessionRecord) SaveSession(id int, session string) error {
 	if session == "" {
-		return r.o.store.SetMeta(r.key(), "")
+		return r.store.SetMeta(r.key(), "")
 	}
-	return r.o.store.SetMeta(r.key(), strconv.Itoa(id)+" "+session)
+	return r.store.SetMeta(r.key(), strconv.Itoa(id)+" "+session)
 }
 
 // listen runs the group's listener under lead (the context of this
@@ -203,7 +204,7 @@ func (g *group) scaleSetJob(j scaleset.JobMessage) {
 	if j.Kind == scaleset.JobCompleted {
 		status = forge.StatusCompleted
 	}
-	g.o.observeJobFrom(j.Job(status), true)
+	g.dep.observeJob(j.Job(status), true)
 }
 
 // syncScaleSet sets the scale set's labels when the group's changed.
@@ -232,8 +233,8 @@ func (g *group) scaleSetStatus(busy int, drained bool) *ScaleSetStatus {
 		AvailableJobs: st.Stats.TotalAvailableJobs, AssignedJobs: st.Stats.TotalAssignedJobs, RunningJobs: st.Stats.TotalRunningJobs,
 		RegisteredRunners: st.Stats.TotalRegisteredRunners, BusyRunners: st.Stats.TotalBusyRunners, IdleRunners: st.Stats.TotalIdleRunners,
 		DesiredRunners: desired, RefusedMessages: st.Refused, DroppedMessages: st.Dropped,
-		LastError: g.o.redact.Redact(st.LastError), Warning: g.o.redact.Redact(st.Warning)}
-	g.o.metrics.scaleSet(c.Name, s)
+		LastError: g.dep.redact.Redact(st.LastError), Warning: g.dep.redact.Redact(st.Warning)}
+	g.dep.metrics.scaleSet(c.Name, s)
 	return s
 }
 
@@ -282,6 +283,6 @@ func (g *group) deleteScaleSet(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("deleting the retired group's scale set: %w", err)
 	}
-	g.o.log.Info("scale set deleted", "group", g.cfg().Name, "scale_set", g.ss.listener.Spec().Name, "id", id)
+	g.dep.log.Info("scale set deleted", "group", g.cfg().Name, "scale_set", g.ss.listener.Spec().Name, "id", id)
 	return nil
 }
