@@ -218,11 +218,13 @@ func newGroup(dep *groupDeps, gc config.GroupConfig, fv *forgeView, cpi CPI, dra
 	g := &group{dep: dep, forge: fv, cpi: cpi, scope: gc.ForgeScope(), kick: make(chan struct{}, 1),
 		done: make(chan struct{}), inflight: map[string]bool{}, spawnedAt: map[string]time.Time{}, drained: drained}
 	g.setConf(gc)
+	g.demand = queueDemand{fv: fv, scope: g.scope, maxAge: g.pollInterval, partition: dep.partition}
 	if gc.Demand == config.DemandScaleSet {
 		var err error
 		if g.ss, err = newScaleSetGroup(dep, g, gc); err != nil {
 			return nil, err
 		}
+		g.demand = g.ss
 	}
 	return g, nil
 }

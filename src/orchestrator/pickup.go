@@ -65,10 +65,3 @@ func (g *group) checkPickup(d *decision, now time.Time) {
 		g.dep.event(c.Name, r.Name, RunnerNotTaking, msg)
 	}
 }
-
-// spawnsHeld: runners of the group took no job lately; it makes none.
-func (g *group) spawnsHeld(now time.Time) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return now.Before(g.holdUntil)
-}

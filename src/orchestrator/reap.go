@@ -42,7 +42,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		g.setForgeDown(true)
 		return fmt.Errorf("forge %s, before retiring idle runners (kept): %w", g.cfg().Forge, err)
 	}
-	registered, err := g.api().Runners(ctx, g.scope)
+	registered, err := g.demand.client().Runners(ctx, g.scope)
 	if err != nil {
 		return keepAll(err)
 	}
@@ -65,7 +65,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		if err := g.dep.fenced(); err != nil {
 			return keepAll(err)
 		}
-		did, err := g.api().DisableRunner(ctx, g.scope, fr.ID)
+		did, err := g.demand.client().DisableRunner(ctx, g.scope, fr.ID)
 		if err != nil {
 			keep(name, "disabling failed")
 			errs = append(errs, fmt.Errorf("disabling idle runner %s: %w", name, err))
@@ -93,7 +93,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		if err := g.dep.fenced(); err != nil {
 			return keepAll(err)
 		}
-		if err := g.api().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
+		if err := g.demand.client().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
 			var ae *forge.APIError
 			if errors.Is(err, forge.ErrRunnerBusy) || (errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity) {
 				// GitHub: "is still running a job". Not a failure.
@@ -168,7 +168,7 @@ func (g *group) reapInBackground(ctx context.Context, r store.Runner, reason str
 		}
 		g.mu.Unlock()
 		if err == nil {
-			g.forgetRunner(r.Name)
+			g.demand.forget(r.Name)
 		}
 		g.wake() // its place is free
 	}()

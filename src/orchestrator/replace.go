@@ -264,7 +264,7 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 		return true, nil
 	}
 	dep, name := g.dep, g.cfg().Name
-	g.stopListening() // a retiring group takes no job: its session goes
+	g.demand.stop() // a retiring group takes no job: its session goes
 	g.stopSpawns()
 	g.spawns.Wait()
 	if err := dep.store.Check(); err != nil {
@@ -278,7 +278,7 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	for _, r := range runners {
 		errs = append(errs, g.destroy(ctx, r, reasonRetired))
 	}
-	registered, err := g.api().Runners(ctx, g.scope)
+	registered, err := g.demand.client().Runners(ctx, g.scope)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("forge %s runners: %w", g.forge.name, err))
 	}
@@ -287,7 +287,7 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 			if err := dep.fenced(); err != nil {
 				return false, errors.Join(append(errs, err)...)
 			}
-			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+			if err := g.demand.client().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, fmt.Errorf("removing the registration of %s: %w", fr.Name, err))
 			} else {
 				dep.log.Info("removed a retired group's registration", "group", name, "runner", fr.Name, "id", fr.ID)

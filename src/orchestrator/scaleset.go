@@ -24,7 +24,9 @@ import (
 // scaleSetGroup is a scale-set group's client and listener, and the
 // listener's run while this process acts for the group.
 type scaleSetGroup struct {
-	client   *scaleset.Client
+	group    string           // the group's name
+	fv       *forgeView       // the group's forge
+	sets     *scaleset.Client // its scale sets
 	listener *scaleset.Listener
 	api      *scaleset.Forge
 
@@ -85,7 +87,7 @@ func newScaleSetGroup(dep *groupDeps, g *group, gc config.GroupConfig) (*scaleSe
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", gc.Name, err)
 	}
-	ss := &scaleSetGroup{client: c}
+	ss := &scaleSetGroup{sets: c, group: gc.Name, fv: g.forge}
 	ss.listener = scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, fc.cfg), Owner: sessionOwner(dep.replica),
 		MaxJobs: func() int {
 			c := g.cfg()
@@ -141,11 +143,10 @@ func (r sessionRecord) SaveSession(id int, session string) error {
 	return r.store.SetMeta(r.key(), strconv.Itoa(id)+" "+session)
 }
 
-// listen runs the group's listener under lead (the context of this
+// start runs the group's listener under lead (the context of this
 // process's lead of the group) unless it runs already; a run under an
 // earlier lead is waited for first (its session deleted).
-func (g *group) listen(lead context.Context) {
-	ss := g.ss
+func (ss *scaleSetGroup) start(lead context.Context) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.lead == lead && ss.done != nil {
@@ -164,13 +165,8 @@ func (g *group) listen(lead context.Context) {
 	}()
 }
 
-// stopListening ends the listener's run and waits for its session to be
-// deleted.
-func (g *group) stopListening() {
-	if g.ss == nil {
-		return
-	}
-	ss := g.ss
+// stop ends the listener's run and waits for its session to be deleted.
+func (ss *scaleSetGroup) stop() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.done != nil {
@@ -180,12 +176,12 @@ func (g *group) stopListening() {
 	}
 }
 
-// scaleSetListing is what the group's pass plans with: the jobs the
-// scale set holds as the messages said, by runner; the demand a count
-// (a scale set's runner takes any of its jobs: no runner is made for one
-// job in particular).
-func (g *group) scaleSetListing() listing {
-	st := g.ss.listener.State()
+// listing is what the group's plan counts: the jobs the scale set holds
+// as the messages said, by runner; the demand a count (a scale set's
+// runner takes any of its jobs: no runner is made for one job in
+// particular).
+func (ss *scaleSetGroup) listing(context.Context, time.Time) (listing, error) {
+	st := ss.listener.State()
 	jobs := map[int64]forge.Job{}
 	running := map[string]forge.Job{}
 	for id, j := range st.Running {
@@ -195,7 +191,7 @@ func (g *group) scaleSetListing() listing {
 	for id, j := range st.Queued {
 		jobs[id] = j.Job(forge.StatusQueued)
 	}
-	return listing{jobs: jobs, running: running, owned: map[string][]forge.Job{g.cfg().Name: make([]forge.Job, st.Demand())}}
+	return listing{jobs: jobs, running: running, owned: map[string][]forge.Job{ss.group: make([]forge.Job, st.Demand())}}, nil
 }
 
 // scaleSetJob records a started or completed job's times.
@@ -207,13 +203,13 @@ func (g *group) scaleSetJob(j scaleset.JobMessage) {
 	g.dep.observeJob(j.Job(status), true)
 }
 
-// syncScaleSet sets the scale set's labels when the group's changed.
-func (g *group) syncScaleSet(ctx context.Context, c config.GroupConfig) error {
-	spec := scaleSetSpec(c, g.forge.conf())
-	if err := g.ss.listener.SetSpec(ctx, spec); err != nil {
+// sync sets the scale set's labels when the group's changed.
+func (ss *scaleSetGroup) sync(ctx context.Context, c config.GroupConfig) error {
+	spec := scaleSetSpec(c, ss.fv.conf())
+	if err := ss.listener.SetSpec(ctx, spec); err != nil {
 		return fmt.Errorf("setting scale set %s's labels: %w", spec.Name, err)
 	}
-	g.ss.listener.Nudge() // resumed, or max_active_runners raised: say so now
+	ss.listener.Nudge() // resumed, or max_active_runners raised: say so now
 	return nil
 }
 
@@ -238,36 +234,20 @@ func (g *group) scaleSetStatus(busy int, drained bool) *ScaleSetStatus {
 	return s
 }
 
-// api is the group's forge client: its scale set's for a scale-set
-// group, else its forge's.
-func (g *group) api() forge.Client {
-	if g.ss != nil {
-		return g.ss.api
-	}
-	return g.forge.api()
-}
+// client is the scale set's forge client.
+func (ss *scaleSetGroup) client() forge.Client { return ss.api }
 
-// finishedRunners are the runners whose job is done: from the scale
-// set's messages, else from the forge's deliveries.
-func (g *group) finishedRunners(now time.Time) map[string]bool {
-	if g.ss == nil {
-		return g.forge.finishedRunners(now)
-	}
+// finished are the runners whose job is done, as the messages said.
+func (ss *scaleSetGroup) finished(time.Time) map[string]bool {
 	out := map[string]bool{}
-	for name := range g.ss.listener.State().Finished {
+	for name := range ss.listener.State().Finished {
 		out[name] = true
 	}
 	return out
 }
 
-// forgetRunner drops a reaped runner from what says it finished.
-func (g *group) forgetRunner(name string) {
-	if g.ss != nil {
-		g.ss.listener.ForgetRunner(name)
-		return
-	}
-	g.forge.forgetRunner(name)
-}
+// forget drops a reaped runner from what says it finished.
+func (ss *scaleSetGroup) forget(name string) { ss.listener.ForgetRunner(name) }
 
 // deleteScaleSet deletes a retired scale-set group's scale set: GitHub
 // would otherwise go on routing jobs to it (ARC deletes its scale set
@@ -278,7 +258,7 @@ func (g *group) deleteScaleSet(ctx context.Context) error {
 	}
 	id, err := g.ss.listener.ScaleSetID(ctx)
 	if err == nil {
-		err = g.ss.client.Delete(ctx, id)
+		err = g.ss.sets.Delete(ctx, id)
 	}
 	if err != nil {
 		return fmt.Errorf("deleting the retired group's scale set: %w", err)

@@ -94,7 +94,7 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	if err := dep.fenced(); err != nil {
 		return err
 	}
-	reg, err := g.api().Register(ctx, g.scope, r.Name, c.Labels)
+	reg, err := g.demand.client().Register(ctx, g.scope, r.Name, c.Labels)
 	if err != nil {
 		r.LastError = "registration: " + dep.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("registering %s: %w", r.Name, err), g.destroy(ctx, r, "registration failed"))
@@ -273,7 +273,7 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		id = r.TriggerJob
 	}
 	repo := r.JobRepo
-	j, err := g.api().Job(ctx, forge.Job{ID: id, Repo: repo})
+	j, err := g.demand.client().Job(ctx, forge.Job{ID: id, Repo: repo})
 	if errors.Is(err, forge.ErrNotFound) {
 		j, err = forge.Job{ID: id, Status: forge.StatusCompleted}, nil
 	}

@@ -103,7 +103,7 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 // (removed there).
 func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Runner, reaped map[string]bool) error {
 	dep := g.dep
-	registered, err := g.api().Runners(ctx, g.scope)
+	registered, err := g.demand.client().Runners(ctx, g.scope)
 	if err != nil {
 		g.setForgeDown(true)
 		return fmt.Errorf("forge %s runners: %w", g.cfg().Forge, err)
@@ -120,7 +120,7 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 			if err := dep.fenced(); err != nil {
 				return err
 			}
-			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+			if err := g.demand.client().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, err)
 			} else {
 				dep.log.Info("removed offline registration", "group", g.cfg().Name, "runner", fr.Name, "id", fr.ID)
@@ -249,7 +249,7 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 		if err := dep.fenced(); err != nil {
 			return err
 		}
-		if err := g.api().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
+		if err := g.demand.client().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
 			// The sweep retries: the row says deleted, the registration
 			// stays ours to remove.
 			dep.log.Warn("removing runner registration", "runner", r.Name, "err", err)
