@@ -222,10 +222,7 @@ func (g *group) loop(ctx context.Context) {
 		}
 		g.mu.Unlock()
 		t := time.NewTimer(next)
-		g.mu.Lock()
-		forgeDown := g.forgeDown
-		g.mu.Unlock()
-		if err != nil && !forgeDown {
+		if err != nil && !g.isForgeDown() {
 			// Backing off a failure of the CPI or the store: webhooks do
 			// not shorten the wait.
 			select {
@@ -243,6 +240,12 @@ func (g *group) loop(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+func (g *group) isForgeDown() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.forgeDown
 }
 
 func (g *group) setForgeDown(down bool) {
@@ -277,7 +280,11 @@ func (g *group) pass(ctx context.Context) error {
 	spawnErr, reapErr := g.spawnErr, g.reapErr
 	g.spawnErr, g.reapErr = nil, nil
 	g.mu.Unlock()
-	errs := g.sweepIfDue(ctx, now, drained)
+	errs, forgeDown := g.sweepIfDue(ctx, now, drained)
+	if forgeDown {
+		// A forge that cannot be read decides nothing: the pass ends.
+		return errors.Join(errs...)
+	}
 	// Read before the listing, which a delivery updates with it: a
 	// runner taken as finished has its job done in the listing too, so
 	// demand counted after reaping it does not include that job.
@@ -318,22 +325,24 @@ func (g *group) pass(ctx context.Context) error {
 }
 
 // sweepIfDue sweeps when the sweep interval has passed or a pass asked
-// for it. When it removed runners, a cheap listing is read afresh: a
-// runner whose process ended may have run a job the cached listing still
-// shows queued.
-func (g *group) sweepIfDue(ctx context.Context, now time.Time, drained bool) []error {
-	if !g.sweepDue && now.Sub(g.lastSweep) < g.dep.sweepInterval {
-		return nil
+// for it, unless the last pass found the forge down (the sweep reads it
+// too: it waits for a listing to succeed). When it removed runners, a
+// cheap listing is read afresh: a runner whose process ended may have run
+// a job the cached listing still shows queued. forgeDown: the sweep
+// could not read the forge.
+func (g *group) sweepIfDue(ctx context.Context, now time.Time, drained bool) (errs []error, forgeDown bool) {
+	if g.isForgeDown() || (!g.sweepDue && now.Sub(g.lastSweep) < g.dep.sweepInterval) {
+		return nil, false
 	}
 	n, err := g.sweep(ctx)
 	if err != nil {
-		return []error{err}
+		return []error{err}, g.isForgeDown()
 	}
 	g.lastSweep, g.sweepDue = now, false
 	if n > 0 && !drained && g.forge.cheapListing() {
 		g.forge.markStale(g.scope)
 	}
-	return nil
+	return nil, false
 }
 
 // startSpawns starts a runner for each trigger job.
