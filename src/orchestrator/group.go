@@ -40,10 +40,12 @@ type group struct {
 	// that backoff.
 	forgeDown bool
 	lastSweep time.Time
-	sweepDue  bool // a pass asked the next one to sweep
-	spawnSem  chan struct{}
-	spawns    sync.WaitGroup
-	spawnErr  error // failures of background spawns, reported by the next pass
+	sweepDue  bool // a pass asked for a sweep
+	// sweepRemoved: the last sweep removed runners.
+	sweepRemoved bool
+	spawnSem     chan struct{}
+	spawns       sync.WaitGroup
+	spawnErr     error // failures of background spawns, reported by the next pass
 	// spawnFailing: the last spawn failed: the backoff keeps growing
 	// across the passes that start the next ones, until one succeeds.
 	spawnFailing bool
@@ -314,10 +316,17 @@ func (g *group) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if again || sweepNow {
-		// Supply the plan counted is gone, or the sweep must look: the
-		// next pass, at once, counts demand again (sweeping first).
-		g.sweepDue = g.sweepDue || sweepNow
+	if sweepNow {
+		// The plan's changes call for the sweep (a trigger job taken):
+		// it looks now, behind the spawns started above.
+		g.sweepDue = true
+		sweepErrs, _ := g.sweepIfDue(ctx, now, drained)
+		actErrs = append(actErrs, sweepErrs...)
+		again = again || g.sweepRemoved
+	}
+	if again {
+		// Supply the plan counted is gone: the next pass, at once,
+		// counts demand again.
 		g.wake()
 	}
 	g.refreshStatus(d.queued)
@@ -331,10 +340,12 @@ func (g *group) pass(ctx context.Context) error {
 // a job the cached listing still shows queued. forgeDown: the sweep
 // could not read the forge.
 func (g *group) sweepIfDue(ctx context.Context, now time.Time, drained bool) (errs []error, forgeDown bool) {
+	g.sweepRemoved = false
 	if g.isForgeDown() || (!g.sweepDue && now.Sub(g.lastSweep) < g.dep.sweepInterval) {
 		return nil, false
 	}
 	n, err := g.sweep(ctx)
+	g.sweepRemoved = n > 0
 	if err != nil {
 		return []error{err}, g.isForgeDown()
 	}
