@@ -20,7 +20,7 @@ func BenchmarkReconcilePass(b *testing.B) {
 	for i := 0; i < nGroups; i++ {
 		labels := []string{fmt.Sprintf("pool-%d", i), "linux:host"}
 		scope := forge.Scope{Kind: "org", Owner: fmt.Sprintf("org%d", i%10)}
-		g := &group{o: o, scope: scope}
+		g := &group{scope: scope}
 		g.setConf(config.GroupConfig{Name: fmt.Sprintf("g%d", i), Forge: "f", Labels: labels, MaxActiveRunners: 50,
 			Timeouts: config.Timeouts{Idle: config.Duration{Duration: time.Hour}, MaxLifetime: config.Duration{Duration: time.Hour}}})
 		o.groups = append(o.groups, g)

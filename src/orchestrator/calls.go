@@ -14,21 +14,21 @@ import (
 
 // call runs one CPI method, with metrics.
 func (g *group) call(ctx context.Context, method string, args ...any) (*cpiclient.Response, error) {
-	if err := g.o.fenced(); err != nil {
+	if err := g.dep.fenced(); err != nil {
 		return nil, err
 	}
 	start := time.Now()
 	resp, err := g.cpi.Call(ctx, method, "runway-"+g.cfg().Name+"-"+randHex(4), args...)
-	g.o.metrics.cpiDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	g.dep.metrics.cpiDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	if err != nil {
 		kind := "transport"
 		var ce *rpc.Error
 		if errors.As(err, &ce) {
 			kind = ce.Type
 		}
-		g.o.metrics.cpiErrors.WithLabelValues(method, kind).Inc()
+		g.dep.metrics.cpiErrors.WithLabelValues(method, kind).Inc()
 		if kind != rpc.TypeVMNotFound {
-			g.o.Failure(g.cfg().Name, "cpi "+method, err)
+			g.dep.failure(g.cfg().Name, "cpi "+method, err)
 		}
 	}
 	return resp, err
@@ -43,7 +43,7 @@ func (g *group) findVMs(ctx context.Context, agentID string) ([]listedVM, error)
 		return nil, err
 	}
 	if vms == nil {
-		g.o.log.Warn("the CPI cannot list VMs: a VM whose create_vm was interrupted cannot be found", "group", g.cfg().Name)
+		g.dep.log.Warn("the CPI cannot list VMs: a VM whose create_vm was interrupted cannot be found", "group", g.cfg().Name)
 	}
 	var out []listedVM
 	for _, v := range vms {
@@ -76,7 +76,7 @@ func (g *group) hasVM(ctx context.Context, cid string) (bool, error) {
 // listVMs lists this orchestrator's VMs of the group (nil when the CPI
 // has no list_vms).
 func (g *group) listVMs(ctx context.Context) ([]listedVM, error) {
-	resp, err := g.call(ctx, "list_vms", map[string]string{"director": g.o.cfg.CPI.DirectorUUID, "runway_group": g.cfg().Name})
+	resp, err := g.call(ctx, "list_vms", map[string]string{"director": g.dep.cpi.DirectorUUID, "runway_group": g.cfg().Name})
 	var ce *rpc.Error
 	if errors.As(err, &ce) && ce.Type == rpc.TypeNotImplemented {
 		return nil, nil

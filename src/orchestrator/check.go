@@ -85,7 +85,7 @@ func checkGroup(ctx context.Context, c forge.Client, s forge.Scope) error {
 // file, which is read again), but the operator sees why at once.
 func (o *Orchestrator) checkAccess(ctx context.Context) {
 	for _, g := range o.groupList() {
-		if err := checkGroup(ctx, g.api(), g.scope); err != nil {
+		if err := checkGroup(ctx, g.demand.client(), g.scope); err != nil {
 			o.log.Error("the forge refuses what this group needs (runway check lists it)", "group", g.cfg().Name, "forge", g.cfg().Forge, "err", err)
 			o.Failure(g.cfg().Name, "forge", err)
 		}

@@ -17,7 +17,7 @@ import (
 // scope and CPI are fixed; the rest of its config may be replaced while
 // it runs (Orchestrator.Replace), read through cfg.
 type group struct {
-	o     *Orchestrator
+	dep   *groupDeps
 	conf  atomic.Pointer[groupConf]
 	forge *forgeView
 	cpi   CPI
@@ -40,9 +40,12 @@ type group struct {
 	// that backoff.
 	forgeDown bool
 	lastSweep time.Time
-	spawnSem  chan struct{}
-	spawns    sync.WaitGroup
-	spawnErr  error // failures of background spawns, reported by the next pass
+	sweepDue  bool // a pass asked for a sweep
+	// sweepRemoved: the last sweep removed runners.
+	sweepRemoved bool
+	spawnSem     chan struct{}
+	spawns       sync.WaitGroup
+	spawnErr     error // failures of background spawns, reported by the next pass
 	// spawnFailing: the last spawn failed: the backoff keeps growing
 	// across the passes that start the next ones, until one succeeds.
 	spawnFailing bool
@@ -71,8 +74,10 @@ type group struct {
 	holdUntil  time.Time
 	stuck      bool // the last pass had such runners
 	reported   map[string]bool
-	// ss: the group's scale set (demand: scale_set), else nil.
-	ss *scaleSetGroup
+	// demand: where its jobs come from; ss: the group's scale set
+	// (demand: scale_set, then also its demand), else nil.
+	demand demand
+	ss     *scaleSetGroup
 }
 
 // groupConf is one version of a group's config, with what is derived
@@ -172,26 +177,24 @@ const (
 func (g *group) loop(ctx context.Context) {
 	g.spawnSem = make(chan struct{}, g.cfg().SpawnConcurrency)
 	defer g.spawns.Wait()
-	defer g.stopListening() // its session deleted before the daemon exits
+	defer g.demand.stop() // a scale set's session deleted before the daemon exits
 	// Passes also pace the sweep; between forge polls they use the cached
 	// listing, so a long poll interval costs no forge requests.
-	poll := min(g.pollInterval(), g.o.cfg.SweepInterval.Duration)
+	poll := min(g.pollInterval(), g.dep.sweepInterval)
 	for ctx.Err() == nil {
 		var err error
 		if lctx, acting := g.lead(ctx); acting && g.cfg().Retire {
 			var done bool
 			if done, err = g.retirePass(lctx); done && g.dropping.Load() {
-				g.o.dropGroup(g)
+				g.dep.drop(g)
 				return
 			}
 		} else if acting {
-			if g.ss != nil {
-				g.listen(lctx)
-			}
+			g.demand.start(lctx)
 			err = g.pass(lctx)
 		} else if g.standby(); g.dropping.Load() && g.Status().ActiveRunners == 0 {
 			// Another replica acts for it and has removed every runner.
-			g.o.dropGroup(g)
+			g.dep.drop(g)
 			return
 		}
 		g.mu.Lock()
@@ -199,11 +202,11 @@ func (g *group) loop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			g.backoff = min(max(g.backoff*2, minBackoff), maxBackoff)
 			next = g.backoff
-			g.status.LastError = g.o.redact.Redact(err.Error())
-			g.status.LastErrorBrief = g.o.redact.Redact(forge.Brief(err))
-			g.status.BackoffUntil = g.o.now().Add(next)
-			g.o.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
-			g.o.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
+			g.status.LastError = g.dep.redact.Redact(err.Error())
+			g.status.LastErrorBrief = g.dep.redact.Redact(forge.Brief(err))
+			g.status.BackoffUntil = g.dep.now().Add(next)
+			g.dep.metrics.reconcileErrors.WithLabelValues(g.cfg().Name).Inc()
+			g.dep.log.Warn("reconcile failed; backing off", "group", g.cfg().Name, "err", err, "retry_in", next)
 		} else {
 			if !g.spawnFailing {
 				g.backoff = 0
@@ -221,10 +224,7 @@ func (g *group) loop(ctx context.Context) {
 		}
 		g.mu.Unlock()
 		t := time.NewTimer(next)
-		g.mu.Lock()
-		forgeDown := g.forgeDown
-		g.mu.Unlock()
-		if err != nil && !forgeDown {
+		if err != nil && !g.isForgeDown() {
 			// Backing off a failure of the CPI or the store: webhooks do
 			// not shorten the wait.
 			select {
@@ -244,30 +244,37 @@ func (g *group) loop(ctx context.Context) {
 	}
 }
 
+func (g *group) isForgeDown() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.forgeDown
+}
+
 func (g *group) setForgeDown(down bool) {
 	g.mu.Lock()
 	g.forgeDown = down
 	g.mu.Unlock()
 }
 
-// pass is one reconcile of the group.
+// pass is one reconcile of the group: what ended is swept first, then
+// one plan over what is left (the runners, the jobs its demand counts)
+// decides, and is carried out.
 func (g *group) pass(ctx context.Context) error {
-	o := g.o
+	dep := g.dep
 	// Acting on a lost store would forget every runner made from here on:
 	// stop until the operator restores it (health says why).
-	if err := o.store.Check(); err != nil {
+	if err := dep.store.Check(); err != nil {
 		return err
 	}
 	drained, err := g.syncDrained()
 	if err != nil {
 		return err
 	}
-	if g.ss != nil {
-		if err := g.syncScaleSet(ctx, g.cfg().GroupConfig); err != nil {
-			return err
-		}
+	c := g.cfg()
+	if err := g.demand.sync(ctx, c.GroupConfig); err != nil {
+		return err
 	}
-	now := o.now()
+	now := dep.now()
 	g.mu.Lock()
 	g.status.LastCheckTime = now
 	// A spawn failed since the last pass: report it (the loop backs off)
@@ -275,79 +282,78 @@ func (g *group) pass(ctx context.Context) error {
 	spawnErr, reapErr := g.spawnErr, g.reapErr
 	g.spawnErr, g.reapErr = nil, nil
 	g.mu.Unlock()
+	errs, forgeDown := g.sweepIfDue(ctx, now, drained)
+	if forgeDown {
+		// A forge that cannot be read decides nothing: the pass ends.
+		return errors.Join(errs...)
+	}
 	// Read before the listing, which a delivery updates with it: a
 	// runner taken as finished has its job done in the listing too, so
 	// demand counted after reaping it does not include that job.
-	finished := g.finishedRunners(now)
+	finished := g.demand.finished(now)
 	l, err := g.listing(ctx, now)
 	if err != nil {
-		return err
+		return errors.Join(append(errs, err)...)
 	}
-	runners, err := o.store.Active(g.cfg().Name)
+	runners, err := dep.store.Active(c.Name)
 	if err != nil {
 		return err
 	}
-	inflight := g.inflightNow()
-	c := g.cfg()
+	// Runners being deleted in the background (reaped by an earlier
+	// pass) are no supply: planConfig leaves them out.
 	pc, runners := g.planConfig(c.GroupConfig, runners)
-	d := plan(&pc, now, l, l.owned[c.Name], runners, inflight, finished, drained)
+	d := plan(&pc, now, l, l.owned[c.Name], runners, g.inflightNow(), finished, drained)
 	g.checkPickup(&d, now)
-	o.metrics.queued.WithLabelValues(g.cfg().Name).Set(float64(d.queued))
-	// Spawns start before the pass deletes runners and sweeps (a
-	// delete_vm waits for its VM to go: it would delay a webhook's runner
-	// by seconds). A runner about to be deleted still holds its place
-	// under max_active_runners, so this never exceeds it; once runners
-	// are removed, demand is counted again below, these spawns' rows
-	// among the supply.
-	started := spawnErr == nil
-	if started {
+	dep.metrics.queued.WithLabelValues(c.Name).Set(float64(d.queued))
+	// Spawns start before the plan's changes to existing runners (their
+	// forge and CPI calls would delay a webhook's runner by seconds). A
+	// runner about to be deleted still holds its place under
+	// max_active_runners, so this never exceeds it.
+	if spawnErr == nil {
 		g.startSpawns(ctx, d.spawn, l)
 	}
-	removed, sweepNow, errs, err := g.act(ctx, d, runners, now)
+	again, sweepNow, actErrs, err := g.act(ctx, d, runners, now)
 	if err != nil {
 		return err
 	}
-	if sweepNow || now.Sub(g.lastSweep) >= o.cfg.SweepInterval.Duration {
-		n, err := g.sweep(ctx)
-		if err != nil {
-			errs = append(errs, err)
-		} else {
-			g.lastSweep = now
-		}
-		if n > 0 && !drained {
-			// A runner whose process ended may have run a job the pass's
-			// listing still shows queued: count demand from a newer one
-			// (listed again where that is cheap, else with the deliveries
-			// since).
-			if g.forge.cheapListing() {
-				g.forge.markStale(g.scope)
-			}
-			if l, err = g.listing(ctx, now); err != nil {
-				return errors.Join(append(errs, err)...)
-			}
-			removed = true
-		}
+	if sweepNow {
+		// The plan's changes call for the sweep (a trigger job taken):
+		// it looks now, behind the spawns started above.
+		g.sweepDue = true
+		sweepErrs, _ := g.sweepIfDue(ctx, now, drained)
+		actErrs = append(actErrs, sweepErrs...)
+		again = again || g.sweepRemoved
 	}
-	if removed && !drained {
-		// Demand after the removals: a runner reaped in this pass (its job
-		// done) no longer covers a job queued meanwhile.
-		if fresh, err := o.store.Active(g.cfg().Name); err == nil {
-			pc, fresh := g.planConfig(c.GroupConfig, fresh)
-			d.spawn = plan(&pc, now, l, l.owned[c.Name], fresh, g.inflightNow(), nil, drained).spawn
-			if g.spawnsHeld(now) {
-				d.spawn = nil
-			}
-		} else {
-			errs = append(errs, err)
-			d.spawn = nil
-		}
-		started = false
-	}
-	if spawnErr == nil && !started {
-		g.startSpawns(ctx, d.spawn, l)
+	if again {
+		// Supply the plan counted is gone: the next pass, at once,
+		// counts demand again.
+		g.wake()
 	}
 	g.refreshStatus(d.queued)
-	return errors.Join(append(errs, spawnErr, reapErr)...)
+	return errors.Join(append(append(errs, actErrs...), spawnErr, reapErr)...)
+}
+
+// sweepIfDue sweeps when the sweep interval has passed or a pass asked
+// for it, unless the last pass found the forge down (the sweep reads it
+// too: it waits for a listing to succeed). When it removed runners, a
+// cheap listing is read afresh: a runner whose process ended may have run
+// a job the cached listing still shows queued. forgeDown: the sweep
+// could not read the forge.
+func (g *group) sweepIfDue(ctx context.Context, now time.Time, drained bool) (errs []error, forgeDown bool) {
+	g.sweepRemoved = false
+	if g.isForgeDown() || (!g.sweepDue && now.Sub(g.lastSweep) < g.dep.sweepInterval) {
+		return nil, false
+	}
+	n, err := g.sweep(ctx)
+	g.sweepRemoved = n > 0
+	if err != nil {
+		return []error{err}, g.isForgeDown()
+	}
+	g.lastSweep, g.sweepDue = now, false
+	if n > 0 && !drained && g.forge.cheapListing() {
+		g.forge.markStale(g.scope)
+	}
+	return nil, false
 }
 
 // startSpawns starts a runner for each trigger job.
@@ -357,21 +363,18 @@ func (g *group) startSpawns(ctx context.Context, triggers []int64, l listing) {
 	}
 }
 
-// listing is the scope's jobs split among the groups. A forge that cannot
-// be read decides nothing and deletes nothing: the error stops the pass.
+// listing is the jobs the group's demand counts. A forge that cannot be
+// read decides nothing and deletes nothing: the error stops the pass.
 func (g *group) listing(ctx context.Context, now time.Time) (listing, error) {
-	if g.ss != nil {
-		return g.scaleSetListing(), nil
-	}
 	g.setForgeDown(false)
-	sj, err := g.forge.jobs(ctx, g.scope, g.pollInterval(), now)
+	l, err := g.demand.listing(ctx, now)
 	g.setForgeDown(err != nil)
 	if err != nil {
 		err = fmt.Errorf("forge %s: %w", g.cfg().Forge, err)
-		g.o.Failure(g.cfg().Name, "forge", err)
+		g.dep.failure(g.cfg().Name, "forge", err)
 		return listing{}, err
 	}
-	return g.o.partition(g.forge, sj), nil
+	return l, nil
 }
 
 // inflightNow copies the runners whose spawn runs in this process.
@@ -387,11 +390,11 @@ func (g *group) inflightNow() map[string]bool {
 
 // act carries out a plan's changes to existing runners: busy marks,
 // recoveries, cleared triggers, confirmations, reaping. It answers
-// whether supply was removed (demand is counted again), whether the
-// sweep must look now, the errors to report, and a store error that
-// stops the pass.
-func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now time.Time) (removed, sweepNow bool, errs []error, fatal error) {
-	o := g.o
+// whether supply the plan counted was removed (again: demand is counted
+// anew), whether the sweep must look now, the errors to report, and a
+// store error that stops the pass.
+func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now time.Time) (again, sweepNow bool, errs []error, fatal error) {
+	dep := g.dep
 	byName := map[string]store.Runner{}
 	for _, r := range runners {
 		byName[r.Name] = r
@@ -399,22 +402,21 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 	for name, j := range d.busy {
 		r := byName[name]
 		g.tookJob(&r, j, now)
-		if err := o.store.Save(r); err != nil {
+		if err := dep.store.Save(r); err != nil {
 			return false, false, nil, err
 		}
-		o.log.Info("runner took a job", "group", g.cfg().Name, "runner", name, "job", j.ID, "repo", j.Repo)
+		dep.log.Info("runner took a job", "group", g.cfg().Name, "runner", name, "job", j.ID, "repo", j.Repo)
 	}
-	removed = len(d.reap) > 0
 	for _, r := range d.recover {
 		gone, err := g.recover(ctx, r)
 		if err != nil {
 			errs = append(errs, err)
 		}
-		removed = removed || gone
+		again = again || gone
 	}
 	for _, r := range d.taken {
 		r.TriggerJob = 0
-		if err := o.store.Save(r); err != nil {
+		if err := dep.store.Save(r); err != nil {
 			return false, false, nil, err
 		}
 		sweepNow = true
@@ -426,7 +428,7 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 			errs = append(errs, err)
 		case reason != "":
 			d.reap[r.Name] = reason
-			removed = true
+			again = again || r.State == store.Idle // an idle runner was supply
 		case taken:
 			// Another runner took the job this one was made for: this one
 			// may have run another job meanwhile and be gone. The sweep
@@ -440,13 +442,13 @@ func (g *group) act(ctx context.Context, d decision, runners []store.Runner, now
 	for name, reason := range d.reap {
 		g.reapInBackground(ctx, byName[name], reason)
 	}
-	return removed, sweepNow, errs, nil
+	return again, sweepNow, errs, nil
 }
 
 // refreshStatus recounts the group's runners for status and metrics
 // (queued < 0: not known, as on a replica not acting for the group).
 func (g *group) refreshStatus(queued int) {
-	runners, err := g.o.store.Active(g.cfg().Name)
+	runners, err := g.dep.store.Active(g.cfg().Name)
 	if err != nil {
 		return
 	}
@@ -467,9 +469,9 @@ func (g *group) refreshStatus(queued int) {
 	}
 	g.mu.Unlock()
 	if queued >= 0 {
-		g.o.hist.Record(g.cfg().Name, g.o.now(), queued, len(runners))
+		g.dep.hist.Record(g.cfg().Name, g.dep.now(), queued, len(runners))
 	}
 	for _, s := range []string{store.Spawning, store.Idle, store.Busy, store.Deleting} {
-		g.o.metrics.runners.WithLabelValues(g.cfg().Name, s).Set(float64(c[s]))
+		g.dep.metrics.runners.WithLabelValues(g.cfg().Name, s).Set(float64(c[s]))
 	}
 }

@@ -108,13 +108,13 @@ func (o *Orchestrator) listen(ctx context.Context) {
 // group's work; losing the lead cancels it (in-flight spawns end, their
 // rows left for the new leader to recover) and waits for it to stop.
 func (g *group) lead(ctx context.Context) (context.Context, bool) {
-	ok, err := g.o.leader.Lead(ctx, g.cfg().Name)
-	if ferr := g.o.fenced(); ferr != nil {
+	ok, err := g.dep.leader.Lead(ctx, g.cfg().Name)
+	if ferr := g.dep.fenced(); ferr != nil {
 		ok, err = false, ferr
 	}
 	msg := ""
 	if err != nil && ctx.Err() == nil {
-		msg = "leadership unknown (not acting): " + g.o.redact.Redact(err.Error())
+		msg = "leadership unknown (not acting): " + g.dep.redact.Redact(err.Error())
 	}
 	g.mu.Lock()
 	was := g.leadCancel != nil
@@ -123,9 +123,9 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 	g.leadErr = msg
 	g.mu.Unlock()
 	if logIt && msg != "" {
-		g.o.log.Warn(msg, "group", g.cfg().Name)
+		g.dep.log.Warn(msg, "group", g.cfg().Name)
 	} else if logIt {
-		g.o.log.Info("leadership known again", "group", g.cfg().Name)
+		g.dep.log.Info("leadership known again", "group", g.cfg().Name)
 	}
 	switch {
 	case ok && !was:
@@ -133,8 +133,8 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 		g.mu.Lock()
 		g.leadCtx, g.leadCancel, g.status.Acting, g.status.ActingSince = lctx, cancel, true, time.Now()
 		g.mu.Unlock()
-		g.o.metrics.acting.WithLabelValues(g.cfg().Name).Set(1)
-		g.o.log.Info("acting for the group", "group", g.cfg().Name, "replica", g.o.replica)
+		g.dep.metrics.acting.WithLabelValues(g.cfg().Name).Set(1)
+		g.dep.log.Info("acting for the group", "group", g.cfg().Name, "replica", g.dep.replica)
 		// Deliveries may have been missed while no one acted (a restart,
 		// a crashed leader): the first pass lists the queue afresh.
 		g.forge.markStale(g.scope)
@@ -145,8 +145,8 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 		g.mu.Unlock()
 		cancel()
 		g.spawns.Wait()
-		g.o.metrics.acting.WithLabelValues(g.cfg().Name).Set(0)
-		g.o.log.Warn("no longer acting for the group", "group", g.cfg().Name, "replica", g.o.replica)
+		g.dep.metrics.acting.WithLabelValues(g.cfg().Name).Set(0)
+		g.dep.log.Warn("no longer acting for the group", "group", g.cfg().Name, "replica", g.dep.replica)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -157,10 +157,10 @@ func (g *group) lead(ctx context.Context) (context.Context, bool) {
 // another replica acts for it.
 func (g *group) standby() {
 	g.mu.Lock()
-	g.status.LastCheckTime = g.o.now()
+	g.status.LastCheckTime = g.dep.now()
 	g.mu.Unlock()
 	if _, err := g.syncDrained(); err != nil {
-		g.o.log.Warn("standby", "group", g.cfg().Name, "err", err)
+		g.dep.log.Warn("standby", "group", g.cfg().Name, "err", err)
 	}
 	g.refreshStatus(-1)
 }
@@ -168,7 +168,7 @@ func (g *group) standby() {
 // syncDrained takes the group's drain flag from the store: another
 // replica may have changed it.
 func (g *group) syncDrained() (bool, error) {
-	d, err := g.o.store.Drained(g.cfg().Name)
+	d, err := g.dep.store.Drained(g.cfg().Name)
 	if err != nil {
 		return false, fmt.Errorf("reading the drain flag: %w", err)
 	}
@@ -177,9 +177,7 @@ func (g *group) syncDrained() (bool, error) {
 	g.drained = d
 	g.mu.Unlock()
 	if changed {
-		g.o.ownMu.Lock()
-		g.o.ownGen++
-		g.o.ownMu.Unlock()
+		g.dep.ownershipChanged()
 	}
 	return d, nil
 }

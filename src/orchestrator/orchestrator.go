@@ -54,8 +54,8 @@ type Orchestrator struct {
 	runCtx   context.Context   // set by Run: new groups' loops start under it
 	loops    sync.WaitGroup    // the groups' loops
 
-	stemcellMu  sync.Mutex           // one upload per image
-	imageHashes map[string]imageHash // by image path, under stemcellMu
+	stemcells stemcells
+	gdeps     *groupDeps // what the groups are made with (deps)
 
 	ownMu  sync.Mutex
 	ownGen int // bumped when a drain flag changes: ownership may move
@@ -155,6 +155,7 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 	}
 	o.newForge, o.cpiOpt, o.events, o.fence, o.takeOver = opt.NewForge, opt.CPI, opt.Events, opt.Fence, opt.TakeOver
 	o.store.SetFence(o.fenced)
+	o.gdeps = o.deps()
 	for _, fc := range cfg.Forges {
 		f, ok := opt.Forges[fc.Name]
 		if !ok || f.Client == nil {
@@ -167,7 +168,7 @@ func New(cfg *config.Config, opt Options) (*Orchestrator, error) {
 		o.forges[fc.Name] = o.forgeView(fc, f)
 	}
 	for _, gc := range cfg.Groups {
-		g, err := o.newGroup(gc)
+		g, err := o.buildGroup(gc)
 		if err != nil {
 			o.Close()
 			return nil, err
@@ -198,9 +199,9 @@ func (o *Orchestrator) forgeView(fc config.ForgeConfig, f Forge) *forgeView {
 	return fv
 }
 
-// newGroup makes a group of this orchestrator (its forge must be in
+// buildGroup makes a group of this orchestrator (its forge must be in
 // o.forges), its drain flag read from the store.
-func (o *Orchestrator) newGroup(gc config.GroupConfig) (*group, error) {
+func (o *Orchestrator) buildGroup(gc config.GroupConfig) (*group, error) {
 	drained, err := o.store.Drained(gc.Name)
 	if err != nil {
 		return nil, err
@@ -209,13 +210,21 @@ func (o *Orchestrator) newGroup(gc config.GroupConfig) (*group, error) {
 	if o.cpiOpt != nil {
 		cpi = o.cpiOpt
 	}
-	g := &group{o: o, forge: o.forges[gc.Forge], cpi: cpi, scope: gc.ForgeScope(), kick: make(chan struct{}, 1),
+	return newGroup(o.gdeps, gc, o.forges[gc.Forge], cpi, drained)
+}
+
+// newGroup makes a group from its dependencies, its forge and its CPI.
+func newGroup(dep *groupDeps, gc config.GroupConfig, fv *forgeView, cpi CPI, drained bool) (*group, error) {
+	g := &group{dep: dep, forge: fv, cpi: cpi, scope: gc.ForgeScope(), kick: make(chan struct{}, 1),
 		done: make(chan struct{}), inflight: map[string]bool{}, spawnedAt: map[string]time.Time{}, drained: drained}
 	g.setConf(gc)
+	g.demand = queueDemand{fv: fv, scope: g.scope, maxAge: g.pollInterval, partition: dep.partition}
 	if gc.Demand == config.DemandScaleSet {
-		if g.ss, err = o.newScaleSetGroup(g, gc); err != nil {
+		var err error
+		if g.ss, err = newScaleSetGroup(dep, g, gc); err != nil {
 			return nil, err
 		}
+		g.demand = g.ss
 	}
 	return g, nil
 }
@@ -322,9 +331,7 @@ func (o *Orchestrator) SetDrained(name string, drained bool) (GroupStatus, error
 	g.mu.Lock()
 	g.drained = drained
 	g.mu.Unlock()
-	o.ownMu.Lock()
-	o.ownGen++
-	o.ownMu.Unlock()
+	o.bumpOwnership()
 	o.log.Info("group drain changed", "group", name, "drained", drained)
 	g.wake()
 	o.relay(relayed{Group: name})

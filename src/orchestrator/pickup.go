@@ -56,19 +56,12 @@ func (g *group) checkPickup(d *decision, now time.Time) {
 	if held {
 		d.spawn = nil
 	}
-	g.o.metrics.notTaking.WithLabelValues(c.Name).Set(float64(len(d.notTaking)))
+	g.dep.metrics.notTaking.WithLabelValues(c.Name).Set(float64(len(d.notTaking)))
 	for _, r := range fresh {
 		msg := fmt.Sprintf("online since %s with labels %s, it took none of the %d jobs queued for them: "+
 			"the group makes no runner while it is there, nor for %s after", r.OnlineAt.UTC().Format(time.RFC3339),
 			strings.Join(forge.LabelNames(c.Labels), ","), d.queued, hold)
-		g.o.log.Warn("a runner takes no job", "group", c.Name, "runner", r.Name, "detail", msg)
-		g.o.event(c.Name, r.Name, RunnerNotTaking, msg)
+		g.dep.log.Warn("a runner takes no job", "group", c.Name, "runner", r.Name, "detail", msg)
+		g.dep.event(c.Name, r.Name, RunnerNotTaking, msg)
 	}
-}
-
-// spawnsHeld: runners of the group took no job lately; it makes none.
-func (g *group) spawnsHeld(now time.Time) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return now.Before(g.holdUntil)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator/config"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
@@ -47,9 +48,9 @@ func TestPlanRunnersNotTakingJobs(t *testing.T) {
 func TestCheckPickupHoldsAndDoubles(t *testing.T) {
 	var mu sync.Mutex
 	var events []RunnerEvent
-	o := &Orchestrator{metrics: NewMetrics(), log: logging.Fields{Logger: logging.Discard()}, redact: &logging.Redactor{},
+	o := &Orchestrator{cfg: &config.Config{}, metrics: NewMetrics(), log: logging.Fields{Logger: logging.Discard()}, redact: &logging.Redactor{},
 		events: func(e RunnerEvent) { mu.Lock(); events = append(events, e); mu.Unlock() }}
-	g := &group{o: o}
+	g := &group{dep: o.deps()}
 	cfg := *testGroup(5, 0)
 	cfg.Labels, cfg.Timeouts.Pickup.Duration = []string{"app:host"}, time.Minute
 	g.setConf(cfg)

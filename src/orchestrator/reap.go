@@ -32,7 +32,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		return nil
 	}
 	keep := func(name, why string) {
-		g.o.log.Info("kept a runner about to be retired", "group", g.cfg().Name, "runner", name, "reason", reap[name], "why", why)
+		g.dep.log.Info("kept a runner about to be retired", "group", g.cfg().Name, "runner", name, "reason", reap[name], "why", why)
 		delete(reap, name)
 	}
 	keepAll := func(err error) error {
@@ -42,7 +42,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		g.setForgeDown(true)
 		return fmt.Errorf("forge %s, before retiring idle runners (kept): %w", g.cfg().Forge, err)
 	}
-	registered, err := g.api().Runners(ctx, g.scope)
+	registered, err := g.demand.client().Runners(ctx, g.scope)
 	if err != nil {
 		return keepAll(err)
 	}
@@ -62,10 +62,10 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 			keep(name, "the forge shows it busy")
 			continue
 		}
-		if err := g.o.fenced(); err != nil {
+		if err := g.dep.fenced(); err != nil {
 			return keepAll(err)
 		}
-		did, err := g.api().DisableRunner(ctx, g.scope, fr.ID)
+		did, err := g.demand.client().DisableRunner(ctx, g.scope, fr.ID)
 		if err != nil {
 			keep(name, "disabling failed")
 			errs = append(errs, fmt.Errorf("disabling idle runner %s: %w", name, err))
@@ -76,7 +76,7 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 	}
 	if disabled {
 		g.forge.markStale(g.scope)
-		l, err := g.listing(ctx, g.o.now())
+		l, err := g.listing(ctx, g.dep.now())
 		if err != nil {
 			return errors.Join(append(errs, keepAll(err))...)
 		}
@@ -90,10 +90,10 @@ func (g *group) retireIdle(ctx context.Context, reap map[string]string, byName m
 		if _, ok := reap[name]; !ok {
 			continue
 		}
-		if err := g.o.fenced(); err != nil {
+		if err := g.dep.fenced(); err != nil {
 			return keepAll(err)
 		}
-		if err := g.api().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
+		if err := g.demand.client().DeleteRunner(ctx, g.scope, at[name].ID); err != nil {
 			var ae *forge.APIError
 			if errors.Is(err, forge.ErrRunnerBusy) || (errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity) {
 				// GitHub: "is still running a job". Not a failure.
@@ -123,7 +123,7 @@ func (g *group) tookJob(r *store.Runner, j forge.Job, now time.Time) {
 func (g *group) cameOnline(r *store.Runner, now time.Time) {
 	if r.OnlineAt.IsZero() {
 		r.OnlineAt = now
-		if g.o.firstStart(r.Name) {
+		if g.dep.firstStart(r.Name) {
 			g.observe(RunnerStartup, now.Sub(g.spawnStart(*r)))
 		}
 	}
@@ -168,7 +168,7 @@ func (g *group) reapInBackground(ctx context.Context, r store.Runner, reason str
 		}
 		g.mu.Unlock()
 		if err == nil {
-			g.forgetRunner(r.Name)
+			g.demand.forget(r.Name)
 		}
 		g.wake() // its place is free
 	}()
@@ -208,6 +208,6 @@ func (g *group) takenForReaping(name string) bool {
 	if g.isReaping(name) {
 		return true
 	}
-	r, err := g.o.store.Get(name)
+	r, err := g.dep.store.Get(name)
 	return err == nil && (r.State == store.Deleting || r.State == store.Deleted)
 }

@@ -97,7 +97,7 @@ func (o *Orchestrator) Replace(forges []config.ForgeConfig, groups []config.Grou
 			next = append(next, g)
 			continue
 		}
-		g, err := o.newGroup(gc)
+		g, err := o.buildGroup(gc)
 		if err != nil {
 			return err // the store failed: the groups so far are kept
 		}
@@ -222,7 +222,7 @@ func (g *group) update(gc config.GroupConfig) {
 		g.retired = false
 		g.mu.Unlock()
 	}
-	g.o.log.Info("group changed", "group", gc.Name, "max_active_runners", gc.MaxActiveRunners, "retire", gc.Retire)
+	g.dep.log.Info("group changed", "group", gc.Name, "max_active_runners", gc.MaxActiveRunners, "retire", gc.Retire)
 	g.wake()
 }
 
@@ -263,14 +263,14 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	if done {
 		return true, nil
 	}
-	o, name := g.o, g.cfg().Name
-	g.stopListening() // a retiring group takes no job: its session goes
+	dep, name := g.dep, g.cfg().Name
+	g.demand.stop() // a retiring group takes no job: its session goes
 	g.stopSpawns()
 	g.spawns.Wait()
-	if err := o.store.Check(); err != nil {
+	if err := dep.store.Check(); err != nil {
 		return false, err
 	}
-	runners, err := o.store.Active(name)
+	runners, err := dep.store.Active(name)
 	if err != nil {
 		return false, err
 	}
@@ -278,19 +278,19 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	for _, r := range runners {
 		errs = append(errs, g.destroy(ctx, r, reasonRetired))
 	}
-	registered, err := g.api().Runners(ctx, g.scope)
+	registered, err := g.demand.client().Runners(ctx, g.scope)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("forge %s runners: %w", g.forge.name, err))
 	}
 	for _, fr := range registered {
-		if row, err := o.store.Get(fr.Name); err == nil && row.Group == name {
-			if err := o.fenced(); err != nil {
+		if row, err := dep.store.Get(fr.Name); err == nil && row.Group == name {
+			if err := dep.fenced(); err != nil {
 				return false, errors.Join(append(errs, err)...)
 			}
-			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+			if err := g.demand.client().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, fmt.Errorf("removing the registration of %s: %w", fr.Name, err))
 			} else {
-				o.log.Info("removed a retired group's registration", "group", name, "runner", fr.Name, "id", fr.ID)
+				dep.log.Info("removed a retired group's registration", "group", name, "runner", fr.Name, "id", fr.ID)
 			}
 		}
 	}
@@ -299,7 +299,7 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 		errs = append(errs, err)
 	}
 	for _, vm := range vms {
-		if vm.Tags["runway_store"] != o.store.ID() {
+		if vm.Tags["runway_store"] != dep.store.ID() {
 			continue // another store's: never ours to delete
 		}
 		_, err := g.call(ctx, "delete_vm", vm.CID)
@@ -322,7 +322,7 @@ func (g *group) retirePass(ctx context.Context) (bool, error) {
 	g.retired = true
 	g.mu.Unlock()
 	g.refreshStatus(0)
-	o.log.Info("group retired: no runner, VM or registration left", "group", name)
+	dep.log.Info("group retired: no runner, VM or registration left", "group", name)
 	return true, nil
 }
 

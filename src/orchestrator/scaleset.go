@@ -18,12 +18,15 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
 // scaleSetGroup is a scale-set group's client and listener, and the
 // listener's run while this process acts for the group.
 type scaleSetGroup struct {
-	client   *scaleset.Client
+	group    string           // the group's name
+	fv       *forgeView       // the group's forge
+	sets     *scaleset.Client // its scale sets
 	listener *scaleset.Listener
 	api      *scaleset.Forge
 
@@ -75,7 +78,7 @@ func scaleSetSpec(gc config.GroupConfig, fc config.ForgeConfig) scaleset.Spec {
 }
 
 // newScaleSetGroup builds a scale-set group's client and listener.
-func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scaleSetGroup, error) {
+func newScaleSetGroup(dep *groupDeps, g *group, gc config.GroupConfig) (*scaleSetGroup, error) {
 	fc := g.forge.cur.Load()
 	if fc.scaleSets == nil {
 		return nil, fmt.Errorf("group %s: forge %s serves no scale sets (a GitHub forge does)", gc.Name, fc.cfg.Name)
@@ -84,8 +87,8 @@ func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scale
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", gc.Name, err)
 	}
-	ss := &scaleSetGroup{client: c}
-	ss.listener = scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, fc.cfg), Owner: o.sessionOwner(),
+	ss := &scaleSetGroup{sets: c, group: gc.Name, fv: g.forge}
+	ss.listener = scaleset.NewListener(scaleset.ListenerConfig{Client: c, Spec: scaleSetSpec(gc, fc.cfg), Owner: sessionOwner(dep.replica),
 		MaxJobs: func() int {
 			c := g.cfg()
 			if c.Retire || g.isDrained() {
@@ -94,28 +97,28 @@ func (o *Orchestrator) newScaleSetGroup(g *group, gc config.GroupConfig) (*scale
 			return c.MaxActiveRunners
 		},
 		Leading: func(ctx context.Context) bool {
-			ok, err := o.leader.Lead(ctx, gc.Name)
+			ok, err := dep.leader.Lead(ctx, gc.Name)
 			return ok && err == nil
 		},
-		Record: sessionRecord{o: o, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: o.log, Now: o.now,
+		Record: sessionRecord{store: dep.store, group: gc.Name}, Changed: g.wake, OnJob: g.scaleSetJob, Log: dep.log, Now: dep.now,
 		OnDrop: func(reason string, err error) {
-			o.metrics.scaleSetDropped.WithLabelValues(gc.Name, reason).Inc()
-			o.Failure(gc.Name, "scale set", err)
+			dep.metrics.scaleSetDropped.WithLabelValues(gc.Name, reason).Inc()
+			dep.failure(gc.Name, "scale set", err)
 		}})
 	ss.api = &scaleset.Forge{L: ss.listener, REST: g.forge.api}
 	return ss, nil
 }
 
 // sessionOwner names this process's sessions: the host and the replica.
-func (o *Orchestrator) sessionOwner() string {
+func sessionOwner(replica string) string {
 	host, _ := os.Hostname()
-	return strings.TrimPrefix(host+"-", "-") + "runway-" + o.replica
+	return strings.TrimPrefix(host+"-", "-") + "runway-" + replica
 }
 
 // sessionRecord keeps a group's session id in the store, where a replica
 // taking over (or this daemon after a crash) finds it.
 type sessionRecord struct {
-	o     *Orchestrator
+	store *store.Store
 	group string
 }
 
@@ -123,7 +126,7 @@ func (r sessionRecord) key() string { return "scale_set_session/" + r.group }
 
 // LoadSession implements scaleset.SessionRecord.
 func (r sessionRecord) LoadSession() (int, string, error) {
-	v, err := r.o.store.Meta(r.key())
+	v, err := r.store.Meta(r.key())
 	if err != nil || v == "" {
 		return 0, "", err
 	}
@@ -135,16 +138,15 @@ func (r sessionRecord) LoadSession() (int, string, error) {
 // SaveSession implements scaleset.SessionRecord.
 func (r sessionRecord) SaveSession(id int, session string) error {
 	if session == "" {
-		return r.o.store.SetMeta(r.key(), "")
+		return r.store.SetMeta(r.key(), "")
 	}
-	return r.o.store.SetMeta(r.key(), strconv.Itoa(id)+" "+session)
+	return r.store.SetMeta(r.key(), strconv.Itoa(id)+" "+session)
 }
 
-// listen runs the group's listener under lead (the context of this
+// start runs the group's listener under lead (the context of this
 // process's lead of the group) unless it runs already; a run under an
 // earlier lead is waited for first (its session deleted).
-func (g *group) listen(lead context.Context) {
-	ss := g.ss
+func (ss *scaleSetGroup) start(lead context.Context) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.lead == lead && ss.done != nil {
@@ -163,13 +165,8 @@ func (g *group) listen(lead context.Context) {
 	}()
 }
 
-// stopListening ends the listener's run and waits for its session to be
-// deleted.
-func (g *group) stopListening() {
-	if g.ss == nil {
-		return
-	}
-	ss := g.ss
+// stop ends the listener's run and waits for its session to be deleted.
+func (ss *scaleSetGroup) stop() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.done != nil {
@@ -179,12 +176,12 @@ func (g *group) stopListening() {
 	}
 }
 
-// scaleSetListing is what the group's pass plans with: the jobs the
-// scale set holds as the messages said, by runner; the demand a count
-// (a scale set's runner takes any of its jobs: no runner is made for one
-// job in particular).
-func (g *group) scaleSetListing() listing {
-	st := g.ss.listener.State()
+// listing is what the group's plan counts: the jobs the scale set holds
+// as the messages said, by runner; the demand a count (a scale set's
+// runner takes any of its jobs: no runner is made for one job in
+// particular).
+func (ss *scaleSetGroup) listing(context.Context, time.Time) (listing, error) {
+	st := ss.listener.State()
 	jobs := map[int64]forge.Job{}
 	running := map[string]forge.Job{}
 	for id, j := range st.Running {
@@ -194,7 +191,7 @@ func (g *group) scaleSetListing() listing {
 	for id, j := range st.Queued {
 		jobs[id] = j.Job(forge.StatusQueued)
 	}
-	return listing{jobs: jobs, running: running, owned: map[string][]forge.Job{g.cfg().Name: make([]forge.Job, st.Demand())}}
+	return listing{jobs: jobs, running: running, owned: map[string][]forge.Job{ss.group: make([]forge.Job, st.Demand())}}, nil
 }
 
 // scaleSetJob records a started or completed job's times.
@@ -203,16 +200,16 @@ func (g *group) scaleSetJob(j scaleset.JobMessage) {
 	if j.Kind == scaleset.JobCompleted {
 		status = forge.StatusCompleted
 	}
-	g.o.observeJobFrom(j.Job(status), true)
+	g.dep.observeJob(j.Job(status), true)
 }
 
-// syncScaleSet sets the scale set's labels when the group's changed.
-func (g *group) syncScaleSet(ctx context.Context, c config.GroupConfig) error {
-	spec := scaleSetSpec(c, g.forge.conf())
-	if err := g.ss.listener.SetSpec(ctx, spec); err != nil {
+// sync sets the scale set's labels when the group's changed.
+func (ss *scaleSetGroup) sync(ctx context.Context, c config.GroupConfig) error {
+	spec := scaleSetSpec(c, ss.fv.conf())
+	if err := ss.listener.SetSpec(ctx, spec); err != nil {
 		return fmt.Errorf("setting scale set %s's labels: %w", spec.Name, err)
 	}
-	g.ss.listener.Nudge() // resumed, or max_active_runners raised: say so now
+	ss.listener.Nudge() // resumed, or max_active_runners raised: say so now
 	return nil
 }
 
@@ -232,41 +229,25 @@ func (g *group) scaleSetStatus(busy int, drained bool) *ScaleSetStatus {
 		AvailableJobs: st.Stats.TotalAvailableJobs, AssignedJobs: st.Stats.TotalAssignedJobs, RunningJobs: st.Stats.TotalRunningJobs,
 		RegisteredRunners: st.Stats.TotalRegisteredRunners, BusyRunners: st.Stats.TotalBusyRunners, IdleRunners: st.Stats.TotalIdleRunners,
 		DesiredRunners: desired, RefusedMessages: st.Refused, DroppedMessages: st.Dropped,
-		LastError: g.o.redact.Redact(st.LastError), Warning: g.o.redact.Redact(st.Warning)}
-	g.o.metrics.scaleSet(c.Name, s)
+		LastError: g.dep.redact.Redact(st.LastError), Warning: g.dep.redact.Redact(st.Warning)}
+	g.dep.metrics.scaleSet(c.Name, s)
 	return s
 }
 
-// api is the group's forge client: its scale set's for a scale-set
-// group, else its forge's.
-func (g *group) api() forge.Client {
-	if g.ss != nil {
-		return g.ss.api
-	}
-	return g.forge.api()
-}
+// client is the scale set's forge client.
+func (ss *scaleSetGroup) client() forge.Client { return ss.api }
 
-// finishedRunners are the runners whose job is done: from the scale
-// set's messages, else from the forge's deliveries.
-func (g *group) finishedRunners(now time.Time) map[string]bool {
-	if g.ss == nil {
-		return g.forge.finishedRunners(now)
-	}
+// finished are the runners whose job is done, as the messages said.
+func (ss *scaleSetGroup) finished(time.Time) map[string]bool {
 	out := map[string]bool{}
-	for name := range g.ss.listener.State().Finished {
+	for name := range ss.listener.State().Finished {
 		out[name] = true
 	}
 	return out
 }
 
-// forgetRunner drops a reaped runner from what says it finished.
-func (g *group) forgetRunner(name string) {
-	if g.ss != nil {
-		g.ss.listener.ForgetRunner(name)
-		return
-	}
-	g.forge.forgetRunner(name)
-}
+// forget drops a reaped runner from what says it finished.
+func (ss *scaleSetGroup) forget(name string) { ss.listener.ForgetRunner(name) }
 
 // deleteScaleSet deletes a retired scale-set group's scale set: GitHub
 // would otherwise go on routing jobs to it (ARC deletes its scale set
@@ -277,11 +258,11 @@ func (g *group) deleteScaleSet(ctx context.Context) error {
 	}
 	id, err := g.ss.listener.ScaleSetID(ctx)
 	if err == nil {
-		err = g.ss.client.Delete(ctx, id)
+		err = g.ss.sets.Delete(ctx, id)
 	}
 	if err != nil {
 		return fmt.Errorf("deleting the retired group's scale set: %w", err)
 	}
-	g.o.log.Info("scale set deleted", "group", g.cfg().Name, "scale_set", g.ss.listener.Spec().Name, "id", id)
+	g.dep.log.Info("scale set deleted", "group", g.cfg().Name, "scale_set", g.ss.listener.Spec().Name, "id", id)
 	return nil
 }

@@ -23,19 +23,19 @@ import (
 // background (bounded by spawn_concurrency) so a slow create_vm never
 // stalls the group's reaping.
 func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
-	o := g.o
-	now := o.now()
+	dep := g.dep
+	now := dep.now()
 	name := g.cfg().Name + "-" + randHex(5)
 	r := store.Runner{Name: name, Group: g.cfg().Name, AgentID: name, State: store.Spawning, TriggerJob: trigger,
 		JobRepo: repo, CreatedAt: now, StateAt: now}
 	g.mu.Lock()
 	g.inflight[name] = true
 	g.mu.Unlock()
-	if err := o.store.Save(r); err != nil {
+	if err := dep.store.Save(r); err != nil {
 		g.mu.Lock()
 		delete(g.inflight, name)
 		g.mu.Unlock()
-		o.log.Error("recording a runner", "group", g.cfg().Name, "err", err)
+		dep.log.Error("recording a runner", "group", g.cfg().Name, "err", err)
 		return
 	}
 	// A retiring group stops its spawns in flight (stopSpawns).
@@ -63,7 +63,7 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 		}
 		defer func() { <-g.spawnSem }()
 		g.mu.Lock()
-		g.spawnedAt[name] = o.now() // its start-up counts from here
+		g.spawnedAt[name] = dep.now() // its start-up counts from here
 		g.mu.Unlock()
 		err := g.spawn(ctx, r)
 		g.mu.Lock()
@@ -72,8 +72,8 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 		if err != nil && ctx.Err() == nil {
 			// The next pass reports it, so the group backs off instead of
 			// trying again at once.
-			o.log.Warn("spawn failed", "group", g.cfg().Name, "runner", name, "err", err)
-			o.event(g.cfg().Name, name, RunnerFailed, forge.Brief(err)) // events reach the group's author
+			dep.log.Warn("spawn failed", "group", g.cfg().Name, "runner", name, "err", err)
+			dep.event(g.cfg().Name, name, RunnerFailed, forge.Brief(err)) // events reach the group's author
 			g.mu.Lock()
 			g.spawnErr = errors.Join(g.spawnErr, err)
 			g.spawnFailing = true
@@ -88,20 +88,20 @@ func (g *group) startSpawn(ctx context.Context, trigger int64, repo string) {
 }
 
 func (g *group) spawn(ctx context.Context, r store.Runner) error {
-	o := g.o
+	dep := g.dep
 	c := g.cfg()
 	start := time.Now()
-	if err := o.fenced(); err != nil {
+	if err := dep.fenced(); err != nil {
 		return err
 	}
-	reg, err := g.api().Register(ctx, g.scope, r.Name, c.Labels)
+	reg, err := g.demand.client().Register(ctx, g.scope, r.Name, c.Labels)
 	if err != nil {
-		r.LastError = "registration: " + o.redact.Redact(err.Error())
+		r.LastError = "registration: " + dep.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("registering %s: %w", r.Name, err), g.destroy(ctx, r, "registration failed"))
 	}
 	if reg.RunnerID != 0 {
 		r.ForgeRunnerID = reg.RunnerID
-		if err := o.store.Save(r); err != nil {
+		if err := dep.store.Save(r); err != nil {
 			return err
 		}
 	}
@@ -112,7 +112,7 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 	env := map[string]any{
 		"user_data": bootstrap(c.GroupConfig, g.forge.conf(), r.Name, reg),
 		"bosh": map[string]any{"tags": map[string]any{"runway_group": c.Name, "runway_runner": r.Name,
-			"runway_store": o.store.ID()}},
+			"runway_store": dep.store.ID()}},
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -122,21 +122,21 @@ func (g *group) spawn(ctx context.Context, r store.Runner) error {
 		if ctx.Err() != nil {
 			return ctx.Err() // shutting down: recovered on the next start
 		}
-		r.LastError = o.redact.Redact(err.Error())
+		r.LastError = dep.redact.Redact(err.Error())
 		return errors.Join(fmt.Errorf("create_vm for %s: %w", r.Name, err), g.destroy(ctx, r, "create_vm failed"))
 	}
 	cid, err := vmCID(resp.Result)
 	if err != nil {
 		return errors.Join(err, g.destroy(ctx, r, "create_vm answer unreadable"))
 	}
-	r.VMCID, r.State, r.StateAt = cid, store.Idle, o.now()
-	if err := o.store.Save(r); err != nil {
+	r.VMCID, r.State, r.StateAt = cid, store.Idle, dep.now()
+	if err := dep.store.Save(r); err != nil {
 		return err
 	}
-	o.metrics.spawnLatency.WithLabelValues(g.cfg().Name).Observe(time.Since(start).Seconds())
-	o.log.Info("runner created", "group", c.Name, "runner", r.Name, "vm", cid, "for_job", r.TriggerJob,
+	dep.metrics.spawnLatency.WithLabelValues(g.cfg().Name).Observe(time.Since(start).Seconds())
+	dep.log.Info("runner created", "group", c.Name, "runner", r.Name, "vm", cid, "for_job", r.TriggerJob,
 		"took", time.Since(start).Round(time.Millisecond))
-	o.event(c.Name, r.Name, RunnerCreated, "VM "+cid+" made for job "+fmt.Sprint(r.TriggerJob))
+	dep.event(c.Name, r.Name, RunnerCreated, "VM "+cid+" made for job "+fmt.Sprint(r.TriggerJob))
 	return nil
 }
 
@@ -166,14 +166,14 @@ func (g *group) stemcell(ctx context.Context, sc config.StemcellConfig) (string,
 	if sc.CID != "" {
 		return sc.CID, nil
 	}
-	g.o.stemcellMu.Lock()
-	defer g.o.stemcellMu.Unlock()
-	cpi := g.cfg().EffectiveCPI(g.o.cfg.CPI)
-	key, err := g.o.stemcellKey(cpi.Path+"|"+cpi.Config, sc)
+	g.dep.stemcells.mu.Lock()
+	defer g.dep.stemcells.mu.Unlock()
+	cpi := g.cfg().EffectiveCPI(g.dep.cpi)
+	key, err := g.dep.stemcells.key(cpi.Path+"|"+cpi.Config, sc)
 	if err != nil {
 		return "", err
 	}
-	if cid, ok, err := g.o.store.Stemcell(key); err != nil || ok {
+	if cid, ok, err := g.dep.store.Stemcell(key); err != nil || ok {
 		return cid, err
 	}
 	props := sc.CloudProperties
@@ -188,17 +188,17 @@ func (g *group) stemcell(ctx context.Context, sc config.StemcellConfig) (string,
 	if err := json.Unmarshal(resp.Result, &cid); err != nil || cid == "" {
 		return "", fmt.Errorf("create_stemcell answered %s", clip.Quote(string(resp.Result), 120))
 	}
-	g.o.log.Info("stemcell uploaded", "image", sc.Image, "cid", cid)
-	kept, err := g.o.store.PutStemcell(key, cid)
+	g.dep.log.Info("stemcell uploaded", "image", sc.Image, "cid", cid)
+	kept, err := g.dep.store.PutStemcell(key, cid)
 	if err != nil {
 		return "", err
 	}
 	if kept != cid {
 		// Another replica uploaded the same image meanwhile: use its
 		// stemcell, remove ours.
-		g.o.log.Info("another replica uploaded the stemcell first: deleting ours", "cid", cid, "kept", kept)
+		g.dep.log.Info("another replica uploaded the stemcell first: deleting ours", "cid", cid, "kept", kept)
 		if _, err := g.call(ctx, "delete_stemcell", cid); err != nil {
-			g.o.log.Warn("deleting a duplicate stemcell", "cid", cid, "err", err)
+			g.dep.log.Warn("deleting a duplicate stemcell", "cid", cid, "err", err)
 		}
 	}
 	return kept, nil
@@ -207,9 +207,9 @@ func (g *group) stemcell(ctx context.Context, sc config.StemcellConfig) (string,
 // stemcellKey is the image's content hash with its cloud properties and
 // CPI. The image is hashed again only when the file changed (another
 // file, size or modification time): every spawn asks, and hashing a
-// 50 MB rootfs under stemcellMu once capped spawns near 20 a second.
-// The caller holds stemcellMu.
-func (o *Orchestrator) stemcellKey(cpi string, sc config.StemcellConfig) (string, error) {
+// 50 MB rootfs under the lock once capped spawns near 20 a second.
+// The caller holds s.mu.
+func (s *stemcells) key(cpi string, sc config.StemcellConfig) (string, error) {
 	if sc.Image == "" {
 		// A light stemcell: its cloud properties name the image.
 		h := sha256.New()
@@ -228,7 +228,7 @@ func (o *Orchestrator) stemcellKey(cpi string, sc config.StemcellConfig) (string
 	if err != nil {
 		return "", fmt.Errorf("stemcell image: %w", err)
 	}
-	c, ok := o.imageHashes[sc.Image]
+	c, ok := s.hashes[sc.Image]
 	if !ok || !os.SameFile(c.file, fi) || c.file.Size() != fi.Size() || !c.file.ModTime().Equal(fi.ModTime()) {
 		h := sha256.New()
 		if _, err := io.Copy(h, f); err != nil {
@@ -241,10 +241,10 @@ func (o *Orchestrator) stemcellKey(cpi string, sc config.StemcellConfig) (string
 			return "", err
 		}
 		c = imageHash{file: fi, state: state}
-		if o.imageHashes == nil {
-			o.imageHashes = map[string]imageHash{}
+		if s.hashes == nil {
+			s.hashes = map[string]imageHash{}
 		}
-		o.imageHashes[sc.Image] = c
+		s.hashes[sc.Image] = c
 	}
 	h := sha256.New()
 	if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(c.state); err != nil {
@@ -273,7 +273,7 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		id = r.TriggerJob
 	}
 	repo := r.JobRepo
-	j, err := g.api().Job(ctx, forge.Job{ID: id, Repo: repo})
+	j, err := g.demand.client().Job(ctx, forge.Job{ID: id, Repo: repo})
 	if errors.Is(err, forge.ErrNotFound) {
 		j, err = forge.Job{ID: id, Status: forge.StatusCompleted}, nil
 	}
@@ -281,7 +281,7 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		g.setForgeDown(true)
 		return "", false, fmt.Errorf("confirming job %d of runner %s: %w", id, r.Name, err)
 	}
-	g.o.observeJob(j)
+	g.dep.observeJob(j, false)
 	mine := j.RunnerName == r.Name
 	switch {
 	case r.State == store.Busy && j.Status == forge.StatusCompleted:
@@ -292,13 +292,13 @@ func (g *group) confirm(ctx context.Context, r store.Runner) (reason string, tak
 		return reasonJobFinished, false, nil
 	case r.State == store.Idle && mine:
 		j.Repo = repo
-		g.tookJob(&r, j, g.o.now())
-		return "", false, g.o.store.Save(r)
+		g.tookJob(&r, j, g.dep.now())
+		return "", false, g.dep.store.Save(r)
 	case r.State == store.Idle:
 		// Another runner took the job it was made for: it stays as supply
 		// for the next queued job, unless it is gone (the caller sweeps).
 		r.TriggerJob = 0
-		return "", true, g.o.store.Save(r)
+		return "", true, g.dep.store.Save(r)
 	}
 	return "", false, nil
 }
@@ -312,9 +312,9 @@ func (g *group) recover(ctx context.Context, r store.Runner) (gone bool, err err
 		return false, fmt.Errorf("recovering %s: %w", r.Name, err)
 	}
 	if len(mine) == 1 && mine[0].State == "running" {
-		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.o.now()
-		g.o.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg().Name, "runner", r.Name, "vm", r.VMCID)
-		return false, g.o.store.Save(r)
+		r.VMCID, r.State, r.StateAt = mine[0].CID, store.Idle, g.dep.now()
+		g.dep.log.Info("adopted the VM of an interrupted spawn", "group", g.cfg().Name, "runner", r.Name, "vm", r.VMCID)
+		return false, g.dep.store.Save(r)
 	}
 	return true, g.destroy(ctx, r, "spawn interrupted")
 }

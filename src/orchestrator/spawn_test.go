@@ -26,12 +26,12 @@ func TestStemcellKeyCachedUntilTheImageChanges(t *testing.T) {
 		sum := sha256.Sum256([]byte(content + string(props) + "cpi|cfg"))
 		return hex.EncodeToString(sum[:])
 	}
-	o := &Orchestrator{}
-	k1, err := o.stemcellKey("cpi|cfg", sc)
+	o := &stemcells{}
+	k1, err := o.key("cpi|cfg", sc)
 	if err != nil || k1 != want("image one") {
 		t.Fatalf("key %s (%v), want %s", k1, err, want("image one"))
 	}
-	if k, _ := o.stemcellKey("other|cfg", sc); k == k1 {
+	if k, _ := o.key("other|cfg", sc); k == k1 {
 		t.Error("another CPI, the same key")
 	}
 	// Rewritten: another size and modification time.
@@ -40,7 +40,7 @@ func TestStemcellKeyCachedUntilTheImageChanges(t *testing.T) {
 	}
 	later := time.Now().Add(time.Minute)
 	os.Chtimes(img, later, later)
-	if k, _ := o.stemcellKey("cpi|cfg", sc); k != want("image two, longer") {
+	if k, _ := o.key("cpi|cfg", sc); k != want("image two, longer") {
 		t.Errorf("after the image changed: %s, want %s", k, want("image two, longer"))
 	}
 }

@@ -16,11 +16,11 @@ import (
 // that no runner row accounts for. It answers how many runners it
 // removed.
 func (g *group) sweep(ctx context.Context) (int, error) {
-	o := g.o
-	if err := o.store.Check(); err != nil {
+	dep := g.dep
+	if err := dep.store.Check(); err != nil {
 		return 0, err
 	}
-	runners, err := o.store.Active(g.cfg().Name)
+	runners, err := dep.store.Active(g.cfg().Name)
 	if err != nil {
 		return 0, err
 	}
@@ -48,7 +48,7 @@ func (g *group) sweep(ctx context.Context) (int, error) {
 // ended (list_vms on Runway's CPI; has_vm elsewhere), it is deleted. It
 // answers the runners still live.
 func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []listedVM, reaped map[string]bool) (map[string]store.Runner, []error) {
-	o := g.o
+	dep := g.dep
 	var errs []error
 	live := map[string]store.Runner{}
 	for _, r := range runners {
@@ -90,9 +90,9 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 			}
 			continue
 		}
-		r.VMCheckedAt = o.now()
+		r.VMCheckedAt = dep.now()
 		live[r.Name] = r
-		errs = append(errs, o.store.Save(r))
+		errs = append(errs, dep.store.Save(r))
 	}
 	return live, errs
 }
@@ -102,8 +102,8 @@ func (g *group) sweepVMs(ctx context.Context, runners []store.Runner, vms []list
 // here), offline registrations of runners this orchestrator retired
 // (removed there).
 func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Runner, reaped map[string]bool) error {
-	o := g.o
-	registered, err := g.api().Runners(ctx, g.scope)
+	dep := g.dep
+	registered, err := g.demand.client().Runners(ctx, g.scope)
 	if err != nil {
 		g.setForgeDown(true)
 		return fmt.Errorf("forge %s runners: %w", g.cfg().Forge, err)
@@ -116,14 +116,14 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 			continue
 		}
 		// Only registrations this orchestrator made and already retired.
-		if row, err := o.store.Get(fr.Name); err == nil && row.Group == g.cfg().Name && row.State == store.Deleted {
-			if err := o.fenced(); err != nil {
+		if row, err := dep.store.Get(fr.Name); err == nil && row.Group == g.cfg().Name && row.State == store.Deleted {
+			if err := dep.fenced(); err != nil {
 				return err
 			}
-			if err := g.api().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
+			if err := g.demand.client().DeleteRunner(ctx, g.scope, fr.ID); err != nil {
 				errs = append(errs, err)
 			} else {
-				o.log.Info("removed offline registration", "group", g.cfg().Name, "runner", fr.Name, "id", fr.ID)
+				dep.log.Info("removed offline registration", "group", g.cfg().Name, "runner", fr.Name, "id", fr.ID)
 			}
 		}
 	}
@@ -138,15 +138,15 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 			// heard of (started before a takeover or a restart): not
 			// supply for the jobs waiting. Its job's end reaps it (the
 			// JobCompleted, its process, or its leaving the forge).
-			r.ForgeRunnerID, r.State, r.StateAt = fr.ID, store.Busy, o.now()
-			g.cameOnline(&r, o.now())
-			errs = append(errs, o.store.Save(r))
+			r.ForgeRunnerID, r.State, r.StateAt = fr.ID, store.Busy, dep.now()
+			g.cameOnline(&r, dep.now())
+			errs = append(errs, dep.store.Save(r))
 		case ok && (r.ForgeRunnerID == 0 || (r.OnlineAt.IsZero() && (fr.Status == "online" || fr.Busy))):
 			r.ForgeRunnerID = fr.ID
 			if fr.Status == "online" || fr.Busy {
-				g.cameOnline(&r, o.now())
+				g.cameOnline(&r, dep.now())
 			}
-			errs = append(errs, o.store.Save(r))
+			errs = append(errs, dep.store.Save(r))
 		case !ok && r.ForgeRunnerID != 0:
 			// It registered, and the forge removed it: an ephemeral
 			// runner goes once its one job is done.
@@ -163,7 +163,7 @@ func (g *group) sweepRegistrations(ctx context.Context, live map[string]store.Ru
 // sweepStrays deletes VMs of this store's group that no runner accounts
 // for; a VM of another store is reported, never deleted.
 func (g *group) sweepStrays(ctx context.Context, vms []listedVM, live map[string]store.Runner, reaped map[string]bool) error {
-	o := g.o
+	dep := g.dep
 	var errs []error
 	foreign := 0
 	for _, vm := range vms {
@@ -173,10 +173,10 @@ func (g *group) sweepStrays(ctx context.Context, vms []listedVM, live map[string
 		// Only VMs this store made are its strays. Others of the group
 		// (an older store's, after runway.db was lost) may be live
 		// runners: they are reported, never deleted.
-		if vm.Tags["runway_store"] != o.store.ID() {
+		if vm.Tags["runway_store"] != dep.store.ID() {
 			foreign++
 			if g.reportForeign(vm.CID) {
-				o.log.Warn("a VM of this group was made by another state store: left alone (delete it with runway call delete_vm if it is not in use)",
+				dep.log.Warn("a VM of this group was made by another state store: left alone (delete it with runway call delete_vm if it is not in use)",
 					"group", g.cfg().Name, "vm", vm.CID, "agent_id", vm.AgentID, "store", vm.Tags["runway_store"])
 			}
 			continue
@@ -187,14 +187,14 @@ func (g *group) sweepStrays(ctx context.Context, vms []listedVM, live map[string
 		if flying {
 			continue
 		}
-		o.log.Warn("deleting a VM no runner accounts for", "group", g.cfg().Name, "vm", vm.CID, "agent_id", vm.AgentID)
+		dep.log.Warn("deleting a VM no runner accounts for", "group", g.cfg().Name, "vm", vm.CID, "agent_id", vm.AgentID)
 		_, err := g.call(ctx, "delete_vm", vm.CID)
 		var ce *rpc.Error
 		if err != nil && !(errors.As(err, &ce) && ce.Type == rpc.TypeVMNotFound) {
 			errs = append(errs, err)
 		}
 	}
-	o.metrics.foreignVMs.WithLabelValues(g.cfg().Name).Set(float64(foreign))
+	dep.metrics.foreignVMs.WithLabelValues(g.cfg().Name).Set(float64(foreign))
 	return errors.Join(errs...)
 }
 
@@ -214,18 +214,18 @@ func (g *group) reportForeign(cid string) bool {
 // never recorded) and its registration, then marks the row deleted. The
 // row is marked deleting first, so a crash in between resumes here.
 func (g *group) destroy(ctx context.Context, r store.Runner, reason string) error {
-	o := g.o
+	dep := g.dep
 	g.mu.Lock()
 	delete(g.spawnedAt, r.Name)
 	delete(g.reported, r.Name)
 	g.mu.Unlock()
 	if r.State != store.Deleting {
-		r.State, r.StateAt, r.Reason = store.Deleting, o.now(), reason
-		if err := o.store.Save(r); err != nil {
+		r.State, r.StateAt, r.Reason = store.Deleting, dep.now(), reason
+		if err := dep.store.Save(r); err != nil {
 			return err
 		}
 	}
-	o.log.Info("deleting runner", "group", g.cfg().Name, "runner", r.Name, "vm", r.VMCID, "reason", reason)
+	dep.log.Info("deleting runner", "group", g.cfg().Name, "runner", r.Name, "vm", r.VMCID, "reason", reason)
 	cids := []string{}
 	if r.VMCID != "" {
 		cids = append(cids, r.VMCID)
@@ -246,26 +246,26 @@ func (g *group) destroy(ctx context.Context, r store.Runner, reason string) erro
 		}
 	}
 	if r.ForgeRunnerID != 0 && !(endedByItself(reason) && g.forge.removesFinishedRunners()) {
-		if err := o.fenced(); err != nil {
+		if err := dep.fenced(); err != nil {
 			return err
 		}
-		if err := g.api().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
+		if err := g.demand.client().DeleteRunner(ctx, g.scope, r.ForgeRunnerID); err != nil {
 			// The sweep retries: the row says deleted, the registration
 			// stays ours to remove.
-			o.log.Warn("removing runner registration", "runner", r.Name, "err", err)
+			dep.log.Warn("removing runner registration", "runner", r.Name, "err", err)
 		}
 	}
-	r.State, r.StateAt, r.LastError = store.Deleted, o.now(), ""
-	if err := o.store.Save(r); err != nil {
+	r.State, r.StateAt, r.LastError = store.Deleted, dep.now(), ""
+	if err := dep.store.Save(r); err != nil {
 		return err
 	}
-	o.event(g.cfg().Name, r.Name, RunnerDeleted, reason)
+	dep.event(g.cfg().Name, r.Name, RunnerDeleted, reason)
 	return nil
 }
 
 func (g *group) keepError(r store.Runner, err error) error {
-	r.LastError = g.o.redact.Redact(err.Error())
-	if serr := g.o.store.Save(r); serr != nil {
+	r.LastError = g.dep.redact.Redact(err.Error())
+	if serr := g.dep.store.Save(r); serr != nil {
 		return serr
 	}
 	return err

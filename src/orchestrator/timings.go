@@ -12,15 +12,15 @@ func (g *group) observe(kind string, d time.Duration) {
 	if d < 0 {
 		return // a clock step: no duration to report
 	}
-	h := g.o.metrics.jobRun
+	h := g.dep.metrics.jobRun
 	switch kind {
 	case JobQueue:
-		h = g.o.metrics.jobQueue
+		h = g.dep.metrics.jobQueue
 	case RunnerStartup:
-		h = g.o.metrics.runnerStartup
+		h = g.dep.metrics.runnerStartup
 	}
 	h.WithLabelValues(g.cfg().Name).Observe(d.Seconds())
-	g.o.hist.RecordDuration(g.cfg().Name, kind, g.o.now(), d)
+	g.dep.hist.RecordDuration(g.cfg().Name, kind, g.dep.now(), d)
 }
 
 // observeJob records a job's queue time (created → started) and run time
