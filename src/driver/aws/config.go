@@ -21,6 +21,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 )
 
 // Config is the "aws" section of the CPI config.
@@ -72,7 +73,7 @@ type Config struct {
 	// CPI's retry budget.
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// poll_max_ms and wait_timeout_seconds.
-	driver.Polling
+	poll.Polling
 	// RequestTimeoutSeconds bounds each HTTP request (default 60).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 }

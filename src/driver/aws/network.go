@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // nicPlan is one network interface: the BOSH networks of one nic_group
@@ -218,7 +219,7 @@ func (pl netPlan) names(nets driver.Networks) string {
 	if pl.vip != "" {
 		m[pl.vip] = "public"
 	}
-	return driver.EncodeNames(m, 256)
+	return cloudtags.EncodeNames(m, 256)
 }
 
 // address finds one network's address on a running instance (see names).

@@ -14,6 +14,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 )
 
 // Config is the "openstack" section of the CPI config.
@@ -69,7 +70,7 @@ type Config struct {
 	StemcellPublicVisibility bool `json:"stemcell_public_visibility,omitempty"`
 
 	// poll_max_ms and wait_timeout_seconds.
-	driver.Polling
+	poll.Polling
 	// RequestTimeoutSeconds bounds each HTTP request (default 60).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 	// TokenCache keeps the Keystone token in the state dir for the next

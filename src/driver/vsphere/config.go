@@ -14,6 +14,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 	"github.com/runway-cpi/runway/src/strict"
 )
 
@@ -55,7 +56,7 @@ type Config struct {
 	VMXOptions map[string]any `json:"vmx_options,omitempty"`
 
 	// poll_max_ms and wait_timeout_seconds.
-	driver.Polling
+	poll.Polling
 	// RequestTimeoutSeconds bounds each vCenter request (default 120;
 	// uploads are bounded by the wait timeout instead).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"github.com/vmware/govmomi/vim25/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // CreateVM clones the stemcell's replica on the chosen datastore (a
@@ -279,12 +280,12 @@ func (d *Driver) finishVM(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 // tags, the networks (list_vms answers by them) and the official CPI's
 // cpi_metadata_version.
 func (d *Driver) creationFields(pl *vmPlan) map[string]string {
-	f := driver.MergeTags(pl.spec.Tags)
+	f := cloudtags.Merge(pl.spec.Tags)
 	ips := map[string]string{}
 	for n, net := range pl.spec.Networks {
 		ips[n] = net.IP
 	}
-	f[fieldNetworks] = driver.EncodeNames(ips, 4096)
+	f[fieldNetworks] = cloudtags.EncodeNames(ips, 4096)
 	f[fieldMetadataVersion] = "1"
 	return f
 }
