@@ -15,6 +15,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/netprefix"
 )
 
 // CreateVM clones the stemcell's replica on the chosen datastore (a
@@ -130,7 +131,7 @@ func (d *Driver) planNICs(ctx context.Context, vc *vcenter, nets driver.Networks
 		if net.Type == "vip" {
 			return nil, fmt.Errorf("%w: networks.%s: vip networks are not supported by the vsphere driver (as the official CPI)", driver.ErrNotSupported, n)
 		}
-		if err := net.CheckNoDelegation(n, "vsphere"); err != nil {
+		if err := netprefix.CheckNoDelegation(net, n, "vsphere"); err != nil {
 			return nil, err
 		}
 		var np networkProps
