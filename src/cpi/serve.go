@@ -169,7 +169,7 @@ func NewSession(cfg *config.Config, cpiConfig map[string]any, lc *logging.Call) 
 	// the method's error, after the pre hooks saw the call.
 	var drv driver.Driver
 	var drvErr *rpc.Error
-	section, fromContext, err := reg.MergeContext(cfg.DriverSection(), cpiConfig)
+	section, fromContext, err := config.MergeContext(reg.Section, cfg.DriverSection(), cpiConfig)
 	if err != nil {
 		drvErr = CpiError("%v", err)
 	} else {

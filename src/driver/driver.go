@@ -8,10 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"reflect"
 	"strconv"
-	"strings"
 )
 
 // Sentinel errors. Wrap them (fmt.Errorf("...: %w", ErrVMNotFound)) to add
@@ -82,50 +80,6 @@ func (p *Prefix) UnmarshalJSON(b []byte) error {
 		*p = Prefix(strconv.FormatFloat(x, 'f', -1, 64))
 	default:
 		return &json.UnmarshalTypeError{Value: kindOfJSON(b), Type: reflect.TypeFor[string]()}
-	}
-	return nil
-}
-
-// PrefixBits reads the prefix length the Director sends as a string
-// ("32") or a number; ok is false when there is none.
-func (n Network) PrefixBits() (bits int, ok bool, err error) {
-	t := strings.TrimSpace(string(n.Prefix))
-	if t == "" {
-		return 0, false, nil
-	}
-	bits, err = strconv.Atoi(t)
-	if err != nil || bits < 0 || bits > 128 {
-		return 0, false, fmt.Errorf("prefix %q is not a prefix length", t)
-	}
-	return bits, true, nil
-}
-
-// OneAddress reports whether the network's prefix names a single address
-// (none given, or the address's full length: 32 for IPv4, 128 for IPv6 —
-// either, on a network with no ip yet), as the official AWS CPI reads it.
-func (n Network) OneAddress() (bool, error) {
-	bits, ok, err := n.PrefixBits()
-	if err != nil || !ok {
-		return err == nil, err
-	}
-	if ip := net.ParseIP(n.IP); ip != nil && n.IP != "" {
-		if ip.To4() != nil {
-			return bits == 32, nil
-		}
-		return bits == 128, nil
-	}
-	return bits == 32 || bits == 128, nil
-}
-
-// CheckNoDelegation refuses a delegated prefix, by name, on a driver that
-// gives a network one address; a single-address prefix is accepted.
-func (n Network) CheckNoDelegation(name, driverName string) error {
-	one, err := n.OneAddress()
-	if err != nil {
-		return Invalid("networks.%s.%v", name, err)
-	}
-	if !one {
-		return fmt.Errorf("%w: networks.%s.prefix %s (prefix delegation) is not supported by the %s driver: a network gets one address", ErrNotSupported, name, n.Prefix, driverName)
 	}
 	return nil
 }

@@ -6,7 +6,7 @@
 //
 // A struct field of type any (or json.RawMessage) takes any value without
 // a look inside: that is how a key that real callers send but that has no
-// effect is accepted (see driver.StemcellManifest).
+// effect is accepted (see stemcellmf.Manifest).
 package strict
 
 import (

@@ -23,6 +23,7 @@ import (
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
+	"github.com/runway-cpi/runway/src/driver/poll"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -73,7 +74,7 @@ const (
 	// tagSnapshot on an AMI names the snapshot its stemcell was uploaded to.
 	tagSnapshot = "runway:snapshot"
 	// tagNetworks maps each BOSH network of an instance to the address it
-	// holds, "private" or "public" (driver.EncodeNames), for list_vms.
+	// holds, "private" or "public" (cloudtags.EncodeNames), for list_vms.
 	tagNetworks = "runway:networks"
 )
 
@@ -126,7 +127,7 @@ func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx contex
 // waitFor checks at once (EC2 states are often reached already), then
 // after 250 ms, 1.5× longer each time up to poll_max_ms.
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
-	how := driver.Poll{Name: "aws", First: firstPoll, Factor: 15, CheckFirst: true}
+	how := poll.Poll{Name: "aws", First: firstPoll, Factor: 15, CheckFirst: true}
 	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
 }
 

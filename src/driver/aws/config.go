@@ -19,7 +19,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 )
 
 // Config is the "aws" section of the CPI config.
@@ -71,7 +73,7 @@ type Config struct {
 	// CPI's retry budget.
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// poll_max_ms and wait_timeout_seconds.
-	driver.Polling
+	poll.Polling
 	// RequestTimeoutSeconds bounds each HTTP request (default 60).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 }
@@ -86,14 +88,12 @@ type MetadataOptions struct {
 }
 
 func init() {
-	driver.Register(driver.Registration{Name: "aws", Config: &Config{},
+	// Every key is about the AWS account and its defaults: a cpi-config
+	// may set each (docs/configuration.md, "Request context").
+	driver.Register(driver.Registration{Section: config.Section{Name: "aws", Config: &Config{}, ContextKeys: contextKeys, Aliases: aliases},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
 			return New(section, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
 		},
-		// Every key is about the AWS account and its defaults: a cpi-config
-		// may set each (docs/configuration.md, "Request context").
-		ContextKeys: contextKeys,
-		Aliases:     aliases,
 	})
 }
 
@@ -105,10 +105,10 @@ var contextKeys = []string{"region", "endpoint", "credentials_source", "access_k
 
 // aliases are the official AWS CPI's job properties (aws.*), by their
 // names and meanings (docs/aws.md has the table).
-var aliases = []driver.Alias{
-	driver.Rename("role_arn", "assume_role_arn"),
+var aliases = []config.Alias{
+	config.Rename("role_arn", "assume_role_arn"),
 	// max_retries counts retries; max_attempts counts the first try too.
-	driver.Alias{Key: "max_retries", Apply: func(v any, set func(string, any)) error {
+	config.Alias{Key: "max_retries", Apply: func(v any, set func(string, any)) error {
 		n, ok := v.(float64)
 		if !ok || n < 0 || n != float64(int(n)) {
 			return fmt.Errorf("max_retries must be a whole number, not %v", v)
@@ -117,7 +117,7 @@ var aliases = []driver.Alias{
 		return nil
 	}},
 	// ec2_endpoint is a host name without a scheme (https assumed).
-	driver.Alias{Key: "ec2_endpoint", Apply: func(v any, set func(string, any)) error {
+	config.Alias{Key: "ec2_endpoint", Apply: func(v any, set func(string, any)) error {
 		s, ok := v.(string)
 		if !ok || s == "" {
 			return fmt.Errorf("ec2_endpoint must be a host name")
@@ -128,7 +128,7 @@ var aliases = []driver.Alias{
 		set("endpoint", s)
 		return nil
 	}},
-	driver.Alias{Key: "connection_options", Apply: func(v any, set func(string, any)) error {
+	config.Alias{Key: "connection_options", Apply: func(v any, set func(string, any)) error {
 		m, ok := v.(map[string]any)
 		if !ok {
 			return fmt.Errorf("connection_options must be an object")
@@ -143,8 +143,8 @@ var aliases = []driver.Alias{
 		}
 		return nil
 	}},
-	driver.Refuse("dualstack", "IPv6-only networking is not built yet", driver.IsFalse),
-	driver.Refuse("stemcell", "stemcell.kernel_id is for paravirtual stemcells; HVM stemcells boot their own kernel", nil),
+	config.Refuse("dualstack", "IPv6-only networking is not built yet", config.IsFalse),
+	config.Refuse("stemcell", "stemcell.kernel_id is for paravirtual stemcells; HVM stemcells boot their own kernel", nil),
 }
 
 const (

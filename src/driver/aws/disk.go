@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // CreateDisk makes a gp3 (by default) volume in the VM's availability
@@ -30,7 +31,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	}
 	token := uuid.NewString()
 	// The disk's own tags (cloud_properties.tags), then the creator's.
-	tags := driver.MergeTags(p.Tags, spec.Tags, map[string]string{tagToken: token})
+	tags := cloudtags.Merge(p.Tags, spec.Tags, map[string]string{tagToken: token})
 	in := &ec2.CreateVolumeInput{
 		AvailabilityZone: aws.String(az), Size: aws.Int32(mibToGiB(spec.SizeMiB)),
 		VolumeType: types.VolumeType(firstNonEmpty(p.Type, "gp3")), ClientToken: aws.String(token),

@@ -14,6 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/netprefix"
 )
 
 // nicPlan is one network interface: the BOSH networks of one nic_group
@@ -55,7 +57,7 @@ func planNICs(nets driver.Networks, p *vmProps) (netPlan, error) {
 		if n.Type != "" && n.Type != "manual" {
 			// The Director puts a one-address prefix ("32") on every
 			// network; a delegated one is for manual networks.
-			if one, err := n.OneAddress(); err != nil {
+			if one, err := netprefix.OneAddress(n); err != nil {
 				return plan, driver.Invalid("%s: %v", describeNet(name, n), err)
 			} else if !one {
 				return plan, driver.Invalid("%s: prefix %s: a delegated prefix is for manual networks", describeNet(name, n), n.Prefix)
@@ -139,7 +141,7 @@ func (g *nicPlan) add(name string, n driver.Network) error {
 	if v6 {
 		bits = 128
 	}
-	if b, ok, err := n.PrefixBits(); err != nil {
+	if b, ok, err := netprefix.Bits(n); err != nil {
 		return driver.Invalid("%s: %v", describeNet(name, n), err)
 	} else if ok {
 		bits = b
@@ -202,7 +204,7 @@ func (pl netPlan) names(nets driver.Networks) string {
 	for i, g := range pl.nics {
 		for _, name := range g.names {
 			n := nets[name]
-			if one, _ := n.OneAddress(); !one {
+			if one, _ := netprefix.OneAddress(n); !one {
 				continue // a delegated prefix, not an address of the VM
 			}
 			switch {
@@ -218,7 +220,7 @@ func (pl netPlan) names(nets driver.Networks) string {
 	if pl.vip != "" {
 		m[pl.vip] = "public"
 	}
-	return driver.EncodeNames(m, 256)
+	return cloudtags.EncodeNames(m, 256)
 }
 
 // address finds one network's address on a running instance (see names).

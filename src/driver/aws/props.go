@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/stemcellmf"
 )
 
 // mibToGiB rounds a BOSH size (MiB) up to EBS's unit, at least 1 GiB.
@@ -86,7 +87,7 @@ type volumeProps struct {
 
 type stemcellProps struct {
 	// The builder's keys this driver does not read: no effect.
-	driver.StemcellManifest
+	stemcellmf.Manifest
 	// AMI per region: a light stemcell.
 	AMI                map[string]string `json:"ami"`
 	Architecture       string            `json:"architecture"`

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // SnapshotDisk snapshots a volume; the snapshot carries the volume's
@@ -23,7 +24,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	tags := tagMap(v.Tags)
 	delete(tags, tagName)
 	token := uuid.NewString()
-	tags = driver.MergeTags(tags, md)
+	tags = cloudtags.Merge(tags, md)
 	tags[tagToken] = token
 	desc := "runway snapshot of " + cid
 	if dep, job := md["deployment"], md["job"]; dep != "" {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // ebsBlock is the EBS direct API's block size.
@@ -57,7 +58,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		kms = ""
 	}
 	token := uuid.NewString()
-	tags := driver.MergeTags(p.Tags, spec.Tags, map[string]string{tagToken: token})
+	tags := cloudtags.Merge(p.Tags, spec.Tags, map[string]string{tagToken: token})
 	if len(p.AMI) > 0 {
 		ami := p.AMI[d.cfg.Region]
 		if ami == "" {
@@ -351,7 +352,7 @@ func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps
 		EnaSupport: aws.Bool(true), SriovNetSupport: aws.String("simple"),
 		BlockDeviceMappings: []types.BlockDeviceMapping{{DeviceName: aws.String(root),
 			Ebs: &types.EbsBlockDevice{SnapshotId: aws.String(snap), DeleteOnTermination: aws.Bool(true), VolumeType: types.VolumeTypeGp3}}},
-		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeImage, driver.MergeTags(tags, map[string]string{tagSnapshot: snap}))},
+		TagSpecifications: []types.TagSpecification{tagSpec(types.ResourceTypeImage, cloudtags.Merge(tags, map[string]string{tagSnapshot: snap}))},
 	}
 	if p.BootMode != "" {
 		in.BootMode = types.BootModeValues(p.BootMode)
@@ -375,7 +376,7 @@ func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps
 	// Tag again explicitly: some EC2-compatible APIs (moto among them)
 	// ignore RegisterImage's TagSpecifications, and the snapshot tag is
 	// how delete_stemcell finds what it uploaded.
-	itags := driver.MergeTags(tags, map[string]string{tagSnapshot: snap})
+	itags := cloudtags.Merge(tags, map[string]string{tagSnapshot: snap})
 	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
 		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{ami}, Tags: ec2Tags(itags)})
 	}); err != nil {

@@ -27,6 +27,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -349,7 +350,7 @@ func TestAddressesOfSeveralInterfaces(t *testing.T) {
 				Ipv6Addresses: []types.InstanceIpv6Address{{Ipv6Address: aws.String("2001:db8::5")}}},
 			{Attachment: &types.InstanceNetworkInterfaceAttachment{DeviceIndex: aws.Int32(1)}, PrivateIpAddress: aws.String("10.1.0.5")}}}
 	got := map[string]string{}
-	for name, which := range driver.DecodeNames(plan.names(nets)) {
+	for name, which := range cloudtags.DecodeNames(plan.names(nets)) {
 		got[name] = address(inst, which)
 	}
 	want := map[string]string{"a": "10.0.0.5", "a6": "2001:db8::5", "b": "10.1.0.5", "pub": "203.0.113.9"}

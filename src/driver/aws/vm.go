@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 var liveStates = []string{"pending", "running", "stopping", "stopped"}
@@ -200,7 +201,7 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err := validCID("vm", cid); err != nil {
 		return err
 	}
-	tags := driver.MergeTags(md, nil)
+	tags := cloudtags.Merge(md, nil)
 	delete(tags, tagToken) // the driver's own tags are not the caller's to change
 	delete(tags, tagNetworks)
 	if n := md["name"]; n != "" {
@@ -252,7 +253,7 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 			state = "stopped"
 		}
 		info := driver.VMInfo{CID: aws.ToString(i.InstanceId), AgentID: tags["agent_id"], Tags: tags, Metadata: tags, State: state}
-		for name, which := range driver.DecodeNames(tags[tagNetworks]) {
+		for name, which := range cloudtags.DecodeNames(tags[tagNetworks]) {
 			if ip := address(i, which); ip != "" {
 				if info.Networks == nil {
 					info.Networks = driver.Networks{}

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -61,7 +62,7 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 		return nil, err
 	}
 	pl := &vmPlan{spec: spec, props: p, ami: strings.Fields(spec.StemcellCID)[0], token: uuid.NewString()}
-	tags := driver.MergeTags(p.Tags, spec.Tags)
+	tags := cloudtags.Merge(p.Tags, spec.Tags)
 	tags[tagToken] = pl.token
 	if spec.Name != "" {
 		tags[tagName] = spec.Name
@@ -84,7 +85,7 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 	pl.vip = pl.nics.vip
 	if names := pl.nics.names(spec.Networks); names != "" {
 		// The instance's only: its volumes were tagged above.
-		in.TagSpecifications[0] = tagSpec(types.ResourceTypeInstance, driver.MergeTags(tags, map[string]string{tagNetworks: names}))
+		in.TagSpecifications[0] = tagSpec(types.ResourceTypeInstance, cloudtags.Merge(tags, map[string]string{tagNetworks: names}))
 	}
 	groups := p.SecurityGroups
 	if len(groups) == 0 {
@@ -235,7 +236,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 		nets[name] = n
 	}
 	// A dynamic network's address is the one its interface got.
-	for name, which := range driver.DecodeNames(pl.nics.names(pl.spec.Networks)) {
+	for name, which := range cloudtags.DecodeNames(pl.nics.names(pl.spec.Networks)) {
 		if n := nets[name]; n.Type == "dynamic" {
 			n.IP = address(inst, which)
 			nets[name] = n

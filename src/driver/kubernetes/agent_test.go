@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/agentprofile"
 	"github.com/runway-cpi/runway/src/testkit/agentprobe"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
@@ -142,7 +143,7 @@ func TestAgentProfile(t *testing.T) {
 	out := ac.exec(t, vm.CID, "sh", "-c", "for i in $(seq 100); do [ -e /tmp/status ] && break; sleep 0.1; done; "+
 		"[ \"$(cat /tmp/status)\" = 0 ] || { cat /tmp/log; exit 1; }; id -u; hostname; ls -ln /tmp/m/ok; grep -E '^Cap(Eff|Bnd):' /proc/1/status")
 	want := uint64(0)
-	for _, name := range append(append([]string{}, driver.DefaultCaps...), driver.AgentCaps...) {
+	for _, name := range append(append([]string{}, agentprofile.DefaultCaps...), agentprofile.Caps...) {
 		bit, ok := capBits[name]
 		if !ok {
 			t.Fatalf("capability %s has no bit in this test", name)

@@ -6,12 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
 // The driver as bin/cpi builds it: the file's section, a request context
-// merged over it (driver.Registration.MergeContext), then New with the
+// merged over it (config.MergeContext), then New with the
 // file's section beside it. The namespace a context names must be the
 // configured one or one of allowed_namespaces; every other key is the
 // host's.
@@ -24,7 +25,7 @@ func TestContextMergedAsTheCPIDoes(t *testing.T) {
 	build := func(host map[string]any, ctx map[string]any) error {
 		host["kubeconfig"] = kubeconfig
 		section, _ := json.Marshal(host)
-		merged, used, err := reg.MergeContext(section, ctx)
+		merged, used, err := config.MergeContext(reg.Section, section, ctx)
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
@@ -25,14 +26,13 @@ import (
 )
 
 func init() {
-	driver.Register(driver.Registration{Name: "kubernetes", Config: &Config{},
+	driver.Register(driver.Registration{Section: config.Section{Name: "kubernetes", Config: &Config{}, ContextKeys: contextKeys},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
 			if err := checkContext(section, deps.Host); err != nil {
 				return nil, err
 			}
 			return New(section, deps.Locker, deps.Logger, deps.Retry)
 		},
-		ContextKeys: contextKeys,
 	})
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/agentprofile"
 	"github.com/runway-cpi/runway/src/driver/tarcheck"
 )
 
@@ -35,7 +36,7 @@ type layerFile struct {
 	path           string
 	digest, diffID v1.Hash
 	size           int64
-	hasAgent       bool // the stemcell has the agent's init (driver.AgentInit)
+	hasAgent       bool // the stemcell has the agent's init (agentprofile.Init)
 }
 
 var _ v1.Layer = (*layerFile)(nil)
@@ -110,7 +111,7 @@ func cleanLayer(ctx context.Context, src string, lim tarcheck.Limits) (l *layerF
 		} else if err != nil {
 			return nil, err
 		}
-		if "/"+tarcheck.Rel(h.Name) == driver.AgentInit {
+		if "/"+tarcheck.Rel(h.Name) == agentprofile.Init {
 			hasAgent = true
 		}
 		if err := w.entry(ctx, h, tr); err != nil {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/agentprofile"
 )
 
 // settingsSecret holds what the agent reads: its settings, the user data
@@ -147,7 +148,7 @@ func containerSecurity(agent bool) *corev1.SecurityContext {
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
 	}
 	var add []corev1.Capability
-	for _, c := range append(append([]string{}, driver.DefaultCaps...), driver.AgentCaps...) {
+	for _, c := range append(append([]string{}, agentprofile.DefaultCaps...), agentprofile.Caps...) {
 		add = append(add, corev1.Capability(strings.TrimPrefix(c, "CAP_")))
 	}
 	return &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(true),

@@ -39,7 +39,7 @@ type vmProps struct {
 	// RunAsUser overrides kubernetes.run_as_user (non-root only).
 	RunAsUser int64 `json:"run_as_user,omitempty"`
 	// BoshAgent: the pod runs as root with the agent's capabilities
-	// (driver.AgentCaps), as the local driver's agent profile — more than
+	// (agentprofile.Caps), as the local driver's agent profile — more than
 	// the restricted Pod Security Standard allows: the namespace must admit
 	// privileged pods. Only where kubernetes.bosh_agent allows it; in a
 	// user namespace unless kubernetes.host_equivalent_agents.

@@ -19,6 +19,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/agentprofile"
+	"github.com/runway-cpi/runway/src/driver/stemcellmf"
 )
 
 // RegistryConfig is where heavy stemcells go: each is pushed as a
@@ -59,7 +61,7 @@ const stemcellLabel = "io.runway.stemcell"
 // answers its reference by digest. The layer is written anew from the
 // entries src/driver/tarcheck accepted, within max_image_mib and
 // max_image_entries, stopping with ctx (cleanLayer).
-func (d *Driver) pushStemcell(ctx context.Context, spec driver.StemcellSpec, m driver.StemcellManifest) (string, error) {
+func (d *Driver) pushStemcell(ctx context.Context, spec driver.StemcellSpec, m stemcellmf.Manifest) (string, error) {
 	r := d.cfg.Registry
 	repo, err := r.repo()
 	if err != nil {
@@ -90,7 +92,7 @@ func (d *Driver) pushStemcell(ctx context.Context, spec driver.StemcellSpec, m d
 	}
 	if layer.hasAgent {
 		// For a VM type with no command: the stemcell's agent, as warden starts it.
-		cf.Config.Cmd = driver.AgentBoot
+		cf.Config.Cmd = agentprofile.Boot
 	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return "", err

@@ -9,11 +9,12 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
+	"github.com/runway-cpi/runway/src/driver/stemcellmf"
 )
 
 // stemcellProps: a light stemcell names its image.
 type stemcellProps struct {
-	driver.StemcellManifest
+	stemcellmf.Manifest
 	Image string `json:"image"`
 }
 
@@ -44,7 +45,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		if d.cfg.Registry == nil {
 			return "", driver.Invalid("cloud_properties.image is not set: this stemcell is a rootfs tarball (heavy), which needs kubernetes.registry to become an image, and none is configured; use a light stemcell naming an image")
 		}
-		ref, err := d.pushStemcell(ctx, spec, p.StemcellManifest)
+		ref, err := d.pushStemcell(ctx, spec, p.Manifest)
 		if err != nil {
 			return "", err
 		}

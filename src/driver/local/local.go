@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/console"
 	"github.com/runway-cpi/runway/src/driver/local/ctrvm"
@@ -44,7 +45,7 @@ var _ driver.Complete = (*Driver)(nil)
 func init() {
 	// Every local key configures the host (its processes, bridge, runtime,
 	// shell, limits): a request context may set none of them.
-	driver.Register(driver.Registration{Name: "local", Config: &Config{},
+	driver.Register(driver.Registration{Section: config.Section{Name: "local", Config: &Config{}},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
 			return New(section, deps.StateDir, deps.Locker, deps.Logger)
 		}})

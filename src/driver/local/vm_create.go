@@ -10,6 +10,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/store"
+	"github.com/runway-cpi/runway/src/driver/netprefix"
 )
 
 // CreateVM implements driver.Driver: planVM checks the request and
@@ -67,7 +68,7 @@ func (d *Driver) planVM(spec driver.VMSpec) (*vmPlan, error) {
 		return nil, err
 	}
 	for name, n := range spec.Networks {
-		if err := n.CheckNoDelegation(name, "local"); err != nil {
+		if err := netprefix.CheckNoDelegation(n, name, "local"); err != nil {
 			return nil, err
 		}
 		if !n.CloudProperties.Empty() {

@@ -12,7 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 )
 
 // Config is the "openstack" section of the CPI config.
@@ -68,7 +70,7 @@ type Config struct {
 	StemcellPublicVisibility bool `json:"stemcell_public_visibility,omitempty"`
 
 	// poll_max_ms and wait_timeout_seconds.
-	driver.Polling
+	poll.Polling
 	// RequestTimeoutSeconds bounds each HTTP request (default 60).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
 	// TokenCache keeps the Keystone token in the state dir for the next
@@ -107,12 +109,10 @@ func (c *ConfigDrive) UnmarshalJSON(b []byte) error {
 func (c ConfigDrive) Enabled() bool { return c != "" }
 
 func init() {
-	driver.Register(driver.Registration{Name: "openstack", Config: &Config{},
+	driver.Register(driver.Registration{Section: config.Section{Name: "openstack", Config: &Config{}, ContextKeys: contextKeys, Aliases: aliases},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
 			return New(section, deps.StateDir, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
 		},
-		ContextKeys: contextKeys,
-		Aliases:     aliases,
 	})
 }
 
@@ -128,14 +128,14 @@ var contextKeys = []string{"auth_url", "region", "interface", "username", "user_
 
 // aliases are the official OpenStack CPI's job properties (openstack.*),
 // by their names and units (docs/openstack.md has the table).
-var aliases = []driver.Alias{
-	driver.Rename("api_key", "password"),
-	driver.Rename("tenant", "project_name"),
-	driver.Rename("project", "project_name"),
-	driver.Rename("domain", "domain_name"),
-	driver.Rename("state_timeout", "wait_timeout_seconds"),
-	driver.Alias{Key: "endpoint_type", Apply: endpointType},
-	driver.Alias{Key: "wait_resource_poll_interval", Apply: func(v any, set func(string, any)) error {
+var aliases = []config.Alias{
+	config.Rename("api_key", "password"),
+	config.Rename("tenant", "project_name"),
+	config.Rename("project", "project_name"),
+	config.Rename("domain", "domain_name"),
+	config.Rename("state_timeout", "wait_timeout_seconds"),
+	config.Alias{Key: "endpoint_type", Apply: endpointType},
+	config.Alias{Key: "wait_resource_poll_interval", Apply: func(v any, set func(string, any)) error {
 		s, ok := v.(float64)
 		if !ok || s <= 0 {
 			return fmt.Errorf("wait_resource_poll_interval must be a positive number of seconds, not %v", v)
@@ -143,9 +143,9 @@ var aliases = []driver.Alias{
 		set("poll_max_ms", int(s*1000))
 		return nil
 	}},
-	driver.Alias{Key: "connection_options", Apply: connectionOptions},
-	driver.Refuse("use_nova_networking", "nova-network was removed from OpenStack (Rocky); Runway speaks Neutron", driver.IsFalse),
-	driver.Refuse("enable_auto_anti_affinity", "the official CPI refuses it too; use scheduler_hints.group", nil),
+	config.Alias{Key: "connection_options", Apply: connectionOptions},
+	config.Refuse("use_nova_networking", "nova-network was removed from OpenStack (Rocky); Runway speaks Neutron", config.IsFalse),
+	config.Refuse("enable_auto_anti_affinity", "the official CPI refuses it too; use scheduler_hints.group", nil),
 }
 
 // endpointType maps publicURL/internalURL/adminURL (Keystone v2 names,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/netprefix"
 )
 
 type plannedNet struct {
@@ -35,7 +36,7 @@ type plannedNet struct {
 // apart: it is associated once the server is up.
 func planNetworks(in driver.Networks) (nets []plannedNet, vip *plannedNet, err error) {
 	for name, n := range in {
-		if err := n.CheckNoDelegation(name, "openstack"); err != nil {
+		if err := netprefix.CheckNoDelegation(n, name, "openstack"); err != nil {
 			return nil, nil, &driver.CreationError{Err: err}
 		}
 		switch n.Type {

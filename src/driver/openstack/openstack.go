@@ -20,6 +20,7 @@ import (
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
+	"github.com/runway-cpi/runway/src/driver/poll"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -134,7 +135,7 @@ func is409(err error) bool { return status(err) == 409 }
 // poll_max_ms (1.4 rather than 1.5: Nova's ~1.5 s builds are caught by
 // the 4th poll instead of the 5th; measured in docs/benchmarks.md).
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
-	how := driver.Poll{Name: "openstack", First: firstPoll, Factor: 14}
+	how := poll.Poll{Name: "openstack", First: firstPoll, Factor: 14}
 	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
 }
 

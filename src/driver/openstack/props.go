@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/stemcellmf"
 )
 
 // mibToGiB rounds a BOSH size (MiB) up to Cinder's unit, at least 1 GiB.
@@ -118,7 +119,7 @@ type volumeProps struct {
 type stemcellProps struct {
 	// The builder's keys this driver does not read (infrastructure, disk,
 	// root_device_name): no effect.
-	driver.StemcellManifest
+	stemcellmf.Manifest
 	// ImageID names an existing Glance image: a light stemcell.
 	ImageID         string            `json:"image_id"`
 	DiskFormat      string            `json:"disk_format"`

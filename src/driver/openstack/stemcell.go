@@ -16,6 +16,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // CreateStemcell uploads the stemcell's image into Glance and waits until
@@ -56,7 +57,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	if p.Name != "" {
 		name = p.Name + "/" + props["version"]
 	}
-	tags := driver.MergeTags(p.Tags, spec.Tags)
+	tags := cloudtags.Merge(p.Tags, spec.Tags)
 	for k, v := range metadata(tags) {
 		if _, reserved := props[k]; !reserved {
 			props["runway_"+k] = v

@@ -19,6 +19,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -200,7 +201,7 @@ func TestOfficialJobPropertiesByTheirNamesAndUnits(t *testing.T) {
 	}
 	want := Config{AuthURL: "https://keystone.example:5000/v3", Username: "bosh", Password: "pw", ProjectName: "prod",
 		DomainName: "corp", UserDomainName: "corp", ProjectDomainName: "corp", Region: "r1", Interface: "internal",
-		Polling: driver.Polling{WaitTimeoutSeconds: 450, PollMaxMilli: 3000}, BootFromVolume: true, DefaultVolumeType: "SSD",
+		Polling: poll.Polling{WaitTimeoutSeconds: 450, PollMaxMilli: 3000}, BootFromVolume: true, DefaultVolumeType: "SSD",
 		DefaultKeyName: "bosh", DefaultSecurityGroups: []string{"bosh"}, ConfigDrive: "disk", UseDHCP: new(false),
 		IgnoreServerAvailabilityZone: true, HumanReadableVMNames: true, StemcellPublicVisibility: true,
 		Insecure: true, RequestTimeoutSeconds: 360}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // Server metadata keys the driver owns.
@@ -20,7 +21,7 @@ const (
 	mdAgent = "agent_id"     // also a creator tag; read back by ListVMs
 	mdPorts = "runway_ports" // "1": runway made ports for this server
 	// mdNetworks maps each BOSH network to its Neutron network id
-	// (driver.EncodeNames), for list_vms.
+	// (cloudtags.EncodeNames), for list_vms.
 	mdNetworks = "runway_networks"
 	// mdDirector is the CPI service's creator tag for the director uuid.
 	mdDirector = "director"
@@ -283,7 +284,7 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 			}
 		}
 		info := driver.VMInfo{CID: s.ID, AgentID: s.Metadata[mdAgent], Tags: tagMap, Metadata: s.Metadata, State: state}
-		if bosh := driver.DecodeNames(s.Metadata[mdNetworks]); len(bosh) > 0 {
+		if bosh := cloudtags.DecodeNames(s.Metadata[mdNetworks]); len(bosh) > 0 {
 			if netNames == nil {
 				if netNames, err = d.networkNames(ctx); err != nil {
 					return nil, err

@@ -17,6 +17,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -88,7 +89,7 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 	if pl.name == "" {
 		pl.name = "vm-" + uuid.NewString()
 	}
-	pl.creator = driver.MergeTags(p.Tags, spec.Tags)
+	pl.creator = cloudtags.Merge(p.Tags, spec.Tags)
 	if spec.AgentID != "" {
 		pl.creator[mdAgent] = spec.AgentID
 	}
@@ -105,7 +106,7 @@ func (d *Driver) planVM(ctx context.Context, spec driver.VMSpec) (*vmPlan, error
 		netIDs[n.name] = n.props.NetID
 	}
 	if len(netIDs) > 0 {
-		pl.md[mdNetworks] = driver.EncodeNames(netIDs, 255)
+		pl.md[mdNetworks] = cloudtags.EncodeNames(netIDs, 255)
 	}
 	pl.groups = p.SecurityGroups
 	for _, n := range pl.nets {

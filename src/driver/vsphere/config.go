@@ -12,7 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/poll"
 	"github.com/runway-cpi/runway/src/strict"
 )
 
@@ -54,7 +56,7 @@ type Config struct {
 	VMXOptions map[string]any `json:"vmx_options,omitempty"`
 
 	// poll_max_ms and wait_timeout_seconds.
-	driver.Polling
+	poll.Polling
 	// RequestTimeoutSeconds bounds each vCenter request (default 120;
 	// uploads are bounded by the wait timeout instead).
 	RequestTimeoutSeconds int `json:"request_timeout_seconds,omitempty"`
@@ -155,12 +157,10 @@ const (
 )
 
 func init() {
-	driver.Register(driver.Registration{Name: "vsphere", Config: &Config{},
+	driver.Register(driver.Registration{Section: config.Section{Name: "vsphere", Config: &Config{}, ContextKeys: contextKeys, Aliases: aliases},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
 			return New(section, deps)
 		},
-		ContextKeys: contextKeys,
-		Aliases:     aliases,
 	})
 }
 
@@ -175,16 +175,16 @@ var contextKeys = []string{"host", "user", "password", "datacenters", "connectio
 
 // aliases are the official job's keys that are not Runway's own:
 // vcenters (spread into the section), address, and what Runway refuses.
-var aliases = []driver.Alias{
+var aliases = []config.Alias{
 	{Key: "vcenters", Apply: vcenters},
-	driver.Rename("address", "host"),
-	driver.Refuse("nsx", "NSX-V is not supported: Runway attaches VMs to port groups only (docs/vsphere.md)", isNil),
-	driver.Refuse("nsxt", "NSX-T is not supported: Runway attaches VMs to port groups only (docs/vsphere.md)", isNil),
-	driver.Refuse("plugins", "the official CPI's Ruby plugins do not run in Runway: use hooks (docs/hooks.md)", isEmpty),
-	driver.Refuse("enable_human_readable_name", "VMs are named vm-<uuid>, which has_vm and delete_vm find them by", driver.IsFalse),
-	driver.Refuse("cpu_reserve_full_mhz", "Runway reserves no CPU", driver.IsFalse),
-	driver.Refuse("http_logging", "Runway never logs vCenter's request bodies (they carry the session); each call's method is logged at debug", driver.IsFalse),
-	driver.Refuse("vm_storage_policy_name", "storage policies (PBM) are not supported: name datastores with datastore_pattern", isNil),
+	config.Rename("address", "host"),
+	config.Refuse("nsx", "NSX-V is not supported: Runway attaches VMs to port groups only (docs/vsphere.md)", isNil),
+	config.Refuse("nsxt", "NSX-T is not supported: Runway attaches VMs to port groups only (docs/vsphere.md)", isNil),
+	config.Refuse("plugins", "the official CPI's Ruby plugins do not run in Runway: use hooks (docs/hooks.md)", isEmpty),
+	config.Refuse("enable_human_readable_name", "VMs are named vm-<uuid>, which has_vm and delete_vm find them by", config.IsFalse),
+	config.Refuse("cpu_reserve_full_mhz", "Runway reserves no CPU", config.IsFalse),
+	config.Refuse("http_logging", "Runway never logs vCenter's request bodies (they carry the session); each call's method is logged at debug", config.IsFalse),
+	config.Refuse("vm_storage_policy_name", "storage policies (PBM) are not supported: name datastores with datastore_pattern", isNil),
 }
 
 func isNil(v any) bool { return v == nil }

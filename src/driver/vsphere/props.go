@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/stemcellmf"
 )
 
 // vmProps are the official VM cloud properties (docs/vsphere.md).
@@ -175,5 +176,5 @@ type networkProps struct {
 
 // stemcellProps are the stemcell's cloud properties (stemcell.MF).
 type stemcellProps struct {
-	driver.StemcellManifest
+	stemcellmf.Manifest
 }

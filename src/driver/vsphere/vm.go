@@ -13,6 +13,7 @@ import (
 	"github.com/vmware/govmomi/vim25/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
 )
 
 // findVM finds a VM by its cid: at its place in vm_folder first (one
@@ -291,7 +292,7 @@ func vmInfo(vm mo.VirtualMachine, names map[int32]string) driver.VMInfo {
 		}
 		switch name {
 		case fieldNetworks:
-			for n, ip := range driver.DecodeNames(v.Value) {
+			for n, ip := range cloudtags.DecodeNames(v.Value) {
 				info.Networks[n] = driver.Network{IP: ip}
 			}
 		case fieldMetadataVersion:

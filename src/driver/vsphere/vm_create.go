@@ -14,6 +14,8 @@ import (
 	"github.com/vmware/govmomi/vim25/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/netprefix"
 )
 
 // CreateVM clones the stemcell's replica on the chosen datastore (a
@@ -129,7 +131,7 @@ func (d *Driver) planNICs(ctx context.Context, vc *vcenter, nets driver.Networks
 		if net.Type == "vip" {
 			return nil, fmt.Errorf("%w: networks.%s: vip networks are not supported by the vsphere driver (as the official CPI)", driver.ErrNotSupported, n)
 		}
-		if err := net.CheckNoDelegation(n, "vsphere"); err != nil {
+		if err := netprefix.CheckNoDelegation(net, n, "vsphere"); err != nil {
 			return nil, err
 		}
 		var np networkProps
@@ -279,12 +281,12 @@ func (d *Driver) finishVM(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 // tags, the networks (list_vms answers by them) and the official CPI's
 // cpi_metadata_version.
 func (d *Driver) creationFields(pl *vmPlan) map[string]string {
-	f := driver.MergeTags(pl.spec.Tags)
+	f := cloudtags.Merge(pl.spec.Tags)
 	ips := map[string]string{}
 	for n, net := range pl.spec.Networks {
 		ips[n] = net.IP
 	}
-	f[fieldNetworks] = driver.EncodeNames(ips, 4096)
+	f[fieldNetworks] = cloudtags.EncodeNames(ips, 4096)
 	f[fieldMetadataVersion] = "1"
 	return f
 }

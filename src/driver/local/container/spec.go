@@ -11,7 +11,7 @@ import (
 	"github.com/moby/profiles/seccomp"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/agentprofile"
 	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 )
@@ -67,10 +67,10 @@ const ociVersion = "1.0.2"
 // capabilities, no new privileges) plus hostname, limits, the disks mount
 // and the VM's command and environment — nothing of the host's.
 func Spec(v VM) (*specs.Spec, error) {
-	caps := driver.DefaultCaps
+	caps := agentprofile.DefaultCaps
 	noNewPrivs, nofile := true, uint64(1024)
 	if v.Agent {
-		caps = append(append([]string{}, driver.DefaultCaps...), driver.AgentCaps...)
+		caps = append(append([]string{}, agentprofile.DefaultCaps...), agentprofile.Caps...)
 		// Jobs and bosh ssh users switch users (sudo, su: setuid), and
 		// servers such as NATS and PostgreSQL hold many files: up to
 		// 65536, within the host's own hard limit (raising past it needs

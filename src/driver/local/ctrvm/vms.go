@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/agentprofile"
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/hostnet"
 	"github.com/runway-cpi/runway/src/driver/local/procs"
@@ -106,10 +107,10 @@ func (*VMs) UserDataScript() string { return container.UserDataPath }
 
 // NoCommand: the stemcell's own init, as the warden CPI starts it.
 func (v *VMs) NoCommand(stemcell string) ([]string, error) {
-	if err := findExecutableIn(v.st.ImageDir(stemcell), driver.AgentInit); err != nil {
-		return nil, &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", stemcell, driver.AgentInit, err)}
+	if err := findExecutableIn(v.st.ImageDir(stemcell), agentprofile.Init); err != nil {
+		return nil, &driver.CreationError{Err: fmt.Errorf("the vm has no command (cloud_properties.command or user_data) and stemcell %s has no %s to start its agent: %w", stemcell, agentprofile.Init, err)}
 	}
-	return driver.AgentBoot, nil
+	return agentprofile.Boot, nil
 }
 
 // Start makes and starts a published container VM.

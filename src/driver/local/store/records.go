@@ -12,6 +12,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
+	"github.com/runway-cpi/runway/src/driver/stemcellmf"
 )
 
 // VM is vms/<cid>/vm.json. The environment is not kept here: it may
@@ -116,7 +117,7 @@ type Stemcell struct {
 // /warden-cpi-dev/<disk>) or DiskMountsService (its agent mounts the
 // disk itself, through the VM's mount service).
 type StemcellProps struct {
-	driver.StemcellManifest
+	stemcellmf.Manifest
 }
 
 // How a container VM's agent gets its persistent disks.

@@ -1,17 +1,19 @@
-package driver
+package netprefix
 
 import (
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/runway-cpi/runway/src/driver"
 )
 
 // The Director's network settings (cloudfoundry/bosh: deployment_plan's
 // manual_network.rb, dynamic_network.rb and vip_network.rb) carry prefix
 // as a string: "32" (one IPv4 address) unless a subnet says otherwise.
 func TestDirectorPrefixIsOneAddress(t *testing.T) {
-	var nets Networks
+	var nets driver.Networks
 	err := json.Unmarshal([]byte(`{
 		"manual": {"type": "manual", "ip": "10.0.16.5", "prefix": "32", "netmask": "255.255.240.0", "gateway": "10.0.16.1",
 			"dns": ["8.8.8.8"], "default": ["dns", "gateway"], "cloud_properties": {"net_id": "n"}, "nic_group": "1"},
@@ -24,7 +26,7 @@ func TestDirectorPrefixIsOneAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, n := range nets {
-		if err := n.CheckNoDelegation(name, "openstack"); err != nil {
+		if err := CheckNoDelegation(n, name, "openstack"); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -40,17 +42,17 @@ func TestDirectorPrefixIsOneAddress(t *testing.T) {
 
 func TestDelegatedPrefixRefusedByName(t *testing.T) {
 	for _, c := range []struct {
-		n    Network
+		n    driver.Network
 		want error
 		msg  string
 	}{
-		{Network{Type: "manual", IP: "10.0.1.16", Prefix: "28"}, ErrNotSupported, "networks.pods.prefix 28 (prefix delegation) is not supported by the openstack driver"},
-		{Network{Type: "manual", IP: "2001:db8::", Prefix: "80"}, ErrNotSupported, "networks.pods.prefix 80"},
-		{Network{Type: "manual", IP: "10.0.1.16", Prefix: "128"}, ErrNotSupported, "networks.pods.prefix 128"},
-		{Network{Type: "dynamic", Prefix: "24"}, ErrNotSupported, "networks.pods.prefix 24"},
-		{Network{Type: "manual", IP: "10.0.1.16", Prefix: "many"}, ErrInvalidInput, `networks.pods.prefix "many" is not a prefix length`},
+		{driver.Network{Type: "manual", IP: "10.0.1.16", Prefix: "28"}, driver.ErrNotSupported, "networks.pods.prefix 28 (prefix delegation) is not supported by the openstack driver"},
+		{driver.Network{Type: "manual", IP: "2001:db8::", Prefix: "80"}, driver.ErrNotSupported, "networks.pods.prefix 80"},
+		{driver.Network{Type: "manual", IP: "10.0.1.16", Prefix: "128"}, driver.ErrNotSupported, "networks.pods.prefix 128"},
+		{driver.Network{Type: "dynamic", Prefix: "24"}, driver.ErrNotSupported, "networks.pods.prefix 24"},
+		{driver.Network{Type: "manual", IP: "10.0.1.16", Prefix: "many"}, driver.ErrInvalidInput, `networks.pods.prefix "many" is not a prefix length`},
 	} {
-		err := c.n.CheckNoDelegation("pods", "openstack")
+		err := CheckNoDelegation(c.n, "pods", "openstack")
 		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("%+v: %v; want %v %q", c.n, err, c.want, c.msg)
 		}

@@ -1,4 +1,4 @@
-package driver
+package config
 
 import (
 	"encoding/json"
@@ -39,8 +39,8 @@ func IsFalse(v any) bool { b, ok := v.(bool); return v == nil || ok && !b }
 // Normalize rewrites the official keys in one config layer (the file's
 // section or the request context) into the driver's own, in place. Both
 // names of one key in the same layer is an error: which one was meant?
-func (r Registration) Normalize(m map[string]any) error {
-	for _, a := range r.Aliases {
+func (s Section) Normalize(m map[string]any) error {
+	for _, a := range s.Aliases {
 		v, ok := m[a.Key]
 		if !ok {
 			continue
@@ -65,38 +65,29 @@ func (r Registration) Normalize(m map[string]any) error {
 }
 
 // AliasKeys lists the official keys the driver takes.
-func (r Registration) AliasKeys() []string {
+func (s Section) AliasKeys() []string {
 	var out []string
-	for _, a := range r.Aliases {
+	for _, a := range s.Aliases {
 		out = append(out, a.Key)
 	}
 	return out
 }
 
-// DecodeConfig reads the driver's config section into r.Config's type
-// (into points to one): official keys are normalized, then every key is
-// checked strictly; an unknown key is named with the closest key the
-// driver knows by either name.
-func (r Registration) DecodeConfig(section json.RawMessage, into any) error {
+// Decode reads the driver's config section into s.Config's type (into
+// points to one): official keys are normalized, then every key is checked
+// strictly; an unknown key is named with the closest key the driver knows
+// by either name.
+func (s Section) Decode(section json.RawMessage, into any) error {
 	var m map[string]any
 	if err := json.Unmarshal(section, &m); err != nil || m == nil {
-		return fmt.Errorf("%s: must be a JSON object", r.Name)
+		return fmt.Errorf("%s: must be a JSON object", s.Name)
 	}
-	if err := r.Normalize(m); err != nil {
-		return fmt.Errorf("%s: %w", r.Name, err)
+	if err := s.Normalize(m); err != nil {
+		return fmt.Errorf("%s: %w", s.Name, err)
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	return strict.JSON(r.Name, b, into, strict.Suggest(r.AliasKeys()...))
-}
-
-// DecodeConfig is Registration.DecodeConfig for the registered driver name.
-func DecodeConfig(name string, section json.RawMessage, into any) error {
-	r, ok := registry[name]
-	if !ok {
-		r = Registration{Name: name}
-	}
-	return r.DecodeConfig(section, into)
+	return strict.JSON(s.Name, b, into, strict.Suggest(s.AliasKeys()...))
 }
