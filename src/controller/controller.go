@@ -44,7 +44,7 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
-// Engine is what the controller needs of the orchestrator (cmd/runway
+// Engine is what the controller needs of the orchestrator (NewEngine
 // adapts *orchestrator.Orchestrator to it).
 type Engine interface {
 	// Replace hands the engine its whole set of forges and groups.

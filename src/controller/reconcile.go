@@ -3,12 +3,11 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
-	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -207,8 +206,6 @@ func (c *Controller) accept(e *entry, fc config.ForgeConfig, gc *config.GroupCon
 	return nil
 }
 
-var fieldPath = regexp.MustCompile(`(groups|forges)\[(\d+)\]\.`)
-
 // validate holds a forge and group to the engine's rules (config's), the
 // way the engine will when they are handed over.
 // The defaults it fills are kept.
@@ -224,12 +221,29 @@ func validate(fc *config.ForgeConfig, gc *config.GroupConfig) error {
 		*gc = groups[0]
 	}
 	if err != nil {
-		msg := fieldPath.ReplaceAllStringFunc(err.Error(), func(m string) string {
-			return strings.TrimSuffix(m[:strings.Index(m, "[")], "s") + " "
-		})
-		return &notReady{ReasonInvalid, strings.ReplaceAll(msg, "\n", "; ")}
+		return &notReady{ReasonInvalid, strings.ReplaceAll(strings.Join(inItems(err), "; "), "\n", "; ")}
 	}
 	return nil
+}
+
+// inItems says each of the engine's refusals of one forge and group by
+// the field within it ("group labels: ..."), not the engine's list
+// index, which means nothing on the object.
+func inItems(err error) []string {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	var out []string
+	for _, err := range errs {
+		var fe *config.FieldError
+		if errors.As(err, &fe) && fe.List != "" {
+			out = append(out, strings.TrimSuffix(fe.List, "s")+" "+fe.InItem()+": "+fe.Msg)
+		} else {
+			out = append(out, err.Error())
+		}
+	}
+	return out
 }
 
 // apply hands the engine the whole set the objects make, when it
@@ -248,16 +262,13 @@ func (c *Controller) apply() error {
 			c.last = setOf{forges, groups}
 			return nil
 		}
-		m := fieldPath.FindStringSubmatch(err.Error())
-		if m == nil || m[1] != "groups" {
-			return fmt.Errorf("the engine refused the set: %w", err)
-		}
-		i, _ := strconv.Atoi(m[2])
-		if i >= len(keys) {
+		// A group at fault is left out; anything else stops the hand-over.
+		var fe *config.FieldError
+		if !errors.As(err, &fe) || fe.List != "groups" || fe.Index < 0 || fe.Index >= len(keys) {
 			return fmt.Errorf("the engine refused the set: %w", err)
 		}
 		c.mu.Lock()
-		if e := c.entries[keys[i]]; e != nil {
+		if e := c.entries[keys[fe.Index]]; e != nil {
 			e.bad, e.group = &notReady{ReasonInvalid, c.opt.Redactor.Redact(err.Error())}, nil
 		}
 		c.mu.Unlock()

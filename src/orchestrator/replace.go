@@ -40,12 +40,6 @@ func (o *Orchestrator) event(group, runner, typ, msg string) {
 	}
 }
 
-// IdentityError is a change Replace refuses: what a group's runners were
-// made with (its forge, scope, CPI) or a forge's type, while they exist.
-type IdentityError struct{ Field, Msg string }
-
-func (e *IdentityError) Error() string { return e.Field + ": " + e.Msg }
-
 // Replace makes forges and groups the engine's whole set, while it runs:
 // the one call through which a config source other than the file (the
 // Kubernetes controller) hands over what it read. They are defaulted and
@@ -73,7 +67,7 @@ func (o *Orchestrator) Replace(forges []config.ForgeConfig, groups []config.Grou
 		byName[g.cfg().Name] = g
 	}
 	for i, gc := range groups {
-		if err := o.sameIdentity(byName[gc.Name], gc, fmt.Sprintf("groups[%d]", i)); err != nil {
+		if err := o.sameIdentity(byName[gc.Name], gc, i); err != nil {
 			return err
 		}
 	}
@@ -150,8 +144,7 @@ func (o *Orchestrator) replaceForges(forges []config.ForgeConfig) (map[string]*f
 			}
 			views[fc.Name] = o.forgeView(fc, f)
 		case fv.kind != fc.Type && o.forgeUsed(fc.Name):
-			return nil, &IdentityError{Field: fmt.Sprintf("forges[%d].type", i),
-				Msg: fmt.Sprintf("cannot change from %s to %s while groups use the forge", fv.kind, fc.Type)}
+			return nil, identityError("forges", i, "type", fmt.Sprintf("cannot change from %s to %s while groups use the forge", fv.kind, fc.Type))
 		case fv.kind != fc.Type:
 			f, err := o.buildForge(fc)
 			if err != nil {
@@ -191,8 +184,8 @@ func (o *Orchestrator) forgeUsed(name string) bool {
 }
 
 // sameIdentity refuses a change to what an existing group's runners were
-// made with.
-func (o *Orchestrator) sameIdentity(g *group, gc config.GroupConfig, p string) error {
+// made with (gc is groups[i]).
+func (o *Orchestrator) sameIdentity(g *group, gc config.GroupConfig, i int) error {
 	if g == nil {
 		return nil
 	}
@@ -207,8 +200,8 @@ func (o *Orchestrator) sameIdentity(g *group, gc config.GroupConfig, p string) e
 		{"demand", old.Demand, gc.Demand}, {"scale_set", old.ScaleSet, gc.ScaleSet},
 	} {
 		if !reflect.DeepEqual(f.was, f.now) {
-			return &IdentityError{Field: p + "." + f.field,
-				Msg: "cannot change while the group exists (its runners were made with it): delete the group and make it anew"}
+			return identityError("groups", i, f.field,
+				"cannot change while the group exists (its runners were made with it): delete the group and make it anew")
 		}
 	}
 	return nil

@@ -16,14 +16,10 @@ import (
 	"syscall"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/runway-cpi/runway/src/controller"
 	"github.com/runway-cpi/runway/src/forge"
@@ -144,91 +140,17 @@ func controllerCmd(args []string) error {
 	// The webhook Service selects the leader by a label on its pod: a
 	// replica starting (a restarted leader's container keeps its pod's
 	// labels) is not the leader until it says so.
-	markLeader(ctx, kube, f.leaseNamespace, log, false)
+	controller.MarkLeader(ctx, kube, f.leaseNamespace, os.Getenv("POD_NAME"), log, false)
 	if !f.leaderElect {
 		err = run(ctx, nil)
 	} else {
-		err = leadThenRun(ctx, f, kube, log, run)
+		err = controller.LeadThenRun(ctx, kube, controller.Lease{Name: f.leaseName, Namespace: f.leaseNamespace, Identity: f.identity}, log, run)
 	}
 	stop()
 	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = fmt.Errorf("http server: %w", serr)
 	}
 	return err
-}
-
-// leadThenRun runs run while this replica holds the Lease. Losing it
-// ends the process's work (the pod restarts as a standby): the engine's
-// runner rows are in the shared store for the next leader.
-func leadThenRun(ctx context.Context, f *controllerFlags, kube kubernetes.Interface, log logging.Fields,
-	run func(context.Context, func() error) error) error {
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var runErr error
-	var started atomic.Bool
-	finished := make(chan struct{})
-	var le *leaderelection.LeaderElector
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{LeaseMeta: metav1ObjectMeta(f.leaseName, f.leaseNamespace), Client: kube.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: f.identity}},
-		// A replica that dies leaves the Lease to expire: the other takes
-		// it within LeaseDuration + RetryPeriod (9 s).
-		LeaseDuration: leaseDuration, RenewDeadline: 6 * time.Second, RetryPeriod: time.Second,
-		ReleaseOnCancel: true, Name: f.leaseName,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				started.Store(true)
-				defer close(finished)
-				log.Info("leading: running the engine and the controller", "identity", f.identity)
-				runErr = run(ctx, func() error { return fence(le) })
-				cancel() // the engine stopped: give up the Lease
-			},
-			OnStoppedLeading: func() { log.Info("not leading", "identity", f.identity) },
-			OnNewLeader: func(id string) {
-				if id != f.identity {
-					log.Info("standing by", "leader", id)
-				}
-			},
-		},
-	})
-	if err != nil {
-		return err
-	}
-	le.Run(lctx)
-	if !started.Load() {
-		return nil // stopped while standing by
-	}
-	<-finished
-	if runErr == nil && ctx.Err() == nil {
-		// The Lease was lost while the engine ran: stop here (the pod
-		// restarts as a standby; the rows are in the shared store).
-		return errors.New("lost the Lease")
-	}
-	return runErr
-}
-
-// leaseMargin: the engine stops acting once the Lease was last renewed
-// longer than LeaseDuration - leaseMargin ago, before another replica
-// may take it (it waits LeaseDuration from its own last sight of it).
-const (
-	leaseDuration = 8 * time.Second
-	leaseMargin   = 3 * time.Second
-)
-
-// fence says why the engine may not act: the Lease is another's, or its
-// last renewal is too old to be sure it is still this replica's — a
-// process frozen (SIGSTOP) and resumed learns it has lost the Lease only
-// when its next renewal fails, and must not act meanwhile. The time is
-// the monotonic clock's, which runs while a process is stopped.
-func fence(le *leaderelection.LeaderElector) error {
-	if !le.IsLeader() {
-		return errors.New("this replica no longer holds the Lease")
-	}
-	if err := le.Check(-leaseMargin); err != nil {
-		return fmt.Errorf("the Lease was last renewed over %s ago (this process was stopped, or the API server is away): "+
-			"another replica may lead", leaseDuration-leaseMargin)
-	}
-	return nil
 }
 
 // runController is the leader's work: the engine, its HTTP interface and
@@ -264,12 +186,13 @@ func runController(ctx context.Context, cfg *config.Config, f *controllerFlags, 
 	}
 	c := controller.New(controller.Options{Kube: kube, Dyn: dyn, Namespaces: splitList(f.namespace),
 		Secrets: controller.SecretAccess{Names: splitList(f.secretNames), ByLabel: f.secretsByLabel}, Addresses: addrs, Fence: fence,
-		Engine: engine{o, redact, olog},
+		Engine: controller.NewEngine(o, func(fc config.ForgeConfig) (orchestrator.Forge, error) { return buildForge(fc, nil, redact, olog) },
+			redact, olog),
 		Seed: controller.Seed{Image: f.seedImage, Command: f.seedCommand, Args: args, PollInterval: f.seedPoll,
 			DefaultLabels: splitList(f.seedLabels)},
 		Log: logging.Fields{Logger: logger, Tag: "controller"}, Redactor: redact})
 	ctl.Store(c)
-	markLeader(ctx, kube, f.leaseNamespace, logging.Fields{Logger: logger, Tag: "runway"}, true)
+	controller.MarkLeader(ctx, kube, f.leaseNamespace, os.Getenv("POD_NAME"), logging.Fields{Logger: logger, Tag: "runway"}, true)
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx) }()
 	err = c.Run(ctx)
@@ -306,49 +229,6 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return rest.InClusterConfig()
 }
 
-// engine adapts the orchestrator to what the controller needs of it.
-type engine struct {
-	o      *orchestrator.Orchestrator
-	redact *logging.Redactor
-	log    logging.Fields
-}
-
-func (e engine) Replace(forges []config.ForgeConfig, groups []config.GroupConfig) error {
-	return e.o.Replace(forges, groups)
-}
-
-func (e engine) State(name string) (controller.GroupState, bool) {
-	for _, s := range e.o.Groups() {
-		if s.Name == name {
-			return controller.GroupState{ActiveRunners: s.ActiveRunners, QueuedJobs: s.QueuedJobs, Idle: s.Idle, Busy: s.Busy,
-				LastCheckTime: s.LastCheckTime, LastError: s.LastErrorBrief, Retired: s.Retired, NotTakingJobs: s.NotTakingJobs,
-				SpawnsHeldUntil: s.SpawnsHeldUntil}, true
-		}
-	}
-	return controller.GroupState{}, false
-}
-
-func (e engine) Check(ctx context.Context, fc config.ForgeConfig, gc config.GroupConfig) error {
-	f, err := buildForge(fc, nil, e.redact, e.log)
-	if err != nil {
-		return err
-	}
-	err = orchestrator.Check(ctx, &config.Config{Forges: []config.ForgeConfig{fc}, Groups: []config.GroupConfig{gc}},
-		orchestrator.Options{Forges: map[string]orchestrator.Forge{fc.Name: f}, Redactor: e.redact})
-	if err == nil {
-		return nil
-	}
-	// Said on the group's status: what the forge answered stays in the log.
-	e.log.Warn("the forge refuses what the group needs", "group", gc.Name, "err", e.redact.Redact(err.Error()))
-	msg := e.redact.Redact(forge.Brief(err))
-	var ae *forge.APIError
-	if (errors.As(err, &ae) && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden)) ||
-		strings.Contains(msg, "lacks the scope") {
-		return fmt.Errorf("%w: %s", controller.ErrTokenScope, msg)
-	}
-	return errors.New(msg)
-}
-
 // splitList splits a comma-separated flag, dropping empty items.
 func splitList(s string) []string {
 	var out []string
@@ -358,29 +238,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-func metav1ObjectMeta(name, ns string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: name, Namespace: ns}
-}
-
-// LeaderLabel marks the leading replica's pod: the webhook Service
-// selects it.
-const LeaderLabel = "runway.io/leader"
-
-// markLeader sets (or removes) LeaderLabel on this pod (POD_NAME; none
-// outside a pod).
-func markLeader(ctx context.Context, kube kubernetes.Interface, ns string, log logging.Fields, leading bool) {
-	pod := os.Getenv("POD_NAME")
-	if pod == "" || ns == "" {
-		return
-	}
-	v := "null"
-	if leading {
-		v = `"true"`
-	}
-	patch := []byte(`{"metadata":{"labels":{"` + LeaderLabel + `":` + v + `}}}`)
-	if _, err := kube.CoreV1().Pods(ns).Patch(ctx, pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		log.Warn("labelling this pod for the webhook Service", "pod", pod, "leading", leading, "err", err)
-	}
 }

@@ -10,17 +10,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	boshlog "github.com/cloudfoundry/bosh-utils/logger"
-	"k8s.io/apimachinery/pkg/runtime"
-	kubefake "k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/runway-cpi/runway/src/controller"
 	"github.com/runway-cpi/runway/src/logging"
+	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
 )
 
@@ -43,7 +38,7 @@ func TestCheckSaysNothingTheAddressAnswered(t *testing.T) {
 			fmt.Fprintf(w, `{"kind":"Status","message":"%s: required=[write:organization]"}`, marker)
 		}))
 		logger, redact := logging.New(boshlog.LevelError, &strings.Builder{})
-		e := engine{redact: redact, log: logging.Fields{Logger: logger}}
+		e := checkEngine(redact, logging.Fields{Logger: logger})
 		fc := config.ForgeConfig{Name: "f", Type: "gitea", URL: srv.URL, Secrets: memSecrets("tok-0123456789")}
 		gc := config.GroupConfig{Name: "g", Forge: "f", Scope: "org", Org: "acme", Labels: []string{"linux"}}
 		err := e.Check(context.Background(), fc, gc)
@@ -77,7 +72,7 @@ func TestForgeConnectionsAreGuarded(t *testing.T) {
 		}
 	}
 	logger, redact := logging.New(boshlog.LevelError, &strings.Builder{})
-	e := engine{redact: redact, log: logging.Fields{Logger: logger}}
+	e := checkEngine(redact, logging.Fields{Logger: logger})
 	fc := config.ForgeConfig{Name: "f", Type: "gitea", URL: srv.URL, Secrets: memSecrets("tok-0123456789"), Guard: pol}
 	gc := config.GroupConfig{Name: "g", Forge: "f", Scope: "org", Org: "acme", Labels: []string{"linux"}}
 	err = e.Check(context.Background(), fc, gc)
@@ -93,47 +88,9 @@ func TestForgeConnectionsAreGuarded(t *testing.T) {
 	}
 }
 
-// A leader whose Lease is not renewed (its process was frozen, or the
-// API server is away) stops acting as soon as its last renewal is older
-// than the lease less leaseMargin — while it still believes it holds
-// the Lease, before its own renewal deadline gives it up, and before
-// another replica can take it.
-func TestFenceHoldsWhileTheLeaseIsNotRenewed(t *testing.T) {
-	kube := kubefake.NewClientset()
-	var away atomic.Bool
-	kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if away.Load() {
-			return true, nil, errors.New("the API server is away")
-		}
-		return false, nil, nil
-	})
-	started := make(chan struct{})
-	var le *leaderelection.LeaderElector
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{LeaseMeta: metav1ObjectMeta("l", "ns"), Client: kube.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: "a"}},
-		// leaseMargin (3 s) before 4 s: acting ends 1 s after the last renewal.
-		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 200 * time.Millisecond,
-		Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: func(ctx context.Context) { close(started); <-ctx.Done() },
-			OnStoppedLeading: func() {}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go le.Run(ctx)
-	<-started
-	if err := fence(le); err != nil {
-		t.Fatalf("leading: %v", err)
-	}
-	away.Store(true)
-	for end := time.Now().Add(3 * time.Second); fence(le) == nil; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("still acting 3 s after the last renewal")
-		}
-	}
-	if err := fence(le); !le.IsLeader() || !strings.Contains(err.Error(), "last renewed over") {
-		t.Errorf("fenced while the elector still leads: IsLeader %v, %v", le.IsLeader(), err)
-	}
+// checkEngine is the controller's engine as `runway controller` makes
+// it, for Check alone (no orchestrator).
+func checkEngine(redact *logging.Redactor, log logging.Fields) controller.Engine {
+	return controller.NewEngine(nil, func(fc config.ForgeConfig) (orchestrator.Forge, error) { return buildForge(fc, nil, redact, log) },
+		redact, log)
 }

@@ -260,12 +260,27 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 // MarshalYAML implements yaml.Marshaler.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 
-// FieldError names the offending field.
+// FieldError names the offending field by its whole path (Field:
+// groups[2].labels). One forge's or group's field also has List
+// ("forges" or "groups") and Index, its place in the list handed over:
+// a source handing over a set reads which of its objects is at fault
+// (errors.As), not the message.
 type FieldError struct {
 	Field, Msg string
+	List       string
+	Index      int
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// InItem is the field's path within its forge or group (labels[0]); Field
+// when it is no item's.
+func (e *FieldError) InItem() string {
+	if e.List == "" {
+		return e.Field
+	}
+	return strings.TrimPrefix(e.Field, fmt.Sprintf("%s[%d].", e.List, e.Index))
+}
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,38}$`)
 

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +152,34 @@ func TestGitHubURLForms(t *testing.T) {
 		if got := c.Forges[0].RunnerURL; got != want {
 			t.Errorf("url %s: runner_url %q, want %q", api, got, want)
 		}
+	}
+}
+
+// A set handed over by another source (the Kubernetes controller) is
+// refused field by field, each refusal typed with the list and index of
+// the forge or group at fault: the source reads which of its objects it
+// was with errors.As, never the message.
+func TestPrepareSetRefusalsCarryTheirItem(t *testing.T) {
+	forges := []ForgeConfig{{Name: "ok", Type: "gitea", URL: "https://gitea.example", TokenFile: "/t"},
+		{Name: "bad", Type: "gitlab", URL: "https://gitlab.example", TokenFile: "/t"}}
+	good := GroupConfig{Name: "a", Forge: "ok", Scope: "org", Org: "acme", Labels: []string{"linux"}, MaxActiveRunners: 1,
+		Stemcell: StemcellConfig{CID: "sc"}, Runner: RunnerConfig{Command: "/r"}}
+	bad := good
+	bad.Name, bad.Labels = "b", nil
+	err := PrepareSet(forges, []GroupConfig{good, bad})
+	var got []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var fe *FieldError
+		if !errors.As(e, &fe) {
+			t.Fatalf("%v: not a FieldError", e)
+		}
+		got = append(got, fmt.Sprintf("%s %d %s", fe.List, fe.Index, fe.InItem()))
+	}
+	if want := "forges 1 type,groups 1 labels"; strings.Join(got, ",") != want {
+		t.Errorf("refusals %q, want %q (%v)", got, want, err)
+	}
+	var fe *FieldError
+	if errors.As(err, &fe); fe.Field != "forges[1].type" || fe.Error() != `forges[1].type: "gitlab" must be gitea, forgejo or github` {
+		t.Errorf("the first refusal reads %q", fe.Error())
 	}
 }

@@ -18,6 +18,15 @@ func (e *fieldErrors) bad(field, format string, args ...any) {
 	*e = append(*e, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
 }
 
+// in marks the errors from the n-th on as those of list's i-th item.
+func (e *fieldErrors) in(n int, list string, i int) {
+	for _, err := range (*e)[n:] {
+		if fe, ok := err.(*FieldError); ok {
+			fe.List, fe.Index = list, i
+		}
+	}
+}
+
 func (c *Config) validate() error {
 	var errs fieldErrors
 	c.validateDaemon(&errs)
@@ -47,7 +56,7 @@ func validateSet(errs *fieldErrors, forgeList []ForgeConfig, groupList []GroupCo
 	forges := validateForges(errs, forgeList)
 	names := map[string]bool{}
 	for i, g := range groupList {
-		p := fmt.Sprintf("groups[%d]", i)
+		p, first := fmt.Sprintf("groups[%d]", i), len(*errs)
 		if !nameRE.MatchString(g.Name) {
 			errs.bad(p+".name", "%q must be lowercase letters, digits and dashes (it prefixes runner names)", g.Name)
 		} else if names[g.Name] {
@@ -55,6 +64,7 @@ func validateSet(errs *fieldErrors, forgeList []ForgeConfig, groupList []GroupCo
 		}
 		names[g.Name] = true
 		g.validate(errs, p, forges)
+		errs.in(first, "groups", i)
 	}
 }
 
@@ -103,7 +113,7 @@ func (c *Config) validateDaemon(errs *fieldErrors) {
 func validateForges(errs *fieldErrors, list []ForgeConfig) map[string]ForgeConfig {
 	forges := map[string]ForgeConfig{}
 	for i, f := range list {
-		p := fmt.Sprintf("forges[%d]", i)
+		p, first := fmt.Sprintf("forges[%d]", i), len(*errs)
 		if !nameRE.MatchString(f.Name) {
 			errs.bad(p+".name", "%q must be lowercase letters, digits and dashes", f.Name)
 		} else if _, dup := forges[f.Name]; dup {
@@ -139,6 +149,7 @@ func validateForges(errs *fieldErrors, list []ForgeConfig) map[string]ForgeConfi
 		if f.WebhookSecretFile != "" && f.WebhookSecretEnv != "" {
 			errs.bad(p+".webhook_secret_file", "set at most one of webhook_secret_file or webhook_secret_env")
 		}
+		errs.in(first, "forges", i)
 	}
 	return forges
 }
