@@ -58,6 +58,22 @@ func (c cluster) section(extra map[string]any) json.RawMessage {
 	return b
 }
 
+// watchPod reads the pod named cid and watches it from that version on
+// (until the test ends).
+func (c cluster) watchPod(t *testing.T, ctx context.Context, cid string) (*corev1.Pod, watch.Interface) {
+	t.Helper()
+	p, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, cid, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + cid, ResourceVersion: p.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return p, w
+}
+
 func newTestDriver(t testing.TB, c cluster, extra map[string]any) *Driver {
 	t.Helper()
 	log := logging.Discard()
@@ -337,15 +353,7 @@ func TestRebootWaitsForTheOldSettingsToGo(t *testing.T) {
 		secrets.Patch(ctx, old.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
 	}
 	defer release()
-	oldPod, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + vm.CID, ResourceVersion: oldPod.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pw.Stop()
+	oldPod, pw := c.watchPod(t, ctx, vm.CID)
 	sw, err := secrets.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + old.Name, ResourceVersion: old.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)

@@ -90,15 +90,7 @@ func TestKilledReboot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			old, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + vm.CID, ResourceVersion: old.ResourceVersion})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Stop()
+			old, w := c.watchPod(t, ctx, vm.CID)
 			killWhen(t, bin, cfgPath, w, point.name, func(ev watch.Event) bool {
 				p, ok := ev.Object.(*corev1.Pod)
 				return ok && point.at(old, p)
