@@ -3,7 +3,6 @@ package aws
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,20 +23,12 @@ import (
 // secret key never comes back.
 func TestTwoCPIConfigContexts(t *testing.T) {
 	ep := emptyMoto(t)
-	bin, err := cpibin.Path("aws")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const other = "eu-west-1"
 	const secret = "ctx-secret-key-0453"
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "cpi.json")
-	cfg, _ := json.Marshal(map[string]any{"driver": "aws", "state_dir": filepath.Join(dir, "state"),
+	cpi := cpibin.Configured(t, dir, "aws", map[string]any{"driver": "aws", "state_dir": filepath.Join(dir, "state"),
 		"aws": map[string]any{"credentials_source": "static", "access_key_id": "testing", "secret_access_key": "testing-secret",
 			"region": region, "ec2_endpoint": ep, "max_retries": 3}})
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	clients := map[string]*ec2.Client{}
 	for _, r := range []string{region, other} {
 		d, _ := newTestDriver(t, ep, "", map[string]any{"region": r})
@@ -50,8 +41,8 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	if _, err := clients[other].CreateKeyPair(context.Background(), &ec2.CreateKeyPairInput{KeyName: aws.String("ctx-key")}); err != nil {
 		t.Fatal(err)
 	}
-	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{secret},
-		Context: map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}}
+	cpi.Secrets = []string{secret}
+	cpi.Context = map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}
 	run := func(props map[string]any, method string, args ...any) rpc.Reply {
 		t.Helper()
 		return cpi.Call(t, props, method, args...)

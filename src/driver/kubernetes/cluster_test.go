@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -92,19 +91,10 @@ func newTestDriver(t testing.TB, c cluster, extra map[string]any) *Driver {
 // section (extra keys over it) in its config file.
 func cpiCaller(t *testing.T, c cluster, extra map[string]any) cpibin.Caller {
 	t.Helper()
-	bin, err := cpibin.Path("kubernetes")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	var section map[string]any
 	_ = json.Unmarshal(c.section(extra), &section)
-	cfg, _ := json.Marshal(map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"), "kubernetes": section})
-	path := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cpibin.Caller{Bin: bin, Config: path}
+	return cpibin.Configured(t, dir, "kubernetes", map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"), "kubernetes": section})
 }
 
 // in is c with another namespace.

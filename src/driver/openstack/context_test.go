@@ -27,20 +27,12 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 		"RUNWAY_OS_B_USER", "RUNWAY_OS_B_PROJECT", "RUNWAY_OS_B_PASSWORD", "RUNWAY_OS_IMAGE_ID")
 	const director = "multi-cpi-director"
 	t.Cleanup(func() { assertNoneTagged(t, c, "director", director) })
-	bin, err := cpibin.Path("openstack")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "cpi.json")
-	cfg, _ := json.Marshal(map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
+	cpi := cpibin.Configured(t, dir, "openstack", map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
 		"openstack": map[string]any{"auth_url": c.authURL, "username": c.user, "api_key": c.password, "project": c.project,
 			"region": c.region, "state_timeout": 120, "wait_resource_poll_interval": 1}})
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{b[2]},
-		Context: map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+	cpi.Secrets = []string{b[2]}
+	cpi.Context = map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
 	run := func(props map[string]any, method string, args ...any) rpc.Reply {
 		t.Helper()
 		return cpi.Call(t, props, method, args...)

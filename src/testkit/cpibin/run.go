@@ -2,7 +2,9 @@ package cpibin
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -105,4 +107,24 @@ func String(t testing.TB, raw json.RawMessage) string {
 		t.Fatalf("want a string result, got %s", raw)
 	}
 	return s
+}
+
+// Configured is a Caller of bin/cpi with driver's executable beside it
+// (Path), cfg written as its config file in dir (0600: it holds
+// credentials).
+func Configured(t testing.TB, dir, driver string, cfg any) Caller {
+	t.Helper()
+	bin, err := Path(driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "cpi.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return Caller{Bin: bin, Config: path}
 }
