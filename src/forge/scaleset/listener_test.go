@@ -1,7 +1,6 @@
 package scaleset
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 // memRecord is a SessionRecord in memory.
@@ -48,30 +48,12 @@ type harness struct {
 	changed chan struct{}
 	stop    context.CancelFunc
 	done    chan struct{}
-	log     *syncBuffer
+	log     *testlog.Buffer // the listener's
 	drops   atomic.Int32
 }
 
-// syncBuffer is the listener's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func newHarness(t *testing.T, g *forgetest.GitHub, maxJobs int) *harness {
-	h := &harness{t: t, g: g, c: newClient(t, g, org), rec: &memRecord{}, changed: make(chan struct{}, 1), log: &syncBuffer{}}
+	h := &harness{t: t, g: g, c: newClient(t, g, org), rec: &memRecord{}, changed: make(chan struct{}, 1), log: &testlog.Buffer{}}
 	h.c.cfg.Actions.Retry.Budget = 300 * time.Millisecond
 	h.maxJobs.Store(int32(maxJobs))
 	logger, _ := logging.New(boshlog.LevelInfo, h.log)
