@@ -128,3 +128,29 @@ func Configured(t testing.TB, dir, driver string, cfg any) Caller {
 	}
 	return Caller{Bin: bin, Config: path}
 }
+
+// ContextKeepsItsOwn checks what one cpi-config context (ctx: nil for
+// the config file's) made for agent, in a cloud where another context
+// (other) is another account or region: has_vm finds the VM through ctx
+// and not through other, list_vms by agent lists it once; then the disk,
+// the VM and the stemcell are deleted through ctx.
+func (c Caller) ContextKeepsItsOwn(t testing.TB, ctx, other map[string]any, agent, vm, disk, stemcell string) {
+	t.Helper()
+	var has bool
+	json.Unmarshal(c.OK(t, ctx, "has_vm", vm), &has)
+	if !has {
+		t.Errorf("%s: has_vm through its own context is false", agent)
+	}
+	json.Unmarshal(c.OK(t, other, "has_vm", vm), &has)
+	if has {
+		t.Errorf("%s: has_vm through the other context found %s", agent, vm)
+	}
+	var listed []map[string]any
+	json.Unmarshal(c.OK(t, ctx, "list_vms", map[string]string{"agent_id": agent}), &listed)
+	if len(listed) != 1 {
+		t.Errorf("%s: list_vms by agent = %v; want the one VM", agent, listed)
+	}
+	c.OK(t, ctx, "delete_disk", disk)
+	c.OK(t, ctx, "delete_vm", vm)
+	c.OK(t, ctx, "delete_stemcell", stemcell)
+}
