@@ -10,7 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
-	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -43,14 +42,6 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	}
 	cpi.Secrets = []string{secret}
 	cpi.Context = map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}
-	run := func(props map[string]any, method string, args ...any) rpc.Reply {
-		t.Helper()
-		return cpi.Call(t, props, method, args...)
-	}
-	ok := func(props map[string]any, method string, args ...any) json.RawMessage {
-		t.Helper()
-		return cpi.OK(t, props, method, args...)
-	}
 	img, props := stemcellFixture(t)
 	entries := map[string]map[string]any{
 		region: nil,
@@ -59,13 +50,13 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	}
 	for r, ctx := range entries {
 		var sc string
-		json.Unmarshal(ok(ctx, "create_stemcell", img, props.Map()), &sc)
+		json.Unmarshal(cpi.OK(t, ctx, "create_stemcell", img, props.Map()), &sc)
 		var pair []json.RawMessage
-		json.Unmarshal(ok(ctx, "create_vm", "agent-"+r, sc, map[string]any{"instance_type": "t3.micro"},
+		json.Unmarshal(cpi.OK(t, ctx, "create_vm", "agent-"+r, sc, map[string]any{"instance_type": "t3.micro"},
 			map[string]any{"default": map[string]any{"type": "dynamic"}}, []string{}, map[string]any{}), &pair)
 		var vm, disk string
 		json.Unmarshal(pair[0], &vm)
-		json.Unmarshal(ok(ctx, "create_disk", 1024, map[string]any{}, vm), &disk)
+		json.Unmarshal(cpi.OK(t, ctx, "create_disk", 1024, map[string]any{}, vm), &disk)
 
 		insts, err := clients[r].DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{InstanceIds: []string{vm}})
 		if err != nil || len(insts.Reservations) != 1 {
@@ -88,11 +79,11 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 		}
 		cpi.ContextKeepsItsOwn(t, ctx, otherCtx, "agent-"+r, vm, disk, sc)
 	}
-	r := run(map[string]any{"ec2_endpoint": "http://127.0.0.1:9"}, "has_vm", "i-0000000000000000f")
+	r := cpi.Call(t, map[string]any{"ec2_endpoint": "http://127.0.0.1:9"}, "has_vm", "i-0000000000000000f")
 	if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {
 		t.Errorf("a context naming a closed endpoint: %+v", r.Error)
 	}
-	r = run(map[string]any{"default_security_group": []string{"sg-1"}}, "has_vm", "i-0000000000000000f")
+	r = cpi.Call(t, map[string]any{"default_security_group": []string{"sg-1"}}, "has_vm", "i-0000000000000000f")
 	if r.Error == nil || !strings.Contains(r.Error.Message, `unknown key "default_security_group" (did you mean "default_security_groups"?)`) {
 		t.Errorf("misspelt context key: %+v", r.Error)
 	}
