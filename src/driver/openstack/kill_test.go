@@ -144,18 +144,11 @@ func TestKilledCreateVM(t *testing.T) {
 
 func listVMs(t *testing.T, call func(string, ...any) json.RawMessage, agent string) []string {
 	t.Helper()
-	var vms []struct {
-		CID string `json:"cid"`
+	cids, err := cpibin.ListedCIDs(call("list_vms", map[string]string{"agent_id": agent}))
+	if err != nil {
+		t.Fatal(err)
 	}
-	raw := call("list_vms", map[string]string{"agent_id": agent})
-	if err := json.Unmarshal(raw, &vms); err != nil {
-		t.Fatalf("list_vms answer %s: %v", raw, err)
-	}
-	var out []string
-	for _, v := range vms {
-		out = append(out, v.CID)
-	}
-	return out
+	return cids
 }
 
 // TestPortOfACreateInFlightIsKept: a create_vm held between its port and

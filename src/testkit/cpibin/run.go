@@ -2,6 +2,7 @@ package cpibin
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -153,4 +154,19 @@ func (c Caller) ContextKeepsItsOwn(t testing.TB, ctx, other map[string]any, agen
 	c.OK(t, ctx, "delete_disk", disk)
 	c.OK(t, ctx, "delete_vm", vm)
 	c.OK(t, ctx, "delete_stemcell", stemcell)
+}
+
+// ListedCIDs are the VM CIDs of a list_vms answer.
+func ListedCIDs(raw json.RawMessage) ([]string, error) {
+	var vms []struct {
+		CID string `json:"cid"`
+	}
+	if err := json.Unmarshal(raw, &vms); err != nil {
+		return nil, fmt.Errorf("list_vms answered %s: %w", raw, err)
+	}
+	var out []string
+	for _, v := range vms {
+		out = append(out, v.CID)
+	}
+	return out, nil
 }
