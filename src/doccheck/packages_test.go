@@ -59,7 +59,10 @@ func TestArchitecturePackageTable(t *testing.T) {
 	}
 }
 
-type pkgRow struct{ pkgs, deps []string }
+type pkgRow struct {
+	pkgs, deps []string
+	owns       string // the middle column
+}
 
 var codeSpan = regexp.MustCompile("`([^`]+)`")
 
@@ -86,7 +89,7 @@ func packageRows(t *testing.T) []pkgRow {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		var r pkgRow
+		r := pkgRow{owns: strings.Join(cells[1:len(cells)-1], " | ")}
 		prev := ""
 		for _, m := range codeSpan.FindAllStringSubmatch(cells[0], -1) {
 			name := strings.TrimPrefix(m[1], ".../")

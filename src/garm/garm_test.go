@@ -3,6 +3,7 @@ package garm_test
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cloudbase/garm-provider-common/params"
 
+	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -59,6 +61,40 @@ func newGarm(t *testing.T, version string, cfg map[string]any) *garm {
 	if err := os.WriteFile(g.config, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { g.run("RemoveAllInstances", "", "", nil) })
+	return g
+}
+
+// newCloudGarm is garm on the executable bin of a cloud driver with its
+// config section, as an operator sets it up: the image made a stemcell
+// (create_stemcell with props), mapped as the pool's "ubuntu", and the
+// rest of the garm section (flavors, networks) as given.
+func newCloudGarm(t *testing.T, driver, bin string, section map[string]any, controller, image string, props map[string]any, garmSection map[string]any) *garm {
+	dir := t.TempDir()
+	cfg := map[string]any{"driver": driver, "state_dir": filepath.Join(dir, "state"), driver: section}
+	write := func() string {
+		p := filepath.Join(dir, "runway.json")
+		b, _ := json.Marshal(cfg)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	c := &cpiclient.Client{Path: bin, ConfigPath: write(), DirectorUUID: "garm-test", Timeout: time.Minute}
+	resp, err := c.Call(context.Background(), "create_stemcell", "garm", image, props)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sc string
+	if err := json.Unmarshal(resp.Result, &sc); err != nil {
+		t.Fatal(err)
+	}
+	if garmSection == nil {
+		garmSection = map[string]any{}
+	}
+	garmSection["images"] = map[string]any{"ubuntu": map[string]any{"stemcell": sc}}
+	cfg["garm"] = garmSection
+	g := &garm{t: t, config: write(), controller: controller, version: "v0.1.1", bin: bin}
 	t.Cleanup(func() { g.run("RemoveAllInstances", "", "", nil) })
 	return g
 }

@@ -2,19 +2,14 @@ package garm_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
@@ -30,30 +25,9 @@ func TestInstancesArePods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	section := map[string]any{"kubeconfig": env[0], "namespace": env[2], "delete_grace_seconds": 1, "wait_timeout_seconds": 60, "owner": "garm-test"}
-	cfg := map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"), "kubernetes": section}
-	write := func() string {
-		p := filepath.Join(dir, "runway.json")
-		b, _ := json.Marshal(cfg)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
 	// The operator's one step: the image as a light stemcell, mapped.
-	c := &cpiclient.Client{Path: bin, ConfigPath: write(), DirectorUUID: "garm-test", Timeout: time.Minute}
-	resp, err := c.Call(context.Background(), "create_stemcell", "garm", "/dev/null", map[string]any{"image": env[3]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sc string
-	if err := json.Unmarshal(resp.Result, &sc); err != nil {
-		t.Fatal(err)
-	}
-	cfg["garm"] = map[string]any{"images": map[string]any{"ubuntu": map[string]any{"stemcell": sc}}}
-	g := &garm{t: t, config: write(), controller: "ctl-k8s", version: "v0.1.1", bin: bin}
-	t.Cleanup(func() { g.run("RemoveAllInstances", "", "", nil) })
+	g := newCloudGarm(t, "kubernetes", bin, section, "ctl-k8s", "/dev/null", map[string]any{"image": env[3]}, nil)
 
 	rc, err := clientcmd.BuildConfigFromFlags("", env[1])
 	if err != nil {

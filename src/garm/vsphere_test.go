@@ -3,12 +3,8 @@ package garm_test
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vmware/govmomi/find"
 	"github.com/vmware/govmomi/session"
@@ -16,7 +12,6 @@ import (
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/soap"
 
-	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/vcsim"
 )
@@ -31,32 +26,11 @@ func TestInstancesAreVSphereVMs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	section := sim.Section(map[string]any{"datacenters": []any{map[string]any{"name": "DC0", "datastore_pattern": `\ALocalDS_0\z`,
 		"persistent_datastore_pattern": `\ALocalDS_`, "clusters": []any{"DC0_C0"}}}})
-	cfg := map[string]any{"driver": "vsphere", "state_dir": filepath.Join(dir, "state"), "vsphere": section}
-	write := func() string {
-		p := filepath.Join(dir, "runway.json")
-		b, _ := json.Marshal(cfg)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	c := &cpiclient.Client{Path: bin, ConfigPath: write(), DirectorUUID: "garm-test", Timeout: time.Minute}
-	resp, err := c.Call(context.Background(), "create_stemcell", "garm", vcsim.StemcellImage(t), map[string]any{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sc string
-	if err := json.Unmarshal(resp.Result, &sc); err != nil {
-		t.Fatal(err)
-	}
-	cfg["garm"] = map[string]any{"images": map[string]any{"ubuntu": map[string]any{"stemcell": sc}},
+	g := newCloudGarm(t, "vsphere", bin, section, "ctl-vsphere", vcsim.StemcellImage(t), map[string]any{}, map[string]any{
 		"flavors":  map[string]any{"small": map[string]any{"cpu": 1, "ram": 512, "disk": 1024}},
-		"networks": map[string]any{"runners": map[string]any{"type": "dynamic", "cloud_properties": map[string]any{"name": "VM Network"}}}}
-	g := &garm{t: t, config: write(), controller: "ctl-vsphere", version: "v0.1.1", bin: bin}
-	t.Cleanup(func() { g.run("RemoveAllInstances", "", "", nil) })
+		"networks": map[string]any{"runners": map[string]any{"type": "dynamic", "cloud_properties": map[string]any{"name": "VM Network"}}}})
 
 	inst := decode[rawInstance](t, g.ok("CreateInstance", "pool-v", "", bootstrap("runner-vm", "pool-v", "")))
 	if inst.Status != "running" || !strings.HasPrefix(inst.ProviderID, "vm-") {

@@ -1,7 +1,6 @@
 package integration_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +12,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
+
+	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
 func repoRoot() string {
@@ -90,13 +91,7 @@ var _ = describeLocal("the hook examples in docs/examples/hooks", func() {
 func listVMs(h *hookEnv) []string {
 	r := h.run("list_vms", map[string]string{"director": "it-director"})
 	Expect(r.Error).To(BeNil())
-	var vms []struct {
-		CID string `json:"cid"`
-	}
-	Expect(json.Unmarshal(r.Result, &vms)).To(Succeed())
-	var out []string
-	for _, v := range vms {
-		out = append(out, v.CID)
-	}
-	return out
+	cids, err := cpibin.ListedCIDs(r.Result)
+	Expect(err).To(Succeed())
+	return cids
 }

@@ -3,7 +3,6 @@ package aws
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
-	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
@@ -24,20 +22,12 @@ import (
 // secret key never comes back.
 func TestTwoCPIConfigContexts(t *testing.T) {
 	ep := emptyMoto(t)
-	bin, err := cpibin.Path("aws")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const other = "eu-west-1"
 	const secret = "ctx-secret-key-0453"
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "cpi.json")
-	cfg, _ := json.Marshal(map[string]any{"driver": "aws", "state_dir": filepath.Join(dir, "state"),
+	cpi := cpibin.Configured(t, dir, "aws", map[string]any{"driver": "aws", "state_dir": filepath.Join(dir, "state"),
 		"aws": map[string]any{"credentials_source": "static", "access_key_id": "testing", "secret_access_key": "testing-secret",
 			"region": region, "ec2_endpoint": ep, "max_retries": 3}})
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	clients := map[string]*ec2.Client{}
 	for _, r := range []string{region, other} {
 		d, _ := newTestDriver(t, ep, "", map[string]any{"region": r})
@@ -50,16 +40,8 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	if _, err := clients[other].CreateKeyPair(context.Background(), &ec2.CreateKeyPairInput{KeyName: aws.String("ctx-key")}); err != nil {
 		t.Fatal(err)
 	}
-	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{secret},
-		Context: map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}}
-	run := func(props map[string]any, method string, args ...any) rpc.Reply {
-		t.Helper()
-		return cpi.Call(t, props, method, args...)
-	}
-	ok := func(props map[string]any, method string, args ...any) json.RawMessage {
-		t.Helper()
-		return cpi.OK(t, props, method, args...)
-	}
+	cpi.Secrets = []string{secret}
+	cpi.Context = map[string]any{"director_uuid": "multi-cpi-director", "request_id": "cpi-2"}
 	img, props := stemcellFixture(t)
 	entries := map[string]map[string]any{
 		region: nil,
@@ -68,13 +50,13 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	}
 	for r, ctx := range entries {
 		var sc string
-		json.Unmarshal(ok(ctx, "create_stemcell", img, props.Map()), &sc)
+		json.Unmarshal(cpi.OK(t, ctx, "create_stemcell", img, props.Map()), &sc)
 		var pair []json.RawMessage
-		json.Unmarshal(ok(ctx, "create_vm", "agent-"+r, sc, map[string]any{"instance_type": "t3.micro"},
+		json.Unmarshal(cpi.OK(t, ctx, "create_vm", "agent-"+r, sc, map[string]any{"instance_type": "t3.micro"},
 			map[string]any{"default": map[string]any{"type": "dynamic"}}, []string{}, map[string]any{}), &pair)
 		var vm, disk string
 		json.Unmarshal(pair[0], &vm)
-		json.Unmarshal(ok(ctx, "create_disk", 1024, map[string]any{}, vm), &disk)
+		json.Unmarshal(cpi.OK(t, ctx, "create_disk", 1024, map[string]any{}, vm), &disk)
 
 		insts, err := clients[r].DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{InstanceIds: []string{vm}})
 		if err != nil || len(insts.Reservations) != 1 {
@@ -91,33 +73,17 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 		if _, err := clients[r].DescribeVolumes(context.Background(), &ec2.DescribeVolumesInput{VolumeIds: []string{disk}}); err != nil {
 			t.Errorf("%s: disk %s is not in its region: %v", r, disk, err)
 		}
-		var has bool
-		json.Unmarshal(ok(ctx, "has_vm", vm), &has)
-		if !has {
-			t.Errorf("%s: has_vm through its own context is false", r)
-		}
 		otherCtx := entries[other]
 		if ctx != nil {
 			otherCtx = entries[region]
 		}
-		json.Unmarshal(ok(otherCtx, "has_vm", vm), &has)
-		if has {
-			t.Errorf("%s: has_vm through the other region's context found %s", r, vm)
-		}
-		var listed []map[string]any
-		json.Unmarshal(ok(ctx, "list_vms", map[string]string{"agent_id": "agent-" + r}), &listed)
-		if len(listed) != 1 {
-			t.Errorf("%s: list_vms by agent = %v; want the one VM", r, listed)
-		}
-		ok(ctx, "delete_disk", disk)
-		ok(ctx, "delete_vm", vm)
-		ok(ctx, "delete_stemcell", sc)
+		cpi.ContextKeepsItsOwn(t, ctx, otherCtx, "agent-"+r, vm, disk, sc)
 	}
-	r := run(map[string]any{"ec2_endpoint": "http://127.0.0.1:9"}, "has_vm", "i-0000000000000000f")
+	r := cpi.Call(t, map[string]any{"ec2_endpoint": "http://127.0.0.1:9"}, "has_vm", "i-0000000000000000f")
 	if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {
 		t.Errorf("a context naming a closed endpoint: %+v", r.Error)
 	}
-	r = run(map[string]any{"default_security_group": []string{"sg-1"}}, "has_vm", "i-0000000000000000f")
+	r = cpi.Call(t, map[string]any{"default_security_group": []string{"sg-1"}}, "has_vm", "i-0000000000000000f")
 	if r.Error == nil || !strings.Contains(r.Error.Message, `unknown key "default_security_group" (did you mean "default_security_groups"?)`) {
 		t.Errorf("misspelt context key: %+v", r.Error)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 const region = "us-east-1"
@@ -69,22 +70,14 @@ func resetMoto(t *testing.T, ep string) {
 	resp.Body.Close()
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // newTestDriver builds a driver on endpoint with its own lock dir (or
 // lockDir, to share locks like concurrent bin/cpi processes do).
-func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any) (*Driver, *syncBuf) {
+func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any) (*Driver, *testlog.Buffer) {
 	t.Helper()
 	if lockDir == "" {
 		lockDir = t.TempDir()
 	}
-	logs := &syncBuf{}
+	logs := testlog.ShownOnFailure(t, "driver log")
 	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
 	lk, err := lock.New(lockDir, time.Minute, log)
 	if err != nil {
@@ -101,11 +94,6 @@ func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("driver log:\n%s", logs.String())
-		}
-	})
 	return d, logs
 }
 

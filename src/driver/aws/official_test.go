@@ -1,8 +1,6 @@
 package aws
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,20 +45,12 @@ var officialAWSDiskProps = map[string]any{"type": "io2", "iops": 4000, "throughp
 // endpoint; a refused key fails before, naming itself; a misspelt key
 // names the closest known one.
 func TestEveryOfficialCloudPropertyIsHonouredOrRefusedByName(t *testing.T) {
-	bin, err := cpibin.Path("aws")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfg, _ := json.Marshal(map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
+	cpi := cpibin.Configured(t, dir, "aws", map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
 		"aws": map[string]any{"access_key_id": "k", "secret_access_key": "secret-key-1", "region": "us-east-1",
 			"ec2_endpoint": "http://127.0.0.1:9", "max_retries": 0}}}})
-	path := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", filepath.Join(dir, "state"))
-	cpi := cpibin.Caller{Bin: bin, Config: path, Secrets: []string{"secret-key-1"}}
+	cpi.Secrets = []string{"secret-key-1"}
 	const reached = "127.0.0.1:9"
 	const ami = "ami-0123456789abcdef0"
 	nets := map[string]any{"private": map[string]any{"type": "manual", "ip": "10.0.0.5",

@@ -11,7 +11,6 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -119,21 +118,13 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	ep := emptyMoto(t)
 	ctx := context.Background()
 	rec, proxy := newRecorder(t, ep)
-	bin, err := cpibin.Path("aws")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "cpi.json")
-	cfg, _ := json.Marshal(map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
+	cpi := cpibin.Configured(t, dir, "aws", map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
 		"aws": map[string]any{"credentials_source": "static", "access_key_id": "testing", "secret_access_key": "testing-secret",
 			"region": region, "ec2_endpoint": proxy, "max_retries": 2}}}})
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", filepath.Join(dir, "state"))
-	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{"testing-secret"},
-		Context: map[string]any{"director_uuid": "parity", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+	cpi.Secrets = []string{"testing-secret"}
+	cpi.Context = map[string]any{"director_uuid": "parity", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
 
 	// What an operator made beforehand: a security group named the same
 	// in two VPCs, a target group, a classic ELB, a placement group, a

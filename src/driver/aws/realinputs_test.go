@@ -2,9 +2,7 @@ package aws
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -39,24 +37,16 @@ func TestRealCallersInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	bin, err := cpibin.Path("aws")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "cpi.json")
 	// bosh-deployment aws/cpi.yml's cloud_provider properties, through the
 	// official template's shape (cloud.plugin, cloud.properties.aws).
-	cfg, _ := json.Marshal(map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
+	cpi := cpibin.Configured(t, dir, "aws", map[string]any{"cloud": map[string]any{"plugin": "aws", "properties": map[string]any{
 		"aws": map[string]any{"access_key_id": "testing", "secret_access_key": "testing-secret", "default_key_name": "bosh",
 			"default_security_groups": []string{"default"}, "region": region, "ec2_endpoint": ep, "max_retries": 3},
 		"agent": map[string]any{"mbus": "nats://nats:nats-password@10.0.0.6:4222"}}}})
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", filepath.Join(dir, "state"))
-	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{"testing-secret", "nats-password", "agent-blobstore-password"},
-		Context: realinputs.DirectorContext("real-inputs-director", 3, nil)}
+	cpi.Secrets = []string{"testing-secret", "nats-password", "agent-blobstore-password"}
+	cpi.Context = realinputs.DirectorContext("real-inputs-director", 3, nil)
 
 	img, _ := stemcellFixture(t)
 	heavy := cpibin.String(t, cpi.OK(t, nil, "create_stemcell", img, realinputs.HeavyStemcell("aws", "raw"),

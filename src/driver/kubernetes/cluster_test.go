@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -58,6 +57,22 @@ func (c cluster) section(extra map[string]any) json.RawMessage {
 	return b
 }
 
+// watchPod reads the pod named cid and watches it from that version on
+// (until the test ends).
+func (c cluster) watchPod(t *testing.T, ctx context.Context, cid string) (*corev1.Pod, watch.Interface) {
+	t.Helper()
+	p, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, cid, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + cid, ResourceVersion: p.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return p, w
+}
+
 func newTestDriver(t testing.TB, c cluster, extra map[string]any) *Driver {
 	t.Helper()
 	log := logging.Discard()
@@ -76,19 +91,10 @@ func newTestDriver(t testing.TB, c cluster, extra map[string]any) *Driver {
 // section (extra keys over it) in its config file.
 func cpiCaller(t *testing.T, c cluster, extra map[string]any) cpibin.Caller {
 	t.Helper()
-	bin, err := cpibin.Path("kubernetes")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	var section map[string]any
 	_ = json.Unmarshal(c.section(extra), &section)
-	cfg, _ := json.Marshal(map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"), "kubernetes": section})
-	path := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cpibin.Caller{Bin: bin, Config: path}
+	return cpibin.Configured(t, dir, "kubernetes", map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"), "kubernetes": section})
 }
 
 // in is c with another namespace.
@@ -337,15 +343,7 @@ func TestRebootWaitsForTheOldSettingsToGo(t *testing.T) {
 		secrets.Patch(ctx, old.Name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
 	}
 	defer release()
-	oldPod, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + vm.CID, ResourceVersion: oldPod.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pw.Stop()
+	oldPod, pw := c.watchPod(t, ctx, vm.CID)
 	sw, err := secrets.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + old.Name, ResourceVersion: old.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -90,15 +89,7 @@ func TestKilledReboot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			old, err := c.admin.CoreV1().Pods(c.ns).Get(ctx, vm.CID, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w, err := c.admin.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + vm.CID, ResourceVersion: old.ResourceVersion})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Stop()
+			old, w := c.watchPod(t, ctx, vm.CID)
 			killWhen(t, bin, cfgPath, w, point.name, func(ev watch.Event) bool {
 				p, ok := ev.Object.(*corev1.Pod)
 				return ok && point.at(old, p)
@@ -129,23 +120,15 @@ func TestKilledReboot(t *testing.T) {
 func killSetup(t *testing.T) (cluster, string, string, *Driver, string) {
 	c := devCluster(t)
 	t.Cleanup(func() { assertNoneLeft(t, c) })
-	bin, err := cpibin.Path("kubernetes")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfg, _ := json.Marshal(map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"),
+	cpi := cpibin.Configured(t, dir, "kubernetes", map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"),
 		"kubernetes": map[string]any{"kubeconfig": c.kubeconfig, "namespace": c.ns, "delete_grace_seconds": 1}})
-	cfgPath := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	d := newTestDriver(t, c, nil)
 	sc, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, bin, cfgPath, d, sc
+	return c, cpi.Bin, cpi.Config, d, sc
 }
 
 // killWhen runs bin/cpi with one request (method, args) and kills it with

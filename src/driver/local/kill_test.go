@@ -156,15 +156,11 @@ func (e *cpiEnv) vmsOf(agent string) []string {
 	if errType != "" {
 		e.t.Fatal(errType)
 	}
-	var vms []struct {
-		CID string `json:"cid"`
+	cids, err := cpibin.ListedCIDs(res)
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	json.Unmarshal(res, &vms)
-	var out []string
-	for _, v := range vms {
-		out = append(out, v.CID)
-	}
-	return out
+	return cids
 }
 
 // create_vm is killed with SIGKILL at a random moment, or left running

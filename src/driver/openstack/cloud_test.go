@@ -30,6 +30,7 @@ import (
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 type cloud struct {
@@ -43,17 +44,9 @@ func devCloud(t *testing.T) cloud {
 	return cloud{authURL: v[0], user: v[1], password: v[2], project: v[3], region: v[4], netID: v[5]}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // newTestDriver builds a driver on the dev cloud (authURL overrides, for
 // the proxy) with its state dir (shared when given, like processes do).
-func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[string]any) (*Driver, *syncBuf) {
+func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[string]any) (*Driver, *testlog.Buffer) {
 	t.Helper()
 	if stateDir == "" {
 		stateDir = t.TempDir()
@@ -61,7 +54,7 @@ func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[st
 	if authURL == "" {
 		authURL = c.authURL
 	}
-	logs := &syncBuf{}
+	logs := testlog.ShownOnFailure(t, "driver log")
 	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
 	lk, err := lock.New(filepath.Join(stateDir, "locks"), time.Minute, log)
 	if err != nil {
@@ -78,11 +71,6 @@ func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[st
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("driver log:\n%s", logs.String())
-		}
-	})
 	return d, logs
 }
 

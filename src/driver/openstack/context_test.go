@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
@@ -27,28 +26,12 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 		"RUNWAY_OS_B_USER", "RUNWAY_OS_B_PROJECT", "RUNWAY_OS_B_PASSWORD", "RUNWAY_OS_IMAGE_ID")
 	const director = "multi-cpi-director"
 	t.Cleanup(func() { assertNoneTagged(t, c, "director", director) })
-	bin, err := cpibin.Path("openstack")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "cpi.json")
-	cfg, _ := json.Marshal(map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
+	cpi := cpibin.Configured(t, dir, "openstack", map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
 		"openstack": map[string]any{"auth_url": c.authURL, "username": c.user, "api_key": c.password, "project": c.project,
 			"region": c.region, "state_timeout": 120, "wait_resource_poll_interval": 1}})
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cpi := cpibin.Caller{Bin: bin, Config: cfgPath, Secrets: []string{b[2]},
-		Context: map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
-	run := func(props map[string]any, method string, args ...any) rpc.Reply {
-		t.Helper()
-		return cpi.Call(t, props, method, args...)
-	}
-	ok := func(props map[string]any, method string, args ...any) json.RawMessage {
-		t.Helper()
-		return cpi.OK(t, props, method, args...)
-	}
+	cpi.Secrets = []string{b[2]}
+	cpi.Context = map[string]any{"director_uuid": director, "request_id": "cpi-1", "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
 	a := newAdmin(t, c)
 	projectID := func(name string) string {
 		t.Helper()
@@ -71,13 +54,13 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 	agent := "multi-" + uuid.NewString()[:8] + "-"
 	for project, props := range entries {
 		var sc string
-		json.Unmarshal(ok(props, "create_stemcell", "", map[string]any{"image_id": b[3]}), &sc)
+		json.Unmarshal(cpi.OK(t, props, "create_stemcell", "", map[string]any{"image_id": b[3]}), &sc)
 		var pair []json.RawMessage
-		json.Unmarshal(ok(props, "create_vm", agent+project, sc, map[string]any{"instance_type": "runway.tiny"},
+		json.Unmarshal(cpi.OK(t, props, "create_vm", agent+project, sc, map[string]any{"instance_type": "runway.tiny"},
 			map[string]any{}, []string{}, map[string]any{}), &pair)
 		var vm, disk string
 		json.Unmarshal(pair[0], &vm)
-		json.Unmarshal(ok(props, "create_disk", 1024, map[string]any{}, nil), &disk)
+		json.Unmarshal(cpi.OK(t, props, "create_disk", 1024, map[string]any{}, nil), &disk)
 
 		srv, err := a.get(t, "compute", "servers/"+vm)
 		if err != nil {
@@ -99,42 +82,26 @@ func TestTwoCPIConfigContexts(t *testing.T) {
 			t.Errorf("%s: disk %s = %v; want it in %s with type %s", project, disk, found, projectID(project), wantType)
 		}
 		// The same context finds it; the other project does not.
-		var has bool
-		json.Unmarshal(ok(props, "has_vm", vm), &has)
-		if !has {
-			t.Errorf("%s: has_vm through its own context is false", project)
-		}
 		other := entries[c.project]
 		if props == nil {
 			other = entries[b[1]]
 		}
-		json.Unmarshal(ok(other, "has_vm", vm), &has)
-		if has {
-			t.Errorf("%s: has_vm through the other project's context found %s", project, vm)
-		}
-		var listed []map[string]any
-		json.Unmarshal(ok(props, "list_vms", map[string]string{"agent_id": agent + project}), &listed)
-		if len(listed) != 1 {
-			t.Errorf("%s: list_vms by agent = %v; want the one VM", project, listed)
-		}
-		ok(props, "delete_disk", disk)
-		ok(props, "delete_vm", vm)
-		ok(props, "delete_stemcell", sc)
+		cpi.ContextKeepsItsOwn(t, props, other, agent+project, vm, disk, sc)
 	}
 
 	// Proof the context is used: a closed endpoint fails, naming it.
-	r := run(map[string]any{"auth_url": "http://127.0.0.1:9/v3"}, "has_vm", "00000000-0000-4000-8000-000000000009")
+	r := cpi.Call(t, map[string]any{"auth_url": "http://127.0.0.1:9/v3"}, "has_vm", "00000000-0000-4000-8000-000000000009")
 	if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {
 		t.Errorf("a context naming a closed endpoint: %+v", r.Error)
 	}
 	// A misspelt property is refused, naming it as the context's and the
 	// closest key; a key that configures the host is refused by name.
-	r = run(map[string]any{"default_keyname": "k"}, "has_vm", "00000000-0000-4000-8000-000000000009")
+	r = cpi.Call(t, map[string]any{"default_keyname": "k"}, "has_vm", "00000000-0000-4000-8000-000000000009")
 	if r.Error == nil || r.Error.Type != "Bosh::Clouds::CpiError" ||
 		!strings.Contains(r.Error.Message, `request context: unknown key "default_keyname" (did you mean "default_key_name"?)`) {
 		t.Errorf("misspelt context key: %+v", r.Error)
 	}
-	r = run(map[string]any{"ca_file": "/etc/shadow"}, "has_vm", "00000000-0000-4000-8000-000000000009")
+	r = cpi.Call(t, map[string]any{"ca_file": "/etc/shadow"}, "has_vm", "00000000-0000-4000-8000-000000000009")
 	if r.Error == nil || !strings.Contains(r.Error.Message, `"ca_file" configures the host and cannot come from a request context`) {
 		t.Errorf("host key from the context: %+v", r.Error)
 	}

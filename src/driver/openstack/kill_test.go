@@ -17,6 +17,20 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 )
 
+// writeCPIConfig writes dir/<name>.json, a bin/cpi config for the dev
+// cloud through authURL with its state in dir/<state> (one state dir is
+// one CPI host: its lock files prove a killed call dead).
+func writeCPIConfig(t *testing.T, c cloud, dir, name, state, authURL string) string {
+	cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, state),
+		"openstack": map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
+	b, _ := json.Marshal(cfg)
+	path := filepath.Join(dir, name+".json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestKilledCreateVM: bin/cpi killed with SIGKILL in the middle of
 // create_vm — once after its port but before any server, once after the
 // server exists —
@@ -45,17 +59,7 @@ func TestKilledCreateVM(t *testing.T) {
 	})
 	// One state dir, as on one CPI host: the killed create's lock file
 	// proves to the next create that it is dead.
-	writeConfig := func(name, authURL string) string {
-		cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"),
-			"openstack": map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
-		b, _ := json.Marshal(cfg)
-		path := filepath.Join(dir, name+".json")
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	cfgPath, stuckCfg := writeConfig("direct", c.authURL), writeConfig("stuck", stuckURL)
+	cfgPath, stuckCfg := writeCPIConfig(t, c, dir, "direct", "state", c.authURL), writeCPIConfig(t, c, dir, "stuck", "state", stuckURL)
 	d, _ := newTestDriver(t, c, "", "", nil)
 	sc := createStemcell(t, d)
 	a := newAdmin(t, c)
@@ -140,18 +144,11 @@ func TestKilledCreateVM(t *testing.T) {
 
 func listVMs(t *testing.T, call func(string, ...any) json.RawMessage, agent string) []string {
 	t.Helper()
-	var vms []struct {
-		CID string `json:"cid"`
+	cids, err := cpibin.ListedCIDs(call("list_vms", map[string]string{"agent_id": agent}))
+	if err != nil {
+		t.Fatal(err)
 	}
-	raw := call("list_vms", map[string]string{"agent_id": agent})
-	if err := json.Unmarshal(raw, &vms); err != nil {
-		t.Fatalf("list_vms answer %s: %v", raw, err)
-	}
-	var out []string
-	for _, v := range vms {
-		out = append(out, v.CID)
-	}
-	return out
+	return cids
 }
 
 // TestPortOfACreateInFlightIsKept: a create_vm held between its port and
@@ -180,19 +177,9 @@ func TestPortOfACreateInFlightIsKept(t *testing.T) {
 	var once sync.Once
 	releaseAll := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(releaseAll)
-	writeConfig := func(name, state, authURL string) string {
-		cfg := map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, state),
-			"openstack": map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project, "region": c.region}}
-		b, _ := json.Marshal(cfg)
-		path := filepath.Join(dir, name+".json")
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	heldCfg := writeConfig("held", "host-a", heldURL)
-	sameHost := writeConfig("same-host", "host-a", c.authURL)
-	otherHost := writeConfig("other-host", "host-b", c.authURL)
+	heldCfg := writeCPIConfig(t, c, dir, "held", "host-a", heldURL)
+	sameHost := writeCPIConfig(t, c, dir, "same-host", "host-a", c.authURL)
+	otherHost := writeCPIConfig(t, c, dir, "other-host", "host-b", c.authURL)
 	d, _ := newTestDriver(t, c, "", "", nil)
 	sc := createStemcell(t, d)
 	createVM := func(cfg, agent string) *exec.Cmd {

@@ -1,8 +1,6 @@
 package openstack
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,20 +45,12 @@ var officialDiskProps = map[string]any{"type": "SSD"}
 // to the cloud and fails there (the endpoint named); a refused key fails
 // before, naming itself; a misspelt key names the closest known one.
 func TestEveryOfficialCloudPropertyIsHonouredOrRefusedByName(t *testing.T) {
-	bin, err := cpibin.Path("openstack")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfg, _ := json.Marshal(map[string]any{"cloud": map[string]any{"plugin": "openstack", "properties": map[string]any{
+	cpi := cpibin.Configured(t, dir, "openstack", map[string]any{"cloud": map[string]any{"plugin": "openstack", "properties": map[string]any{
 		"openstack": map[string]any{"auth_url": "http://127.0.0.1:9/v3", "username": "u", "api_key": "secret-pw", "project": "p",
 			"domain": "Default", "ignore_server_availability_zone": true, "state_timeout": 5}}}})
-	path := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", filepath.Join(dir, "state"))
-	cpi := cpibin.Caller{Bin: bin, Config: path, Secrets: []string{"secret-pw"}}
+	cpi.Secrets = []string{"secret-pw"}
 	const reachedTheCloud = "127.0.0.1:9"
 	stemcell := "6a4cb3e0-1f2d-4e8b-9c6f-0a1b2c3d4e50"
 	nets := func(props map[string]any) map[string]any {
@@ -108,22 +98,14 @@ func TestEveryOfficialCloudPropertyIsHonouredOrRefusedByName(t *testing.T) {
 // string never come back: not in the answer's error, its log, or stderr —
 // whether the URL comes from the config file or a request's context.
 func TestSecretsInsideURLsNeverComeBack(t *testing.T) {
-	bin, err := cpibin.Path("openstack")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	const pw, tok = "url-pass-0457", "url-token-0458"
-	cfg, _ := json.Marshal(map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"), "log_level": "debug",
+	cpi := cpibin.Configured(t, dir, "openstack", map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"), "log_level": "debug",
 		"openstack": map[string]any{"auth_url": "http://admin:" + pw + "@127.0.0.1:9/v3?token=" + tok, "username": "u",
 			"password": "p-not-in-url", "project_name": "p", "wait_timeout_seconds": 5}})
-	path := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// Secrets: the caller fails the test if they appear in stdout or stderr.
-	cpi := cpibin.Caller{Bin: bin, Config: path, Secrets: []string{pw, tok},
-		Context: map[string]any{"director_uuid": "d", "request_id": "cpi-1"}}
+	cpi.Secrets = []string{pw, tok}
+	cpi.Context = map[string]any{"director_uuid": "d", "request_id": "cpi-1"}
 	for _, ctx := range []map[string]any{nil, {"auth_url": "http://ctx-user:" + pw + "@127.0.0.1:9/v3?x=" + tok}} {
 		r := cpi.Call(t, ctx, "has_vm", "6a4cb3e0-1f2d-4e8b-9c6f-0a1b2c3d4e50")
 		if r.Error == nil || !strings.Contains(r.Error.Message, "127.0.0.1:9") {

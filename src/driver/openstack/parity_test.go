@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,23 +27,16 @@ import (
 // the official job's key names, as the Director would.
 func officialCaller(t *testing.T, c cloud, director string, extra map[string]any) cpibin.Caller {
 	t.Helper()
-	bin, err := cpibin.Path("openstack")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	section := map[string]any{"auth_url": c.authURL, "username": c.user, "api_key": c.password, "project": c.project,
 		"region": c.region, "state_timeout": 120, "wait_resource_poll_interval": 1}
 	for k, v := range extra {
 		section[k] = v
 	}
-	cfg, _ := json.Marshal(map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"), "openstack": section})
-	path := filepath.Join(dir, "cpi.json")
-	if err := os.WriteFile(path, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cpibin.Caller{Bin: bin, Config: path, Secrets: []string{c.password},
-		Context: map[string]any{"director_uuid": director, "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+	cpi := cpibin.Configured(t, dir, "openstack", map[string]any{"driver": "openstack", "state_dir": filepath.Join(dir, "state"), "openstack": section})
+	cpi.Secrets = []string{c.password}
+	cpi.Context = map[string]any{"director_uuid": director, "vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
+	return cpi
 }
 
 func createVMArgs(agent, stemcell string, props, nets map[string]any, disks []string) []any {

@@ -1,9 +1,6 @@
 package vsphere
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -41,14 +38,11 @@ func officialCPIJSON(sim *sim, vcenter map[string]any) map[string]any {
 	}}}
 }
 
-func writeConfig(t *testing.T, doc any) string {
+// configured is bin/cpi with the vSphere driver and doc as its config
+// file (the official shape takes its state dir from RUNWAY_STATE_DIR).
+func configured(t *testing.T, doc any) cpibin.Caller {
 	t.Helper()
-	b, _ := json.Marshal(doc)
-	p := filepath.Join(t.TempDir(), "cpi.json")
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return cpibin.Configured(t, t.TempDir(), "vsphere", doc)
 }
 
 // The official job's config, unchanged, drives a whole lifecycle through
@@ -56,13 +50,10 @@ func writeConfig(t *testing.T, doc any) string {
 // section), metadata, a disk attached and detached, and deletes.
 func TestOfficialJobConfigThroughBinCPI(t *testing.T) {
 	sim := newSim(t)
-	bin, err := cpibin.Path("vsphere")
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", t.TempDir())
-	cpi := cpibin.Caller{Bin: bin, Config: writeConfig(t, officialCPIJSON(sim, nil)), Secrets: []string{sim.pass},
-		Context: map[string]any{"vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}}
+	cpi := configured(t, officialCPIJSON(sim, nil))
+	cpi.Secrets = []string{sim.pass}
+	cpi.Context = map[string]any{"vm": map[string]any{"stemcell": map[string]any{"api_version": 2}}}
 	info := cpi.OK(t, nil, "info")
 	if !strings.Contains(string(info), `"vsphere-ovf"`) || !strings.Contains(string(info), `"vsphere-ova"`) {
 		t.Errorf("info %s", info)
@@ -106,10 +97,6 @@ func TestOfficialJobConfigThroughBinCPI(t *testing.T) {
 // by name. The job's always-rendered defaults are honoured as they are.
 func TestEveryOfficialJobPropertyHasAVerdict(t *testing.T) {
 	sim := newSim(t)
-	bin, err := cpibin.Path("vsphere")
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", t.TempDir())
 	refused := func(s string) string { return s }
 	verdicts := []struct {
@@ -136,7 +123,8 @@ func TestEveryOfficialJobPropertyHasAVerdict(t *testing.T) {
 	}
 	for _, v := range verdicts {
 		cfg := officialCPIJSON(sim, map[string]any{v.key: v.value})
-		cpi := cpibin.Caller{Bin: bin, Config: writeConfig(t, cfg), Secrets: []string{sim.pass}}
+		cpi := configured(t, cfg)
+		cpi.Secrets = []string{sim.pass}
 		r := cpi.Call(t, nil, "has_vm", "vm-00000000-0000-4000-8000-000000000000")
 		switch {
 		case v.refusal == "" && (r.Error != nil || string(r.Result) != "false"):
@@ -148,7 +136,7 @@ func TestEveryOfficialJobPropertyHasAVerdict(t *testing.T) {
 	// plugins: the template always renders {}; a plugin is refused.
 	cfg := officialCPIJSON(sim, nil)
 	cfg["cloud"].(map[string]any)["properties"].(map[string]any)["plugins"] = map[string]any{"superdeleter": "Enabled"}
-	r := cpibin.Caller{Bin: bin, Config: writeConfig(t, cfg)}.Call(t, nil, "has_vm", "vm-00000000-0000-4000-8000-000000000000")
+	r := configured(t, cfg).Call(t, nil, "has_vm", "vm-00000000-0000-4000-8000-000000000000")
 	if r.Error == nil || !strings.Contains(r.Error.Message, "plugins is not supported") {
 		t.Errorf("a plugin: %+v", r.Error)
 	}
@@ -157,7 +145,7 @@ func TestEveryOfficialJobPropertyHasAVerdict(t *testing.T) {
 		cfg := officialCPIJSON(sim, nil)
 		dc := cfg["cloud"].(map[string]any)["properties"].(map[string]any)["vcenters"].([]any)[0].(map[string]any)["datacenters"].([]any)[0].(map[string]any)
 		dc[key] = val
-		r := cpibin.Caller{Bin: bin, Config: writeConfig(t, cfg)}.Call(t, nil, "has_vm", "vm-00000000-0000-4000-8000-000000000000")
+		r := configured(t, cfg).Call(t, nil, "has_vm", "vm-00000000-0000-4000-8000-000000000000")
 		if r.Error == nil || !strings.Contains(r.Error.Message, key+" is not supported") {
 			t.Errorf("datacenters[0].%s: %+v", key, r.Error)
 		}

@@ -17,12 +17,9 @@ import (
 // VM lands in its context's datacenter, and only that context finds it.
 func TestCPIConfigContextsPickTheDatacenter(t *testing.T) {
 	sim := newSim(t)
-	bin, err := cpibin.Path("vsphere")
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Setenv("RUNWAY_STATE_DIR", t.TempDir())
-	cpi := cpibin.Caller{Bin: bin, Config: writeConfig(t, officialCPIJSON(sim, nil)), Secrets: []string{sim.pass}}
+	cpi := configured(t, officialCPIJSON(sim, nil))
+	cpi.Secrets = []string{sim.pass}
 	dc1 := map[string]any{"datacenters": []any{map[string]any{"name": "DC1", "datastore_pattern": `\ALocalDS_0\z`,
 		"persistent_datastore_pattern": `\ALocalDS_`, "clusters": []any{"DC1_C0"}}}}
 	image := stemcellImage(t)

@@ -12,13 +12,20 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
+// newServer is a Forgejo contract server (closed at the test's end) and
+// a client of it with its API token.
+func newServer(t *testing.T) (*forgetest.Gitea, *forgejo.Client) {
+	srv := forgetest.NewForgejo("tok")
+	t.Cleanup(srv.Close)
+	return srv, client(srv.URL, "tok")
+}
+
 func client(url, token string) *forgejo.Client {
 	return forgejo.New(url, forge.NewTransport(func() string { return "token " + token }))
 }
 
 func TestJobsWaitingAndRunningWithTheirRepository(t *testing.T) {
-	srv := forgetest.NewForgejo("tok")
-	defer srv.Close()
+	srv, c := newServer(t)
 	ctx := context.Background()
 	var queued []int64
 	for i := 0; i < 120; i++ {
@@ -31,7 +38,6 @@ func TestJobsWaitingAndRunningWithTheirRepository(t *testing.T) {
 	srv.SetJobStatus(done, forge.StatusCompleted)
 	srv.AddJob("other/app", "x", []string{"linux"}, forge.StatusQueued)
 
-	c := client(srv.URL, "tok")
 	jobs, err := c.Jobs(ctx, forge.Scope{Kind: "org", Owner: "acme"})
 	if err != nil {
 		t.Fatal(err)
@@ -75,10 +81,8 @@ func TestJobsWaitingAndRunningWithTheirRepository(t *testing.T) {
 }
 
 func TestEphemeralRunnerRegisteredByRESTTakesOneJobAndStays(t *testing.T) {
-	srv := forgetest.NewForgejo("tok")
-	defer srv.Close()
+	srv, c := newServer(t)
 	ctx := context.Background()
-	c := client(srv.URL, "tok")
 	scope := forge.Scope{Kind: "repo", Owner: "acme", Repo: "app"}
 	first := srv.AddJob("acme/app", "one", []string{"linux"}, forge.StatusQueued)
 	second := srv.AddJob("acme/app", "two", []string{"linux"}, forge.StatusQueued)
@@ -142,10 +146,8 @@ func TestEphemeralRunnerRegisteredByRESTTakesOneJobAndStays(t *testing.T) {
 }
 
 func TestRunnersEveryPageAndTokenRefused(t *testing.T) {
-	srv := forgetest.NewForgejo("tok")
-	defer srv.Close()
+	srv, c := newServer(t)
 	ctx := context.Background()
-	c := client(srv.URL, "tok")
 	scope := forge.Scope{Kind: "org", Owner: "acme"}
 	for i := 0; i < 120; i++ {
 		if _, err := c.Register(ctx, scope, "rw-"+strconv.Itoa(i), nil); err != nil {

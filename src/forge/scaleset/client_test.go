@@ -45,6 +45,21 @@ func newGHES(t *testing.T) *forgetest.GitHub {
 	return g
 }
 
+// linuxSession makes a scale set named name taking "linux" jobs and
+// opens a message session on it.
+func linuxSession(t *testing.T, ctx context.Context, c *Client, name string) (ScaleSet, *Session) {
+	t.Helper()
+	set, err := c.Ensure(ctx, Spec{Name: name, RunnerGroupID: 1, Labels: []string{"linux"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := c.OpenSession(ctx, set.ID, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set, sess
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -183,16 +198,8 @@ func TestLongPollReturnsWhenAJobArrivesAndAJobIsAcquiredOnce(t *testing.T) {
 	g.SetActionsTimes(0, 0, 20*time.Second)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	setA, _ := c.Ensure(ctx, Spec{Name: "a", RunnerGroupID: 1, Labels: []string{"linux"}})
-	setB, _ := c.Ensure(ctx, Spec{Name: "b", RunnerGroupID: 1, Labels: []string{"linux"}})
-	sa, err := c.OpenSession(ctx, setA.ID, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, err := c.OpenSession(ctx, setB.ID, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sa := linuxSession(t, ctx, c, "a")
+	_, sb := linuxSession(t, ctx, c, "b")
 	got := make(chan *Message, 1)
 	go func() {
 		m, err := sa.Message(ctx, 0, 10)
@@ -238,11 +245,7 @@ func TestJITRunnerRunsTheAcquiredJob(t *testing.T) {
 	g := newGHES(t)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, _ := c.Ensure(ctx, Spec{Name: "s", RunnerGroupID: 1, Labels: []string{"linux"}})
-	sess, err := c.OpenSession(ctx, set.ID, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	set, sess := linuxSession(t, ctx, c, "s")
 	job := g.AddJob("acme/app", []string{"linux"})
 	m, _ := sess.Message(ctx, 0, 1)
 	if _, err := sess.Acquire(ctx, []int64{m.Available[0].RequestID}); err != nil {
@@ -294,11 +297,7 @@ func TestExpiredSessionTokenIsRefreshed(t *testing.T) {
 	g.SetActionsTimes(0, 0, 200*time.Millisecond)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, _ := c.Ensure(ctx, Spec{Name: "s", RunnerGroupID: 1, Labels: []string{"linux"}})
-	sess, err := c.OpenSession(ctx, set.ID, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sess := linuxSession(t, ctx, c, "s")
 	g.ExpireSessionTokens()
 	if m, err := sess.Message(ctx, 0, 1); err != nil || m != nil {
 		t.Fatalf("poll with an expired token: %v, %v; want a refresh then 202", m, err)
@@ -313,8 +312,7 @@ func TestErrorsCarryNoSecret(t *testing.T) {
 	g := newServer(t)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, _ := c.Ensure(ctx, Spec{Name: "s", RunnerGroupID: 1, Labels: []string{"linux"}})
-	sess, _ := c.OpenSession(ctx, set.ID, "x")
+	set, sess := linuxSession(t, ctx, c, "s")
 	_, err := c.OpenSession(ctx, set.ID, "y")
 	g.DeleteScaleSet(set.ID)
 	_, err2 := sess.Message(ctx, 0, 1)

@@ -1,7 +1,6 @@
 package scaleset
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 // memRecord is a SessionRecord in memory.
@@ -48,30 +48,12 @@ type harness struct {
 	changed chan struct{}
 	stop    context.CancelFunc
 	done    chan struct{}
-	log     *syncBuffer
+	log     *testlog.Buffer // the listener's
 	drops   atomic.Int32
 }
 
-// syncBuffer is the listener's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func newHarness(t *testing.T, g *forgetest.GitHub, maxJobs int) *harness {
-	h := &harness{t: t, g: g, c: newClient(t, g, org), rec: &memRecord{}, changed: make(chan struct{}, 1), log: &syncBuffer{}}
+	h := &harness{t: t, g: g, c: newClient(t, g, org), rec: &memRecord{}, changed: make(chan struct{}, 1), log: &testlog.Buffer{}}
 	h.c.cfg.Actions.Retry.Budget = 300 * time.Millisecond
 	h.maxJobs.Store(int32(maxJobs))
 	logger, _ := logging.New(boshlog.LevelInfo, h.log)
@@ -105,6 +87,13 @@ func (h *harness) start() {
 	h.t.Cleanup(func() { h.stop(); <-h.done })
 }
 
+// listening is a harness started and holding its session, and its state then.
+func listening(t *testing.T, g *forgetest.GitHub, maxJobs int) (*harness, State) {
+	h := newHarness(t, g, maxJobs)
+	h.start()
+	return h, h.until("a session", func(s State) bool { return s.Session })
+}
+
 // until waits, at most 20 s, for cond, looking again whenever the
 // listener reports a change.
 func (h *harness) until(what string, cond func(State) bool) State {
@@ -132,9 +121,7 @@ func (h *harness) until(what string, cond func(State) bool) State {
 func TestListenerAcquiresOnlyWhatItCanStart(t *testing.T) { flows(t, acquiresOnlyWhatItCanStart) }
 
 func acquiresOnlyWhatItCanStart(t *testing.T, g *forgetest.GitHub) {
-	h := newHarness(t, g, 2)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
+	h, _ := listening(t, g, 2)
 	var jobs []int64
 	for range 5 {
 		jobs = append(jobs, g.AddJob("acme/app", []string{"linux"}))
@@ -207,9 +194,7 @@ func TestListenerTakesOverOnlyItsGroupsSession(t *testing.T) {
 // session and takes the job queued meanwhile once it is back, once.
 func TestListenerWaitsOutTheServiceBeingDown(t *testing.T) {
 	g := newServer(t)
-	h := newHarness(t, g, 4)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
+	h, _ := listening(t, g, 4)
 	g.SetActionsDown(true)
 	h.until("the outage noticed", func(s State) bool { return s.LastError != "" })
 	job := g.AddJob("acme/app", []string{"linux"})
@@ -229,9 +214,7 @@ func TestListenerWaitsOutTheServiceBeingDown(t *testing.T) {
 // for again. Real jobs still flow.
 func TestListenerRefusesHostileMessages(t *testing.T) {
 	g := newGHES(t)
-	h := newHarness(t, g, 4)
-	h.start()
-	s := h.until("a session", func(s State) bool { return s.Session })
+	h, s := listening(t, g, 4)
 	huge := append([]byte(`{"messageId": 100, "messageType": "RunnerScaleSetJobMessages", "body": "`), make([]byte, MaxMessageBytes)...)
 	g.InjectMessage(s.ScaleSetID, huge)
 	h.until("a second session", func(State) bool { return g.ActionsStats().SessionsOpened == 2 })
@@ -252,9 +235,7 @@ func TestListenerRefusesHostileMessages(t *testing.T) {
 func TestListenerRemakesADeletedScaleSetAndRefreshesItsToken(t *testing.T) {
 	g := newServer(t)
 	g.SetActionsTimes(0, 0, 300*time.Millisecond)
-	h := newHarness(t, g, 4)
-	h.start()
-	first := h.until("a session", func(s State) bool { return s.Session })
+	h, first := listening(t, g, 4)
 	g.ExpireSessionTokens()
 	h.until("the token refreshed", func(State) bool { return g.ActionsStats().Refreshes == 1 })
 	g.DeleteScaleSet(first.ScaleSetID)
@@ -270,9 +251,7 @@ func TestListenerRemakesADeletedScaleSetAndRefreshesItsToken(t *testing.T) {
 // session and clears the record.
 func TestListenerDeletesItsSessionOnExit(t *testing.T) {
 	g := newServer(t)
-	h := newHarness(t, g, 1)
-	h.start()
-	s := h.until("a session", func(s State) bool { return s.Session })
+	h, s := listening(t, g, 1)
 	h.stop()
 	<-h.done
 	if _, id, _ := h.rec.LoadSession(); id != "" {
@@ -288,9 +267,7 @@ func TestListenerDeletesItsSessionOnExit(t *testing.T) {
 // no runner: nothing is reaped for it), removal refused while a job runs.
 func TestForgeOverTheListener(t *testing.T) {
 	g := newServer(t)
-	h := newHarness(t, g, 2)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
+	h, _ := listening(t, g, 2)
 	f := &Forge{L: h.l}
 	ctx := ctxT(t)
 	if j, _ := f.Job(ctx, forge.Job{ID: 424242}); j.Status != forge.StatusInProgress || j.RunnerName != "" {

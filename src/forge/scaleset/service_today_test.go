@@ -36,9 +36,7 @@ func runJob(t *testing.T, h *harness, name string) runner {
 func TestJobsKnownByJobID(t *testing.T) {
 	g := newServer(t)
 	g.SetAssignTimeout(150 * time.Millisecond)
-	h := newHarness(t, g, 2)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
+	h, _ := listening(t, g, 2)
 	job := g.AddJob("acme/app", []string{"linux"})
 	h.until("taken back and assigned again", func(State) bool { return g.ActionsStats().Reassigned >= 1 && g.Job(job).ScaleSet != 0 })
 	s := h.until("queued again", func(s State) bool { return len(s.Queued) == 1 && s.Refused == 0 })
@@ -68,9 +66,7 @@ func TestJobsKnownByJobID(t *testing.T) {
 // acquires.
 func TestFlowFoundOut(t *testing.T) {
 	flows(t, func(t *testing.T, g *forgetest.GitHub) {
-		h := newHarness(t, g, 4)
-		h.start()
-		h.until("a session", func(s State) bool { return s.Session })
+		h, _ := listening(t, g, 4)
 		g.AddJob("acme/app", []string{"linux"})
 		s := h.until("queued", func(s State) bool { return len(s.Queued) == 1 })
 		st := g.ActionsStats()
@@ -100,9 +96,7 @@ func jobAvailable(id, request int64) []byte {
 func TestFailingMessagesNeverBlockTheStream(t *testing.T) {
 	t.Run("acquire 404 on github.com", func(t *testing.T) {
 		g := newServer(t)
-		h := newHarness(t, g, 4)
-		h.start()
-		s := h.until("a session", func(s State) bool { return s.Session })
+		h, s := listening(t, g, 4)
 		g.InjectMessage(s.ScaleSetID, jobAvailable(50, 777))
 		h.until("the offer dropped", func(s State) bool { return s.Dropped == 1 })
 		g.AddJob("acme/app", []string{"linux"})
@@ -114,9 +108,7 @@ func TestFailingMessagesNeverBlockTheStream(t *testing.T) {
 	t.Run("acquire failing on GHES", func(t *testing.T) {
 		g := newGHES(t)
 		g.FailAcquire(500)
-		h := newHarness(t, g, 4)
-		h.start()
-		h.until("a session", func(s State) bool { return s.Session })
+		h, _ := listening(t, g, 4)
 		first := g.AddJob("acme/app", []string{"linux"})
 		h.until("the message dropped after its tries", func(s State) bool { return s.Dropped == 1 })
 		if !strings.Contains(h.log.String(), "scale set message dropped") || h.drops.Load() != 1 {
@@ -136,9 +128,7 @@ func TestFailingMessagesNeverBlockTheStream(t *testing.T) {
 func TestEmptyPollIsNoMessage(t *testing.T) {
 	g := newServer(t)
 	g.SetActionsTimes(0, 0, 50*time.Millisecond)
-	h := newHarness(t, g, 1)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
+	h, _ := listening(t, g, 1)
 	h.until("a few empty 200s", func(State) bool { return g.ActionsStats().EmptyPolls >= 3 })
 	g.AddJob("acme/app", []string{"linux"})
 	s := h.until("the job", func(s State) bool { return len(s.Queued) == 1 })
@@ -186,9 +176,7 @@ func TestDroppedLabelsNotPatchedAgain(t *testing.T) {
 	g := newGHES(t)
 	g.SetCustomLabels(false)
 	g.SetActionsTimes(0, 0, 50*time.Millisecond)
-	h := newHarness(t, g, 1)
-	h.start()
-	s := h.until("a session", func(s State) bool { return s.Session })
+	h, s := listening(t, g, 1)
 	if !strings.Contains(s.Warning, "dropped labels linux") || !strings.Contains(s.Warning, "runs-on: runway-linux") {
 		t.Errorf("warning %q; want the labels dropped named", s.Warning)
 	}
@@ -230,9 +218,7 @@ func TestNoSessionWhileTheGroupHoldsNothing(t *testing.T) {
 // Point 8: every request names Runway and its version.
 func TestRequestsNameRunway(t *testing.T) {
 	g := newServer(t)
-	h := newHarness(t, g, 1)
-	h.start()
-	h.until("a session", func(s State) bool { return s.Session })
+	listening(t, g, 1)
 	agents := g.UserAgents()
 	if len(agents) == 0 {
 		t.Fatal("no request seen")
@@ -270,14 +256,7 @@ func TestEnterpriseScaleSet(t *testing.T) {
 		t.Errorf("config URL %s", u)
 	}
 	ctx := ctxT(t)
-	set, err := c.Ensure(ctx, Spec{Name: "ent", RunnerGroupID: 1, Labels: []string{"linux"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess, err := c.OpenSession(ctx, set.ID, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sess := linuxSession(t, ctx, c, "ent")
 	g.AddJob("other-org/app", []string{"linux"})
 	m, err := sess.Message(ctx, 0, 1)
 	if err != nil || m == nil || len(m.Assigned) != 1 || m.Assigned[0].Repo() != "other-org/app" {

@@ -2,7 +2,10 @@ package cpibin
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -105,4 +108,65 @@ func String(t testing.TB, raw json.RawMessage) string {
 		t.Fatalf("want a string result, got %s", raw)
 	}
 	return s
+}
+
+// Configured is a Caller of bin/cpi with driver's executable beside it
+// (Path), cfg written as its config file in dir (0600: it holds
+// credentials).
+func Configured(t testing.TB, dir, driver string, cfg any) Caller {
+	t.Helper()
+	bin, err := Path(driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "cpi.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return Caller{Bin: bin, Config: path}
+}
+
+// ContextKeepsItsOwn checks what one cpi-config context (ctx: nil for
+// the config file's) made for agent, in a cloud where another context
+// (other) is another account or region: has_vm finds the VM through ctx
+// and not through other, list_vms by agent lists it once; then the disk,
+// the VM and the stemcell are deleted through ctx.
+func (c Caller) ContextKeepsItsOwn(t testing.TB, ctx, other map[string]any, agent, vm, disk, stemcell string) {
+	t.Helper()
+	var has bool
+	json.Unmarshal(c.OK(t, ctx, "has_vm", vm), &has)
+	if !has {
+		t.Errorf("%s: has_vm through its own context is false", agent)
+	}
+	json.Unmarshal(c.OK(t, other, "has_vm", vm), &has)
+	if has {
+		t.Errorf("%s: has_vm through the other context found %s", agent, vm)
+	}
+	var listed []map[string]any
+	json.Unmarshal(c.OK(t, ctx, "list_vms", map[string]string{"agent_id": agent}), &listed)
+	if len(listed) != 1 {
+		t.Errorf("%s: list_vms by agent = %v; want the one VM", agent, listed)
+	}
+	c.OK(t, ctx, "delete_disk", disk)
+	c.OK(t, ctx, "delete_vm", vm)
+	c.OK(t, ctx, "delete_stemcell", stemcell)
+}
+
+// ListedCIDs are the VM CIDs of a list_vms answer.
+func ListedCIDs(raw json.RawMessage) ([]string, error) {
+	var vms []struct {
+		CID string `json:"cid"`
+	}
+	if err := json.Unmarshal(raw, &vms); err != nil {
+		return nil, fmt.Errorf("list_vms answered %s: %w", raw, err)
+	}
+	var out []string
+	for _, v := range vms {
+		out = append(out, v.CID)
+	}
+	return out, nil
 }

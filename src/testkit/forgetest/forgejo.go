@@ -64,16 +64,8 @@ func (g *Gitea) IssuedTokens() []string {
 	return append([]string(nil), g.issued...)
 }
 
-func (g *Gitea) serveForgejo(w http.ResponseWriter, r *http.Request, path string) {
-	if id, ok := strings.CutPrefix(path, "/repositories/"); ok && r.Method == "GET" {
-		g.repository(w, id)
-		return
-	}
-	scope, rest, ok := splitScope(path, g.User)
-	if !ok {
-		writeJSON(w, 404, map[string]string{"message": "not found"})
-		return
-	}
+// serveForgejo is Forgejo's runner API under a scope (serve split it off).
+func (g *Gitea) serveForgejo(w http.ResponseWriter, r *http.Request, scope, rest string) {
 	switch {
 	case rest == "/actions/runners/registration-token" && r.Method == "GET":
 		writeJSON(w, 200, map[string]string{"token": g.RegistrationToken(scope)})

@@ -257,17 +257,21 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/api/v1")
-	if g.forgejo {
-		g.serveForgejo(w, r, path)
+	if id, ok := strings.CutPrefix(path, "/repositories/"); ok && g.forgejo && r.Method == "GET" {
+		g.repository(w, id)
 		return
 	}
-	if msg := g.scopeRefusal(path, r.Method); msg != "" {
+	if msg := g.scopeRefusal(path, r.Method); msg != "" && !g.forgejo { // the Forgejo mode models no token scopes
 		writeJSON(w, 403, map[string]string{"message": msg})
 		return
 	}
 	scope, rest, ok := splitScope(path, g.User)
 	if !ok {
 		writeJSON(w, 404, map[string]string{"message": "not found"})
+		return
+	}
+	if g.forgejo {
+		g.serveForgejo(w, r, scope, rest)
 		return
 	}
 	switch {

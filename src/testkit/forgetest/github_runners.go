@@ -24,10 +24,9 @@ func (g *GitHub) scaleSetJIT(w http.ResponseWriter, r *http.Request, scope, idTe
 		return
 	}
 	g.mu.Lock()
-	s, ok := g.actions.sets[id]
-	if !ok || s.Scope != scope {
+	s := g.setInScope(w, scope, idText)
+	if s == nil {
 		g.mu.Unlock()
-		actionsError(w, 404, "RunnerScaleSetNotFoundException", "no scale set "+idText)
 		return
 	}
 	for _, rn := range g.runners {

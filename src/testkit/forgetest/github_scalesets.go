@@ -159,14 +159,25 @@ func (g *GitHub) createScaleSet(w http.ResponseWriter, r *http.Request, scope st
 	writeJSON(w, 200, g.setJSON(s))
 }
 
+// setInScope is the scale set idText of scope, or nil once the 404 the
+// service gives is written. g.mu is held.
+func (g *GitHub) setInScope(w http.ResponseWriter, scope, idText string) *ScaleSet {
+	id, _ := strconv.Atoi(idText)
+	s, ok := g.actions.sets[id]
+	if !ok || s.Scope != scope {
+		actionsError(w, 404, "RunnerScaleSetNotFoundException", "no scale set "+idText)
+		return nil
+	}
+	return s
+}
+
 // scaleSet is GET, PATCH (labels, runner group) and DELETE of one scale set.
 func (g *GitHub) scaleSet(w http.ResponseWriter, r *http.Request, scope, idText string) {
 	id, _ := strconv.Atoi(idText)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	s, ok := g.actions.sets[id]
-	if !ok || s.Scope != scope {
-		actionsError(w, 404, "RunnerScaleSetNotFoundException", "no scale set "+idText)
+	s := g.setInScope(w, scope, idText)
+	if s == nil {
 		return
 	}
 	switch r.Method {

@@ -137,9 +137,8 @@ func (g *GitHub) openSession(w http.ResponseWriter, r *http.Request, scope, idTe
 	_ = json.NewDecoder(r.Body).Decode(&body)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	s, ok := g.actions.sets[id]
-	if !ok || s.Scope != scope {
-		actionsError(w, 404, "RunnerScaleSetNotFoundException", "no scale set "+idText)
+	s := g.setInScope(w, scope, idText)
+	if s == nil {
 		return
 	}
 	if old := g.actions.bySet[id]; old != nil {
