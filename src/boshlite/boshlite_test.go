@@ -20,6 +20,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
@@ -27,7 +28,7 @@ import (
 
 // The steps of the guide, in its order; TestGuide checks they are there.
 var (
-	createEnvSteps = []string{"tools", "stemcell", "webapp-release", "create-env", "create-env-disk", "create-env-recreate", "delete-env"}
+	createEnvSteps = []string{"tools", "release", "stemcell", "webapp-release", "create-env", "create-env-disk", "create-env-recreate", "delete-env"}
 	directorSteps  = []string{"bridge", "director-env", "postgres", "certificates", "director", "login", "deploy", "ssh", "logs",
 		"disk-type", "recreate", "cck", "delete"}
 )
@@ -36,14 +37,15 @@ var (
 var guideFiles = []string{"config/final.yml", "config/blobs.yml", "jobs/webapp/spec", "jobs/webapp/monit",
 	"jobs/webapp/templates/ctl.erb", "packages/webapp/spec", "packages/webapp/packaging", "src/webapp/serve",
 	"manifest.yml", "disk-2048.yml", "/srv/bosh/nats.conf", "/srv/bosh/nginx.conf", "/srv/bosh/cpi.json",
-	"/srv/bosh/director.yml", "cloud-config.yml", "webapp.yml", "large.yml"}
+	"/srv/bosh/director.yml", "cloud-config.yml", "webapp.yml", "large.yml",
+	"/srv/bosh/kubernetes.json", "cpi-config.yml", "kubernetes-cloud-config.yml", "kubernetes.yml"}
 
 func TestGuide(t *testing.T) {
 	g, err := readGuide("../../docs/bosh-lite.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range append(append([]string{}, createEnvSteps...), directorSteps...) {
+	for _, s := range append(append(append([]string{}, createEnvSteps...), directorSteps...), kubernetesSteps...) {
 		if _, ok := g.steps[s]; !ok {
 			t.Errorf("no step %q", s)
 		}
@@ -66,75 +68,29 @@ func TestGuide(t *testing.T) {
 // delete-deployment and clean-up. After each, nothing of it is left.
 func TestBoshLite(t *testing.T) {
 	tools := testenv.Need(t, "scripts/bosh-dev path; scripts/test's real-callers phase sets it", "RUNWAY_BOSH_TOOLS")[0]
-	if os.Geteuid() != 0 {
-		t.Fatal("container mode and the Director's PostgreSQL need root")
-	}
-	repo, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := readGuide(filepath.Join(repo, "docs/bosh-lite.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpi, err := cpibin.Path("local", "kubernetes")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A directory others (postgres) may enter, removed at the end.
-	work, err := os.MkdirTemp("", "runway-boshlite-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(work, 0o755)
-	srv, ceState, dirState := filepath.Join(work, "srv"), filepath.Join(work, "create-env-state"), filepath.Join(work, "director-state")
-	for _, d := range []string{srv, "home", "logs", "step-logs", "webapp"} {
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(work, d)
-		}
-		os.MkdirAll(d, 0o755)
-	}
+	// Beside TestDirectorOnKubernetes: both mostly wait (agents, the
+	// Directors); nothing of one is the other's (network namespace, work
+	// and state dirs, cgroups).
+	t.Parallel()
 	ns := fmt.Sprintf("rwbl%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
 	exec.Command("ip", "-n", ns, "link", "set", "lo", "up").Run()
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	r := newRun(t, tools, ns)
+	repo, work, srv, cpi := r.repo, r.work, r.srv, r.cpi
+	ceState, dirState := filepath.Join(work, "create-env-state"), filepath.Join(work, "director-state")
 	t.Cleanup(func() {
 		// What a failed step left: deleted by the CPI, as delete-env would.
 		for _, state := range []string{ceState, dirState} {
 			sweep(ns, cpi, state)
 		}
-		stopAll(t, ns, srv)
-		exec.Command("ip", "netns", "del", ns).Run()
-		if !t.Failed() {
-			os.RemoveAll(work)
-		} else {
-			t.Logf("kept for a look: %s", work)
-		}
 	})
-
-	pw := func() string { b := make([]byte, 12); rand.Read(b); return hex.EncodeToString(b) }
-	subst := strings.NewReplacer("/path/to/bin/cpi", cpi, "/path/to/", work+"/", "/srv/bosh", srv,
-		"/var/tmp/runway-bosh-lite", ceState, "/var/tmp/runway-director", dirState, "/usr/local/bin/", tools+"/bin/",
-		"DIRECTOR-PASSWORD", pw(), "AGENT-PASSWORD", pw(), "ADMIN-PASSWORD", pw())
-	for _, name := range g.order {
-		path := subst.Replace(name)
-		if !filepath.IsAbs(path) {
-			if strings.HasPrefix(name, "config/") || strings.HasPrefix(name, "jobs/") || strings.HasPrefix(name, "packages/") || strings.HasPrefix(name, "src/") {
-				path = filepath.Join(work, "webapp", name)
-			} else {
-				path = filepath.Join(work, name)
-			}
-		}
-		os.MkdirAll(filepath.Dir(path), 0o755)
-		if err := os.WriteFile(path, []byte(subst.Replace(g.files[name])), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r := &runner{t: t, g: g, subst: subst, ns: ns, work: work, logs: filepath.Join(work, "step-logs"), env: baseEnv(t, work)}
 
 	// bosh create-env.
 	r.step("tools", repo)
+	r.step("release", repo)
 	r.step("stemcell", repo)
 	r.step("webapp-release", work)
 	r.step("create-env", work)
@@ -184,6 +140,82 @@ func TestBoshLite(t *testing.T) {
 	nothingLeft(t, dirState, ns, "delete-deployment and clean-up --all")
 }
 
+// newRun makes a run of the guide: a work directory (removed at the end
+// unless the test failed), the guide's files written there as the test
+// places them, and a runner whose steps run in network namespace ns (the
+// host's when ""). At the end it stops what the steps started.
+func newRun(t *testing.T, tools, ns string) *runner {
+	if os.Geteuid() != 0 {
+		t.Fatal("container mode, the Director's PostgreSQL and the dev cluster's link need root")
+	}
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := readGuide(filepath.Join(repo, "docs/bosh-lite.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpi, err := cpibin.Path("local", "kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A directory others (postgres) may enter, removed at the end.
+	work, err := os.MkdirTemp("", "runway-boshlite-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(work, 0o755)
+	srv := filepath.Join(work, "srv")
+	for _, d := range []string{srv, "home", "logs", "step-logs", "webapp"} {
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(work, d)
+		}
+		os.MkdirAll(d, 0o755)
+	}
+	// On the host's network, every process of the steps in a cgroup of
+	// their own: what they start (setsid) is found there, and ended.
+	var cgroup string
+	if ns == "" {
+		cgroup = fmt.Sprintf("/sys/fs/cgroup/pids/runway-boshlite-%d", os.Getpid())
+		if err := os.Mkdir(cgroup, 0o755); err != nil {
+			t.Fatalf("the steps' cgroup: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		stopAll(t, ns, srv)
+		if cgroup != "" {
+			killCgroup(t, cgroup)
+		}
+		if !t.Failed() {
+			os.RemoveAll(work)
+		} else {
+			t.Logf("kept for a look: %s", work)
+		}
+	})
+	pw := func() string { b := make([]byte, 12); rand.Read(b); return hex.EncodeToString(b) }
+	ceState, dirState := filepath.Join(work, "create-env-state"), filepath.Join(work, "director-state")
+	subst := strings.NewReplacer("/path/to/bin/cpi", cpi, "/path/to/", work+"/", "/srv/bosh", srv,
+		"/var/tmp/runway-bosh-lite", ceState, "/var/tmp/runway-director", dirState, "/usr/local/bin/", tools+"/bin/",
+		"DIRECTOR-PASSWORD", pw(), "AGENT-PASSWORD", pw(), "ADMIN-PASSWORD", pw())
+	for _, name := range g.order {
+		path := subst.Replace(name)
+		if !filepath.IsAbs(path) {
+			if strings.HasPrefix(name, "config/") || strings.HasPrefix(name, "jobs/") || strings.HasPrefix(name, "packages/") || strings.HasPrefix(name, "src/") {
+				path = filepath.Join(work, "webapp", name)
+			} else {
+				path = filepath.Join(work, name)
+			}
+		}
+		os.MkdirAll(filepath.Dir(path), 0o755)
+		if err := os.WriteFile(path, []byte(subst.Replace(g.files[name])), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &runner{t: t, g: g, subst: subst, ns: ns, work: work, logs: filepath.Join(work, "step-logs"), env: baseEnv(t, work),
+		repo: repo, srv: srv, cpi: cpi, cgroup: cgroup}
+}
+
 // baseEnv is what each step starts from: the machine's PATH and Go's
 // caches (scripts/release builds), HOME in the work dir (the CLI's
 // ~/.bosh), nothing else of the test's environment.
@@ -207,7 +239,9 @@ func baseEnv(t *testing.T, work string) []string {
 	return env
 }
 
-var startLine = regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$`)
+// A start's line; its end only: curl's output may follow bosh's last
+// line, which has no newline.
+var startLine = regexp.MustCompile(`(?m)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$`)
 
 // countStarts checks the job's starts file (webapp/starts on the disk,
 // one line a start) as served: at least want lines, the data of every
@@ -230,7 +264,11 @@ func kept(t *testing.T, out, after string) {
 
 func curl(t *testing.T, ns, url string) string {
 	t.Helper()
-	out, err := exec.Command("nsenter", "--net=/run/netns/"+ns, "--", "curl", "-fsS", "-m", "10", url).CombinedOutput()
+	cmd := exec.Command("curl", "-fsS", "-m", "10", url)
+	if ns != "" {
+		cmd = exec.Command("nsenter", "--net=/run/netns/"+ns, "--", "curl", "-fsS", "-m", "10", url)
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("curl %s: %v: %s", url, err, out)
 	}
@@ -354,11 +392,36 @@ func sweep(ns, cpi, state string) {
 	}
 }
 
-// stopAll ends what the steps started in the namespace (the Director,
-// its workers, NATS, nginx, a VM's supervisor) and the PostgreSQL cluster.
+// killCgroup kills every process of a cgroup until none is left, and
+// removes it.
+func killCgroup(t *testing.T, cgroup string) {
+	for i := 0; i < 100; i++ {
+		b, _ := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+		pids := strings.Fields(string(b))
+		if len(pids) == 0 {
+			break
+		}
+		for _, f := range pids {
+			if pid, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := os.Remove(cgroup); err != nil {
+		t.Errorf("processes of the steps left: %v", err)
+	}
+}
+
+// stopAll ends the PostgreSQL cluster and what the steps started in
+// namespace ns (the Director, its workers, NATS, nginx, a VM's
+// supervisor). On the host's network (ns "") the run's cgroup does that.
 func stopAll(t *testing.T, ns, srv string) {
 	if _, err := os.Stat(filepath.Join(srv, "pg", "postmaster.pid")); err == nil {
 		exec.Command("runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", filepath.Join(srv, "pg"), "-m", "fast", "-w", "stop").Run()
+	}
+	if ns == "" {
+		return // the run's cgroup ends the rest
 	}
 	out, _ := exec.Command("ip", "netns", "pids", ns).Output()
 	for _, f := range strings.Fields(string(out)) {

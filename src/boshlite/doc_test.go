@@ -86,9 +86,10 @@ func (g *guide) add(name, body string) {
 }
 
 // buildSteps make the tools, the release and the stemcells.
-var buildSteps = map[string]bool{"tools": true, "stemcell": true, "webapp-release": true, "stemcell-bind": true}
+var buildSteps = map[string]bool{"tools": true, "release": true, "stemcell": true, "webapp-release": true, "stemcell-bind": true}
 
-// runner runs the guide's steps in a network namespace, each in bash
+// runner runs the guide's steps in a network namespace (or on the
+// host's, ns ""), each in bash
 // with the environment the previous step left exported.
 type runner struct {
 	t     *testing.T
@@ -98,6 +99,11 @@ type runner struct {
 	work  string
 	env   []string
 	logs  string
+	repo  string // the repository's root
+	srv   string // /srv/bosh of the guide
+	cpi   string // bin/cpi
+	// cgroup: on the host's network, the steps' processes are put in it.
+	cgroup string
 }
 
 // step runs step name in dir and returns what it printed; a failing
@@ -111,9 +117,12 @@ func (r *runner) step(name, dir string) string {
 	envFile := filepath.Join(r.work, ".env")
 	script := "set -euo pipefail\n" + r.subst.Replace(body) + "env -0 >" + envFile + "\n"
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+r.ns, "--", "bash", "-c", script)
-	if buildSteps[name] {
+	if buildSteps[name] || r.ns == "" {
 		// Builds: on the host's network (debootstrap reaches the mirror).
 		cmd = exec.Command("bash", "-c", script)
+	}
+	if r.cgroup != "" {
+		cmd = exec.Command("sh", "-c", `echo $$ >"$0/cgroup.procs" && exec bash -c "$1"`, r.cgroup, script)
 	}
 	cmd.Dir = dir
 	cmd.Env = r.env

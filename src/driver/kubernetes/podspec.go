@@ -24,7 +24,7 @@ func (d *Driver) settingsSecret(cid string, settings []byte, userData string) *c
 	md, _ := json.Marshal(map[string]any{"instance-id": cid, "hostname": cid})
 	data := map[string][]byte{userDataJSONKey: ud, metadataJSONKey: md}
 	if settings != nil {
-		data[agentSettingsKey] = settings
+		data[agentSettingsKey] = preconfigured(settings)
 	}
 	if userData != "" {
 		data[userDataKey] = []byte(userData)
@@ -33,6 +33,33 @@ func (d *Driver) settingsSecret(cid string, settings []byte, userData string) *c
 	l[labelVM] = cid
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: settingsName(cid), Labels: l}, Data: data,
 		Type: corev1.SecretTypeOpaque}
+}
+
+// preconfigured marks each network of the agent's settings preconfigured:
+// the cluster set up the pod's interface, and the agent must not (it
+// would write /etc/systemd/network, which the stemcell lacks, and stop:
+// seen with the real agent and Director on the dev cluster). The warden
+// CPI and the local driver's container mode do the same. The agent still
+// reads a dynamic network's address from its interface.
+func preconfigured(settings []byte) []byte {
+	var m map[string]any
+	if json.Unmarshal(settings, &m) != nil || m == nil {
+		return settings
+	}
+	nets, _ := m["networks"].(map[string]any)
+	for name, n := range nets {
+		entry, _ := n.(map[string]any)
+		if entry == nil {
+			entry = map[string]any{}
+		}
+		entry["preconfigured"] = true
+		nets[name] = entry
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return settings
+	}
+	return b
 }
 
 // podFor is the pod of a VM: restricted by default (non-root, no
