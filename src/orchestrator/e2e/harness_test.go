@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 var bins struct{ cpi, runway, testrunner, stemcell string }
@@ -84,7 +84,7 @@ type env struct {
 	stall    string // test runners started while this file exists never register
 	timeouts string // the groups' timeouts (YAML flow map); a default if ""
 	daemon   *exec.Cmd
-	stderr   *syncBuffer
+	stderr   *testlog.Buffer
 	addr     string
 	exited   chan struct{}
 	forgeYML string
@@ -94,23 +94,6 @@ type env struct {
 	// cpiPath, runnerPath and stemcell replace bins.cpi, bins.testrunner
 	// and bins.stemcell when set (container mode).
 	cpiPath, runnerPath, stemcell string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newEnv writes the CPI config and starts the Gitea contract server.
@@ -192,7 +175,7 @@ func (e *env) start() {
 	e.t.Helper()
 	os.Remove(filepath.Join(e.dir, "orch", "listen.addr"))
 	cmd := exec.Command(bins.runway, "serve", "-config", e.cfgPath)
-	e.stderr = &syncBuffer{}
+	e.stderr = &testlog.Buffer{}
 	cmd.Stdout, cmd.Stderr = e.stderr, e.stderr
 	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}, e.extraEnv...)
 	must(e.t, cmd.Start())
@@ -204,7 +187,7 @@ func (e *env) start() {
 
 // waitHealthy waits until the daemon whose state dir is dir answers
 // /healthz at the address it wrote there, and returns that address.
-func (e *env) waitHealthy(what, dir string, exited chan struct{}, out *syncBuffer) string {
+func (e *env) waitHealthy(what, dir string, exited chan struct{}, out *testlog.Buffer) string {
 	e.t.Helper()
 	var addr string
 	e.eventually(20*time.Second, what+" answers /healthz", func() bool {

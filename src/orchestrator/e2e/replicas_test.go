@@ -17,6 +17,7 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 // replica is one `runway serve` of several sharing a PostgreSQL store.
@@ -25,7 +26,7 @@ type replica struct {
 	cfg    string
 	dir    string
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *testlog.Buffer
 	exited chan struct{}
 	addr   string
 }
@@ -58,7 +59,7 @@ func (r *replica) start(e *env) {
 	e.t.Helper()
 	os.Remove(filepath.Join(r.dir, "listen.addr"))
 	r.cmd = exec.Command(bins.runway, "serve", "-config", r.cfg)
-	r.out = &syncBuffer{}
+	r.out = &testlog.Buffer{}
 	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 	r.cmd.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=" + e.dir}, e.extraEnv...)
 	must(e.t, r.cmd.Start())
