@@ -7,7 +7,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // connLimit is the listener with the connection cap, and what bounds how
@@ -94,7 +97,7 @@ func (l *connLimit) Accept() (net.Conn, error) {
 		}
 		if v, reason := l.victim(time.Now()); v != nil {
 			l.mu.Unlock()
-			v.cut(reason) // frees its place
+			v.cut(reason) // frees its place (or finds it busy again)
 			l.mu.Lock()
 			continue
 		}
@@ -330,17 +333,41 @@ func (c *limitedConn) slack(now time.Time) (string, time.Duration) {
 			return "", 0
 		}
 		if d := now.Sub(c.since); d >= idleGrace {
+			if c.unread() {
+				// The client has sent its next request and the
+				// server's reader has not run yet (a loaded
+				// machine): as good as begun.
+				c.began.CompareAndSwap(0, now.UnixNano())
+				return "", 0
+			}
 			return "idle", d
 		}
 	case receiving:
 		switch d := c.waiting(now); {
-		case c.got.Load() == 0 && d >= idleGrace: // connected, and nothing sent
+		case c.got.Load() == 0 && d >= idleGrace && !c.unread(): // connected, and nothing sent
 			return "idle", d
 		case c.got.Load() > 0 && d >= stallGrace:
 			return "stalled", d
 		}
 	}
 	return "", 0
+}
+
+// unread reports whether bytes the client sent wait in the socket, not
+// yet read by the server: cutting the connection then loses a request
+// the client has already written.
+func (c *limitedConn) unread() bool {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n > 0
 }
 
 // received marks request gen as received whole: from now on the server
@@ -355,8 +382,16 @@ func (c *limitedConn) received(gen int) {
 
 func (c *limitedConn) Close() error { return c.close("") }
 
-// cut closes c on its client, counted under reason.
-func (c *limitedConn) cut(reason string) { c.close(reason) }
+// cut closes c on its client, counted under reason — an idle one only
+// if its client has not begun a request since it was chosen (the window
+// left is the one between this look and the close, microseconds).
+func (c *limitedConn) cut(reason string) {
+	if reason == "idle" && c.unread() {
+		c.began.CompareAndSwap(0, time.Now().UnixNano()) // Accept looks again
+		return
+	}
+	c.close(reason)
+}
 
 func (c *limitedConn) close(reason string) error {
 	c.once.Do(func() {

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"net"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -28,5 +30,63 @@ func TestANextRequestArrivingIsNotIdle(t *testing.T) {
 	c.began.Store(now.Add(-stallGrace).UnixNano())
 	if v, reason := l.victim(now); v != c || reason != "stalled" {
 		t.Fatalf("its next request began %v ago and is still not whole: victim %v (%q), want it (stalled)", stallGrace, v, reason)
+	}
+}
+
+// A keep-alive connection idle past idleGrace whose client has written its
+// next request, which the server's reader has not read yet (a loaded
+// machine: the goroutine runnable, not running), is not idle either:
+// cutting it loses a request the client has sent (CI under load,
+// TestGitHubThousandJobsInsideItsRateLimit: 6 of ~3,000 deliveries EOF).
+func TestARequestWaitingInTheSocketIsNotIdle(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+
+	now := time.Now()
+	l := &connLimit{max: 1, perClient: 1, conns: map[*limitedConn]struct{}{}, byClient: map[string]int{}}
+	c := &limitedConn{Conn: server, l: l, client: "127.0.0.1", phase: idle, since: now.Add(-time.Minute)}
+	l.conns[c] = struct{}{}
+	l.byClient[c.client] = 1
+	if v, reason := l.victim(now); v != c || reason != "idle" {
+		t.Fatalf("a connection idle a minute, nothing sent: victim %v (%q), want it (idle)", v, reason)
+	}
+
+	if _, err := client.Write([]byte("POST /webhooks/github HTTP/1.1\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !c.unread(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the bytes written never showed as unread in the server's socket")
+		}
+		runtime.Gosched()
+	}
+	if v, reason := l.victim(now); v != nil {
+		t.Fatalf("its client has written the next request, unread by the server: chosen as a victim (%q)", reason)
+	}
+	// Never read whole, it is cut once it has kept the server waiting.
+	if v, reason := l.victim(now.Add(stallGrace)); v != c || reason != "stalled" {
+		t.Fatalf("the request unread %v later: victim %v (%q), want it (stalled)", stallGrace, v, reason)
+	}
+
+	// A new connection that has sent nothing is idle; once its request
+	// waits unread, it is not.
+	c.phase, c.since = receiving, time.Time{}
+	c.began.Store(0)
+	c.waited.Store(int64(time.Minute))
+	if v, reason := l.victim(now); v != nil {
+		t.Fatalf("a new connection whose request waits unread: chosen as a victim (%q)", reason)
 	}
 }
