@@ -291,11 +291,16 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	start := time.Now()
 	c.readSince.Store(start.UnixNano())
 	n, err := c.Conn.Read(p)
+	if n > 0 && c.got.Add(int64(n)) == int64(n) {
+		// The first bytes: the wait before them was idleness (the
+		// idle rule's), not a request kept unfinished.
+		c.waited.Store(0)
+		c.readSince.Store(0)
+		c.began.Store(time.Now().UnixNano())
+		return n, err
+	}
 	c.readSince.Store(0)
 	c.waited.Add(int64(time.Since(start)))
-	if n > 0 && c.got.Add(int64(n)) == int64(n) {
-		c.began.Store(time.Now().UnixNano())
-	}
 	return n, err
 }
 

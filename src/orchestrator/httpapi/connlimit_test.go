@@ -90,3 +90,54 @@ func TestARequestWaitingInTheSocketIsNotIdle(t *testing.T) {
 		t.Fatalf("a new connection whose request waits unread: chosen as a victim (%q)", reason)
 	}
 }
+
+// A new connection whose client sends its request half a second or more
+// after connecting (a loaded sender: its goroutine descheduled between
+// dial and write), then all of it at once, has kept the server waiting
+// for nothing of a request: the wait was idleness. Counted as a stall,
+// it was cut while its handler ran and the client read EOF on a fresh
+// connection, which no client retries (CI beside other builds,
+// TestGitHubThousandJobsInsideItsRateLimit: 2 of ~3,000 deliveries).
+func TestALateFirstByteIsNotAStall(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+
+	l := &connLimit{max: 1, perClient: 1, conns: map[*limitedConn]struct{}{}, byClient: map[string]int{}}
+	c := &limitedConn{Conn: server, l: l, client: "127.0.0.1"} // receiving, nothing yet
+	l.conns[c] = struct{}{}
+	l.byClient[c.client] = 1
+
+	read := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 4096))
+		read <- err
+	}()
+	// The server's reader waits for the first byte longer than the stall
+	// grace, as long as the client takes to send it.
+	for c.waiting(time.Now()) < stallGrace+100*time.Millisecond {
+		time.Sleep(10 * time.Millisecond)
+	}
+	req := "POST /webhooks/github HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+	if _, err := client.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if v, reason := l.victim(time.Now()); v != nil {
+		t.Fatalf("its request came whole, late after it connected: chosen as a victim (%q) while the server answers it", reason)
+	}
+}
