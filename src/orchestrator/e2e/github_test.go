@@ -220,7 +220,8 @@ func TestGitHubThousandJobsInsideItsRateLimit(t *testing.T) {
 		t.Errorf("%d requests refused for the rate limit", refused)
 	}
 	if f := gh.FailedDeliveries(); len(f) != 0 {
-		t.Errorf("%d webhook deliveries failed, e.g. %s", len(f), f[0])
+		t.Errorf("%d webhook deliveries failed, e.g. %s; connections the cap cut off:\n%s", len(f), f[0],
+			grep(e.metrics(), "runway_http_connections_cut_total"))
 	}
 	// One JIT config per runner and a few listings: no request spent
 	// removing a registration GitHub removed itself after the job.
