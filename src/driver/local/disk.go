@@ -24,11 +24,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err := d.st.CheckSpace(spec.SizeMiB); err != nil {
 		return "", err
 	}
-	cid, err := store.NewCID("disk-")
-	if err != nil {
-		return "", err
-	}
-	unlock, err := d.st.Lock(ctx, store.Disks, cid)
+	cid, unlock, err := d.st.LockNew(ctx, store.Disks, "disk-")
 	if err != nil {
 		return "", err
 	}

@@ -32,11 +32,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	} else if !st.Mode().IsRegular() {
 		return "", driver.Invalid("image_path %s is not a regular file (%s)", spec.ImagePath, st.Mode().Type())
 	}
-	cid, err := store.NewCID("sc-")
-	if err != nil {
-		return "", err
-	}
-	unlock, err := d.st.Lock(ctx, store.Stemcells, cid)
+	cid, unlock, err := d.st.LockNew(ctx, store.Stemcells, "sc-")
 	if err != nil {
 		return "", err
 	}
