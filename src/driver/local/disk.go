@@ -183,7 +183,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 	if err := d.st.Save(store.Disks, rec.CID, rec); err != nil {
 		return err
 	}
-	if err := os.Remove(d.st.DiskLink(vm, disk)); err != nil && !isNotExist(err) {
+	if err := os.Remove(d.st.DiskLink(vm, disk)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil
