@@ -153,7 +153,8 @@ func (v *VMs) inVM(ctx context.Context, rec *store.VM, op, disk string) (string,
 // nsCommand is the driver's executable started for operation op on disk
 // of VM rec (nsOp), with more of the operation's variables: inside the
 // VM's mount namespace through nsenter when ns is that namespace's file,
-// else in the caller's (the supervisor's, which is the VM's).
+// else in the caller's (the supervisor's, which is the VM's; its
+// container.RunChild follows ctx).
 func (v *VMs) nsCommand(ctx context.Context, rec *store.VM, op, disk string, ns *os.File, more ...string) *exec.Cmd {
 	cmd := exec.Command(v.self)
 	if ns != nil {
