@@ -97,13 +97,13 @@ func (e *Error) Error() string {
 // a FIFO or a device would block the call (or never end it).
 func Load(path string) (*Config, error) {
 	if st, err := os.Stat(path); err != nil {
-		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", PathErrCause(err))}
 	} else if !st.Mode().IsRegular() {
 		return nil, &Error{Path: path, Msg: fmt.Sprintf("is not a regular file (%s)", st.Mode().Type())}
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", PathErrCause(err))}
 	}
 	return Parse(data, path)
 }
@@ -337,7 +337,9 @@ func DecodeStrict(data []byte, v any) error {
 	return strict.JSON("", data, v)
 }
 
-func unwrapPathErr(err error) error {
+// PathErrCause is a failed file operation's cause without the operation
+// and path, for a message that names the path itself.
+func PathErrCause(err error) error {
 	var pe *os.PathError
 	if errors.As(err, &pe) {
 		return pe.Err
