@@ -5,6 +5,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,13 +97,13 @@ func (e *Error) Error() string {
 // a FIFO or a device would block the call (or never end it).
 func Load(path string) (*Config, error) {
 	if st, err := os.Stat(path); err != nil {
-		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", PathErrCause(err))}
 	} else if !st.Mode().IsRegular() {
 		return nil, &Error{Path: path, Msg: fmt.Sprintf("is not a regular file (%s)", st.Mode().Type())}
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", unwrapPathErr(err))}
+		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot read: %v", PathErrCause(err))}
 	}
 	return Parse(data, path)
 }
@@ -283,30 +284,20 @@ func (c *Config) finish() error {
 		return &Error{Field: "state_dir", Msg: fmt.Sprintf("must be an absolute path, got %q", c.StateDir)}
 	}
 	c.StateDir = filepath.Clean(c.StateDir)
-	if c.LogLevel == "" {
-		c.LogLevel = DefaultLogLevel
-	}
+	c.LogLevel = cmp.Or(c.LogLevel, DefaultLogLevel)
 	if !slices.Contains(LogLevels, strings.ToLower(c.LogLevel)) {
 		return &Error{Field: "log_level", Msg: fmt.Sprintf("%q: want one of %s", c.LogLevel, strings.Join(LogLevels, ", "))}
 	}
-	if c.LockTimeoutSeconds == 0 {
-		c.LockTimeoutSeconds = DefaultLockTimeout
-	}
+	c.LockTimeoutSeconds = cmp.Or(c.LockTimeoutSeconds, DefaultLockTimeout)
 	// Bounds keep a typo from turning into an endless wait (a count of
 	// seconds past ~292 years overflows a duration into a negative one).
 	if c.LockTimeoutSeconds < 0 || c.LockTimeoutSeconds > maxWaitSeconds {
 		return &Error{Field: "lock_timeout_seconds", Msg: fmt.Sprintf("%d: must be 1 to %d (a day)", c.LockTimeoutSeconds, maxWaitSeconds)}
 	}
 	r := &c.Retry
-	if r.WaitBudgetSeconds == 0 {
-		r.WaitBudgetSeconds = DefaultWaitBudgetSeconds
-	}
-	if r.MaxBackoffSeconds == 0 {
-		r.MaxBackoffSeconds = DefaultMaxBackoffSeconds
-	}
-	if r.InitialBackoffMilli == 0 {
-		r.InitialBackoffMilli = DefaultInitialBackoffMs
-	}
+	r.WaitBudgetSeconds = cmp.Or(r.WaitBudgetSeconds, DefaultWaitBudgetSeconds)
+	r.MaxBackoffSeconds = cmp.Or(r.MaxBackoffSeconds, DefaultMaxBackoffSeconds)
+	r.InitialBackoffMilli = cmp.Or(r.InitialBackoffMilli, DefaultInitialBackoffMs)
 	for _, f := range []struct {
 		name     string
 		v, limit int
@@ -346,7 +337,9 @@ func DecodeStrict(data []byte, v any) error {
 	return strict.JSON("", data, v)
 }
 
-func unwrapPathErr(err error) error {
+// PathErrCause is a failed file operation's cause without the operation
+// and path, for a message that names the path itself.
+func PathErrCause(err error) error {
 	var pe *os.PathError
 	if errors.As(err, &pe) {
 		return pe.Err

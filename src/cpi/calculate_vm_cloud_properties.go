@@ -15,9 +15,9 @@ var _ = method("calculate_vm_cloud_properties", "vm", func(s *Service, ctx conte
 	if a.Size.CPU < 0 || a.Size.RAM < 0 || a.Size.EphemeralDiskSize < 0 {
 		return nil, CpiError("calculate_vm_cloud_properties: cpu, ram and ephemeral_disk_size must not be negative")
 	}
-	z, ok := s.Driver.(driver.VMSizer)
-	if !ok {
-		return nil, s.lacks(req.Method)
+	z, err := optional[driver.VMSizer](s, req)
+	if err != nil {
+		return nil, err
 	}
 	return z.CalculateVMCloudProperties(ctx, a.Size)
 })

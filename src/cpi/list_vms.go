@@ -16,9 +16,9 @@ type listVMsArgs struct {
 // garm and the orchestrator. It answers the VMs carrying every given tag
 // and metadata value.
 var _ = method("list_vms", "vm", func(s *Service, ctx context.Context, req *rpc.Request, a *listVMsArgs) (any, error) {
-	l, ok := s.Driver.(driver.VMLister)
-	if !ok {
-		return nil, s.lacks(req.Method)
+	l, err := optional[driver.VMLister](s, req)
+	if err != nil {
+		return nil, err
 	}
 	vms, err := l.ListVMs(ctx, a.Tags)
 	if err != nil {

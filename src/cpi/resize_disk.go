@@ -29,9 +29,5 @@ func (s *Service) resizer(req *rpc.Request, newSize int) (driver.DiskResizer, er
 	if newSize <= 0 {
 		return nil, CpiError("%s: argument 2 (new_size) must be a positive number of MiB, got %d", req.Method, newSize)
 	}
-	r, ok := s.Driver.(driver.DiskResizer)
-	if !ok {
-		return nil, s.lacks(req.Method)
-	}
-	return r, nil
+	return optional[driver.DiskResizer](s, req)
 }

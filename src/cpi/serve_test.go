@@ -1,7 +1,6 @@
 package cpi_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 	"github.com/runway-cpi/runway/src/cpi"
 	_ "github.com/runway-cpi/runway/src/driver/local"
 	"github.com/runway-cpi/runway/src/rpc"
+	"github.com/runway-cpi/runway/src/testkit/realinputs"
 )
 
 type env struct {
@@ -92,17 +92,6 @@ func (e *env) fails(wantType string, method string, api int, args ...any) respon
 	return r
 }
 
-func image(t *testing.T) string {
-	p := filepath.Join(t.TempDir(), "image")
-	f, _ := os.Create(p)
-	tw := tar.NewWriter(f)
-	tw.WriteHeader(&tar.Header{Name: "root.img", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg})
-	tw.Write([]byte("ok"))
-	tw.Close()
-	f.Close()
-	return p
-}
-
 func str(t *testing.T, raw json.RawMessage) string {
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
@@ -127,7 +116,7 @@ func TestInfoPerAPIVersion(t *testing.T) {
 func TestV1AndV2Answers(t *testing.T) {
 	e := newEnv(t, `, "agent": {"mbus": "nats://nats:4222", "ntp": ["0.pool.ntp.org"], "blobstore": {"provider": "dav"}}`)
 	e.t = t
-	sc := str(t, e.ok("create_stemcell", 2, image(t), map[string]any{}, map[string]any{"tags": map[string]any{"team": "a"}}))
+	sc := str(t, e.ok("create_stemcell", 2, realinputs.StemcellImage(t, []byte("ok")), map[string]any{}, map[string]any{"tags": map[string]any{"team": "a"}}))
 
 	nets := map[string]any{"default": map[string]any{"type": "dynamic", "default": []string{"dns", "gateway"}}}
 	v1 := str(t, e.ok("create_vm", 1, "agent-v1", sc, map[string]any{}, nets, []string{}, nil))
@@ -204,7 +193,7 @@ func TestErrorTypesWhereTheDirectorExpectsThem(t *testing.T) {
 	e.fails("Bosh::Clouds::CpiError", "create_disk", 2, "1024", map[string]any{}, nil)
 	e.fails("Bosh::Clouds::CpiError", "create_vm", 2, "a")
 
-	sc := str(t, e.ok("create_stemcell", 2, image(t), map[string]any{}))
+	sc := str(t, e.ok("create_stemcell", 2, realinputs.StemcellImage(t, []byte("ok")), map[string]any{}))
 	vm := str(t, e.ok("create_vm", 1, "a", sc, map[string]any{}, map[string]any{}, nil, nil))
 	disk := str(t, e.ok("create_disk", 2, 10, nil, nil))
 	e.fails("Bosh::Clouds::DiskNotAttached", "detach_disk", 2, vm, disk)
@@ -247,7 +236,7 @@ func TestContextSecretsNeverReachTheAnswer(t *testing.T) {
 func TestSecretsNeverReachTheLog(t *testing.T) {
 	e := newEnv(t, `, "local": {"stop_grace_seconds": 1}`)
 	e.t = t
-	sc := str(t, e.ok("create_stemcell", 2, image(t), map[string]any{}))
+	sc := str(t, e.ok("create_stemcell", 2, realinputs.StemcellImage(t, []byte("ok")), map[string]any{}))
 	canary := "canary-s3cret-0451"
 	req := map[string]any{
 		"method": "create_vm", "api_version": 2,

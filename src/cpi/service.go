@@ -1,6 +1,7 @@
 // Package cpi is the CPI service: one descriptor per method (one file
-// each), argument types, typed BOSH errors and agent settings. It drives a
-// driver.Driver and knows no IaaS.
+// each, or one per kind for small ones of one kind), argument types, typed
+// BOSH errors and agent settings. It drives a driver.Driver and knows no
+// IaaS.
 package cpi
 
 import (
@@ -47,6 +48,16 @@ func (s *Service) log() logging.Fields { return logging.Fields{Logger: s.Logger,
 // lacks answers a method the driver cannot do.
 func (s *Service) lacks(method string) error {
 	return NotImplemented("%s is not implemented by driver %s", method, s.Config.Driver)
+}
+
+// optional is the driver as T, the optional interface a method needs, or
+// lacks' answer when the driver has not got it.
+func optional[T any](s *Service, req *rpc.Request) (T, error) {
+	c, ok := s.Driver.(T)
+	if !ok {
+		return c, s.lacks(req.Method)
+	}
+	return c, nil
 }
 
 // creatorTags identify who made a resource.

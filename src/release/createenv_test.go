@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/testkit/extimage"
+	"github.com/runway-cpi/runway/src/testkit/netns"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
@@ -46,12 +46,7 @@ func createEnvLifecycle(t *testing.T, rel, vcap, work string) {
 	}, job)
 	os.Chmod(filepath.Join(job, "bin", "cpi"), 0o755)
 
-	ns := fmt.Sprintf("rwce%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	exec.Command("ip", "-n", ns, "link", "set", "lo", "up").Run()
+	ns := netns.Add(t, "rwce")
 
 	// bosh-cli's CPI runner: the wrapper with the installation's
 	// directories, no HOME; info first, then the method at min(info, 2).

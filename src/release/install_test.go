@@ -1,12 +1,9 @@
 package release
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/realinputs"
 )
 
 // The release as an operator gets it: the tarball is built (twice: same
@@ -164,8 +162,7 @@ func (c *installedCPI) call(method string, args ...any) json.RawMessage {
 }
 
 func (c *installedCPI) lifecycle(work string) {
-	image := filepath.Join(work, "image.tgz")
-	writeImage(c.t, image)
+	image := realinputs.StemcellImage(c.t, []byte("ok"))
 	var stemcell, vm, disk, snap string
 	var created []json.RawMessage
 	decode(c.t, c.call("create_stemcell", image, map[string]any{}), &stemcell)
@@ -208,8 +205,7 @@ func orchestratorJob(t *testing.T, rel, vcap string, cpi *installedCPI, work str
 	const token = "release-test-token"
 	gitea := forgetest.NewGitea(token)
 	defer gitea.Close()
-	image := filepath.Join(work, "runner-image.tgz")
-	writeImage(t, image)
+	image := realinputs.StemcellImage(t, []byte("ok"))
 	state := filepath.Join(vcap, "store", "runway_orchestrator")
 	installJob(t, rel, vcap, "runway_orchestrator", map[string]any{"runway_orchestrator": map[string]any{
 		"listen": "127.0.0.1:0", "state_dir": state, "sweep_interval": "1s",
@@ -351,19 +347,6 @@ func untgz(t *testing.T, tgz, dir string) {
 	}
 }
 
-func writeImage(t *testing.T, path string) {
-	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(gz)
-	tw.WriteHeader(&tar.Header{Name: "root.img", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg})
-	tw.Write([]byte("ok"))
-	tw.Close()
-	gz.Close()
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func decode(t *testing.T, raw json.RawMessage, v any) {
 	t.Helper()
 	if err := json.Unmarshal(raw, v); err != nil {
@@ -409,7 +392,7 @@ func repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatal(fmt.Errorf("repository root not found from %s", root))
+		t.Fatalf("repository root not found from %s", root)
 	}
 	return root
 }

@@ -164,17 +164,28 @@ func (r *Release) Order() ([]*Artifact, error) {
 	return out, nil
 }
 
+// readSpec reads the spec of a package or job (kind) in dir into s, checks
+// that its name (name, s's field) is the directory's and that the file
+// every one of its kind has (need) is there, and answers that file's path.
+func readSpec(kind, dir, need string, s any, name *string) (string, error) {
+	if err := readYAML(filepath.Join(dir, "spec"), s); err != nil {
+		return "", err
+	}
+	if *name != filepath.Base(dir) {
+		return "", fmt.Errorf("%s directory %s does not match the name %q in its spec", kind, dir, *name)
+	}
+	p := filepath.Join(dir, need)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s %s: %s is missing (an empty file is enough)", kind, *name, p)
+	}
+	return p, nil
+}
+
 func readPackage(root, dir string) (*Artifact, error) {
 	var s packageSpec
-	if err := readYAML(filepath.Join(dir, "spec"), &s); err != nil {
+	packaging, err := readSpec("package", dir, "packaging", &s, &s.Name)
+	if err != nil {
 		return nil, err
-	}
-	if s.Name != filepath.Base(dir) {
-		return nil, fmt.Errorf("package directory %s does not match the name %q in its spec", dir, s.Name)
-	}
-	packaging := filepath.Join(dir, "packaging")
-	if _, err := os.Stat(packaging); err != nil {
-		return nil, fmt.Errorf("package %s: %s is missing", s.Name, packaging)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "pre_packaging")); err == nil {
 		return nil, fmt.Errorf("package %s: pre_packaging scripts are not supported by this builder", s.Name)
@@ -228,17 +239,11 @@ func readPackage(root, dir string) (*Artifact, error) {
 
 func readJob(dir string) (*Artifact, error) {
 	var s jobSpec
-	if err := readYAML(filepath.Join(dir, "spec"), &s); err != nil {
-		return nil, err
-	}
-	if s.Name != filepath.Base(dir) {
-		return nil, fmt.Errorf("job directory %s does not match the name %q in its spec", dir, s.Name)
-	}
 	// The Director and bosh-cli's create-env both read the monit file
 	// unconditionally: an empty one is fine, a missing one is not.
-	monit := filepath.Join(dir, "monit")
-	if _, err := os.Stat(monit); err != nil {
-		return nil, fmt.Errorf("job %s: %s is missing (an empty file is enough)", s.Name, monit)
+	monit, err := readSpec("job", dir, "monit", &s, &s.Name)
+	if err != nil {
+		return nil, err
 	}
 	a := &Artifact{Name: s.Name, Dependencies: s.Packages}
 	a.Files = []File{{Path: filepath.Join(dir, "spec"), Name: "job.MF"}, {Path: monit, Name: "monit"}}

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -69,18 +70,14 @@ const (
 // container mode: mounts are found by path in the mount table, which
 // holds resolved paths).
 func (c *Config) complete(stateDir string) (netip.Prefix, string, error) {
-	if c.StopGraceSeconds == 0 {
-		c.StopGraceSeconds = DefaultStopGrace
-	}
+	c.StopGraceSeconds = cmp.Or(c.StopGraceSeconds, DefaultStopGrace)
 	if c.StopGraceSeconds < 0 {
 		return netip.Prefix{}, "", errors.New("local: stop_grace_seconds: must be positive")
 	}
 	if len(c.StemcellFormats) == 0 {
 		c.StemcellFormats = DefaultStemcellFormats
 	}
-	if c.LoopbackCIDR == "" {
-		c.LoopbackCIDR = DefaultLoopbackCIDR
-	}
+	c.LoopbackCIDR = cmp.Or(c.LoopbackCIDR, DefaultLoopbackCIDR)
 	p, err := netip.ParsePrefix(c.LoopbackCIDR)
 	if err != nil || !p.Addr().Is4() || !p.Addr().IsLoopback() || p.Bits() > 30 {
 		return netip.Prefix{}, "", fmt.Errorf("local: loopback_cidr: must be an IPv4 range inside 127.0.0.0/8 with at least 4 addresses, got %q", c.LoopbackCIDR)
@@ -109,24 +106,16 @@ func (c *Config) complete(stateDir string) (netip.Prefix, string, error) {
 	default:
 		return netip.Prefix{}, "", fmt.Errorf(`local: isolation: must be "process" or "container", got %q`, c.Isolation)
 	}
-	if c.Shell == "" {
-		c.Shell = DefaultShell
-	}
-	if c.MaxImageMiB == 0 {
-		c.MaxImageMiB = DefaultMaxImageMiB
-	}
+	c.Shell = cmp.Or(c.Shell, DefaultShell)
+	c.MaxImageMiB = cmp.Or(c.MaxImageMiB, DefaultMaxImageMiB)
 	if c.MaxImageMiB < 0 {
 		return netip.Prefix{}, "", errors.New("local: max_image_mib: must be positive")
 	}
-	if c.ConsoleMaxKiB == 0 {
-		c.ConsoleMaxKiB = DefaultConsoleMaxKiB
-	}
+	c.ConsoleMaxKiB = cmp.Or(c.ConsoleMaxKiB, DefaultConsoleMaxKiB)
 	if c.ConsoleMaxKiB < 0 {
 		return netip.Prefix{}, "", errors.New("local: console_max_kib: must be positive")
 	}
-	if c.MaxImageEntries == 0 {
-		c.MaxImageEntries = DefaultMaxImageEntries
-	}
+	c.MaxImageEntries = cmp.Or(c.MaxImageEntries, DefaultMaxImageEntries)
 	if c.MaxImageEntries < 0 {
 		return netip.Prefix{}, "", errors.New("local: max_image_entries: must be positive")
 	}

@@ -24,11 +24,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err := d.st.CheckSpace(spec.SizeMiB); err != nil {
 		return "", err
 	}
-	cid, err := store.NewCID("disk-")
-	if err != nil {
-		return "", err
-	}
-	unlock, err := d.st.Lock(ctx, store.Disks, cid)
+	cid, unlock, err := d.st.LockNew(ctx, store.Disks, "disk-")
 	if err != nil {
 		return "", err
 	}
@@ -187,7 +183,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vm, disk string) error {
 	if err := d.st.Save(store.Disks, rec.CID, rec); err != nil {
 		return err
 	}
-	if err := os.Remove(d.st.DiskLink(vm, disk)); err != nil && !isNotExist(err) {
+	if err := os.Remove(d.st.DiskLink(vm, disk)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil

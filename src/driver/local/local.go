@@ -8,11 +8,10 @@ package local
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
@@ -102,10 +101,11 @@ func (d *Driver) CalculateVMCloudProperties(_ context.Context, r driver.Resource
 	return driver.PropsOf(store.VMProps{CPU: r.CPU, RAM: r.RAM, EphemeralDiskSize: r.EphemeralDiskSize}), nil
 }
 
-func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
-
 // consoleMax is the cap of a VM's console.log (and of console.log.1).
 func (d *Driver) consoleMax() int64 { return int64(d.cfg.ConsoleMaxKiB) << 10 }
+
+// grace is how long a VM's processes get between SIGTERM and SIGKILL.
+func (d *Driver) grace() time.Duration { return time.Duration(d.cfg.StopGraceSeconds) * time.Second }
 
 // release frees a VM's addresses.
 func (d *Driver) release(ctx context.Context, cid string) {

@@ -85,6 +85,15 @@ func stemcell(t *testing.T, d *local.Driver) string {
 	return sc
 }
 
+// newDriverAndStemcell is a driver on a state dir of its own (root) and a
+// stemcell made by it.
+func newDriverAndStemcell(t *testing.T) (root string, d *local.Driver, sc string) {
+	t.Helper()
+	root = t.TempDir()
+	d = newDriver(t, root)
+	return root, d, stemcell(t, d)
+}
+
 // waitFile waits for a file the VM process writes; the process runs
 // asynchronously, so this is an event wait, bounded, not a fixed sleep.
 func waitFile(t *testing.T, path string) string {
@@ -102,9 +111,7 @@ func waitFile(t *testing.T, path string) string {
 
 func TestVMProcessIsDetachedSupervisedAndStopped(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	d := newDriver(t, root)
-	sc := stemcell(t, d)
+	root, d, sc := newDriverAndStemcell(t)
 	// The process records its pid, environment and a marker file, then
 	// ignores SIGTERM so delete has to escalate to SIGKILL.
 	script := `#!/bin/sh
@@ -153,9 +160,7 @@ sleep 300 & wait
 
 func TestRebootRestartsTheProcess(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	d := newDriver(t, root)
-	sc := stemcell(t, d)
+	root, d, sc := newDriverAndStemcell(t)
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc,
 		CloudProps: driver.PropsOf(map[string]any{"command": []any{"/bin/sh", "-c", `echo boot >> "$RUNWAY_VM_DIR/boots"; exec sleep 300`}})})
 	if err != nil {
@@ -192,9 +197,7 @@ func TestRebootRestartsTheProcess(t *testing.T) {
 
 func TestCommandThatCannotStartLeavesNothing(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	d := newDriver(t, root)
-	sc := stemcell(t, d)
+	root, d, sc := newDriverAndStemcell(t)
 	_, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "a", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"command": 42})})
 	if !errors.Is(err, driver.ErrInvalidInput) {
 		t.Fatalf("bad command type: %v; want ErrInvalidInput", err)
@@ -226,9 +229,7 @@ func TestStemcellArchiveThatEscapesIsRefused(t *testing.T) {
 
 func TestAddressesAreUniqueAndReleased(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	d := newDriver(t, root)
-	sc := stemcell(t, d)
+	_, d, sc := newDriverAndStemcell(t)
 	nets := driver.Networks{"a": {Type: "dynamic"}, "b": {Type: "manual", IP: "10.0.0.5"}}
 	seen := map[string]bool{}
 	var cids []string
@@ -458,10 +459,8 @@ func TestStemcellImageMustBeARegularFile(t *testing.T) {
 // or a VM that went without clearing the record, never leaves a disk that
 // nobody can detach or delete.
 func TestAttachmentsOfGoneVMsCanBeCleared(t *testing.T) {
-	root := t.TempDir()
-	d := newDriver(t, root)
+	root, d, sc := newDriverAndStemcell(t)
 	ctx := context.Background()
-	sc := stemcell(t, d)
 	mkVM := func() string {
 		vm, err := d.CreateVM(ctx, driver.VMSpec{StemcellCID: sc, AgentID: "a"})
 		if err != nil {

@@ -17,11 +17,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 		return "", err
 	}
 	defer unlock()
-	snap, err := store.NewCID("snap-")
-	if err != nil {
-		return "", err
-	}
-	unlockSnap, err := d.st.Lock(ctx, store.Snapshots, snap)
+	snap, unlockSnap, err := d.st.LockNew(ctx, store.Snapshots, "snap-")
 	if err != nil {
 		return "", err
 	}

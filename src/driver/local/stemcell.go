@@ -2,12 +2,11 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 
+	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
@@ -28,15 +27,11 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	}
 	// A FIFO or a device would block (or never end) the read.
 	if st, err := os.Stat(spec.ImagePath); err != nil {
-		return "", driver.Invalid("image_path %s: %v", spec.ImagePath, unwrapPathErr(err))
+		return "", driver.Invalid("image_path %s: %v", spec.ImagePath, config.PathErrCause(err))
 	} else if !st.Mode().IsRegular() {
 		return "", driver.Invalid("image_path %s is not a regular file (%s)", spec.ImagePath, st.Mode().Type())
 	}
-	cid, err := store.NewCID("sc-")
-	if err != nil {
-		return "", err
-	}
-	unlock, err := d.st.Lock(ctx, store.Stemcells, cid)
+	cid, unlock, err := d.st.LockNew(ctx, store.Stemcells, "sc-")
 	if err != nil {
 		return "", err
 	}
@@ -64,12 +59,4 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 // an error (bosh-cli and the Director both expect that).
 func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 	return d.st.RemoveIfPresent(ctx, store.Stemcells, cid)
-}
-
-func unwrapPathErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }

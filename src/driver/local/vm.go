@@ -6,14 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 )
-
-func (d *Driver) grace() time.Duration { return time.Duration(d.cfg.StopGraceSeconds) * time.Second }
 
 // DeleteVM implements driver.Driver: processes stopped for certain, disks
 // detached, addresses released, directory removed.

@@ -1,6 +1,7 @@
 package ctrvm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -91,43 +92,29 @@ func (cc *Config) Complete() (netip.Prefix, error) {
 	} else if !filepath.IsAbs(cc.Runtime) {
 		return netip.Prefix{}, fmt.Errorf("local: container.runtime: must be an absolute path, got %q", cc.Runtime)
 	}
-	if cc.Bridge == "" {
-		cc.Bridge = DefaultBridge
-	}
+	cc.Bridge = cmp.Or(cc.Bridge, DefaultBridge)
 	if len(cc.Bridge) > 15 || !ifName(cc.Bridge) {
 		return netip.Prefix{}, fmt.Errorf("local: container.bridge: %q is not an interface name (letters, digits, '-', '_', at most 15)", cc.Bridge)
 	}
-	if cc.CIDR == "" {
-		cc.CIDR = DefaultBridgeCIDR
-	}
+	cc.CIDR = cmp.Or(cc.CIDR, DefaultBridgeCIDR)
 	p, err := netip.ParsePrefix(cc.CIDR)
 	if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p.Bits() < 8 {
 		return netip.Prefix{}, fmt.Errorf("local: container.cidr: must be an IPv4 network of /8 to /29, got %q", cc.CIDR)
 	}
-	if cc.PidsLimit == 0 {
-		cc.PidsLimit = DefaultPidsLimit
-	}
+	cc.PidsLimit = cmp.Or(cc.PidsLimit, DefaultPidsLimit)
 	if cc.PidsLimit < 0 {
 		return netip.Prefix{}, errors.New("local: container.pids_limit: must be positive")
 	}
-	if cc.DefaultRAMMiB == 0 {
-		cc.DefaultRAMMiB = DefaultRAMMiB
-	}
-	if cc.DefaultCPU == 0 {
-		cc.DefaultCPU = DefaultCPU
-	}
-	if cc.UIDBase == 0 {
-		cc.UIDBase = DefaultUIDBase
-	}
+	cc.DefaultRAMMiB = cmp.Or(cc.DefaultRAMMiB, DefaultRAMMiB)
+	cc.DefaultCPU = cmp.Or(cc.DefaultCPU, DefaultCPU)
+	cc.UIDBase = cmp.Or(cc.UIDBase, DefaultUIDBase)
 	if cc.UIDBase < 1<<17 || uint64(cc.UIDBase) > 1<<32-2*idsPerVM {
 		return netip.Prefix{}, fmt.Errorf("local: container.uid_base: must lie between %d and %d, above the host's own users, got %d", 1<<17, uint64(1<<32-2*idsPerVM), cc.UIDBase)
 	}
 	if cc.DefaultRAMMiB < 0 || cc.DefaultCPU < 0 {
 		return netip.Prefix{}, errors.New("local: container.default_ram_mib and default_cpu: must be positive")
 	}
-	if cc.DefaultEphemeralDiskMiB == 0 {
-		cc.DefaultEphemeralDiskMiB = DefaultEphemeralDiskMiB
-	}
+	cc.DefaultEphemeralDiskMiB = cmp.Or(cc.DefaultEphemeralDiskMiB, DefaultEphemeralDiskMiB)
 	if cc.DefaultEphemeralDiskMiB < MinEphemeralDiskMiB {
 		return netip.Prefix{}, fmt.Errorf("local: container.default_ephemeral_disk_mib: at least %d", MinEphemeralDiskMiB)
 	}

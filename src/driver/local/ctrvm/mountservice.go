@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver/local/container"
 	"github.com/runway-cpi/runway/src/driver/local/mountsvc"
-	"github.com/runway-cpi/runway/src/driver/local/procs"
 	"github.com/runway-cpi/runway/src/driver/local/storage"
 	"github.com/runway-cpi/runway/src/driver/local/store"
 	"github.com/runway-cpi/runway/src/lock"
@@ -108,10 +106,8 @@ func (v *VMs) mountForVM(ctx context.Context, rec *store.VM, initPID int, peer u
 	if n := len(storage.MountsFrom(info, container.DisksDir+"/")); n >= maxDiskMounts {
 		return fmt.Errorf("the vm has %d mounts of its disks already (at most %d): unmount one first", n, maxDiskMounts)
 	}
-	cmd := exec.Command(v.self)
-	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + nsMount, nsDirEnv + "=" + v.st.Dir(store.VMs, rec.CID),
-		nsDiskEnv + "=" + disk, nsInitEnv + "=" + strconv.Itoa(initPID), nsTargetEnv + "=" + req.Target,
-		nsAttrsEnv + "=" + strconv.FormatUint(attrs, 10)}
+	cmd := v.nsCommand(ctx, rec, nsMount, disk, nil, nsInitEnv+"="+strconv.Itoa(initPID), nsTargetEnv+"="+req.Target,
+		nsAttrsEnv+"="+strconv.FormatUint(attrs, 10))
 	if out, err := container.RunChild(ctx, cmd); err != nil {
 		if msg := strings.TrimSpace(string(out)); msg != "" {
 			return errors.New(msg)

@@ -141,15 +141,29 @@ func (v *VMs) inVM(ctx context.Context, rec *store.VM, op, disk string) (string,
 		return "", nil
 	}
 	defer ns.Close()
-	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", v.self)
-	cmd.ExtraFiles = []*os.File{ns}
-	cmd.Env = []string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + op, nsDirEnv + "=" + c.dir, nsDiskEnv + "=" + disk}
+	cmd := v.nsCommand(ctx, rec, op, disk, ns)
 	var out, errs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errs
 	if err := cmd.Run(); err != nil {
 		return out.String(), fmt.Errorf("%s of disk %s inside vm %s: %w: %s", op, disk, rec.CID, err, strings.TrimSpace(errs.String()))
 	}
 	return out.String(), nil
+}
+
+// nsCommand is the driver's executable started for operation op on disk
+// of VM rec (nsOp), with more of the operation's variables: inside the
+// VM's mount namespace through nsenter when ns is that namespace's file,
+// else in the caller's (the supervisor's, which is the VM's; its
+// container.RunChild follows ctx).
+func (v *VMs) nsCommand(ctx context.Context, rec *store.VM, op, disk string, ns *os.File, more ...string) *exec.Cmd {
+	cmd := exec.Command(v.self)
+	if ns != nil {
+		cmd = exec.CommandContext(ctx, "nsenter", "--mount=/proc/self/fd/3", "--", v.self)
+		cmd.ExtraFiles = []*os.File{ns}
+	}
+	cmd.Env = append([]string{"PATH=" + procs.VMPath, procs.EnvMarker + "=" + rec.CID, nsOpEnv + "=" + op,
+		nsDirEnv + "=" + v.st.Dir(store.VMs, rec.CID), nsDiskEnv + "=" + disk}, more...)
+	return cmd
 }
 
 // vmPathOf is path (absolute, in the host's view of a VM's mount points)

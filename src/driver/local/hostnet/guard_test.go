@@ -2,9 +2,7 @@ package hostnet
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -19,11 +17,7 @@ import (
 // host whose ruleset was flushed half-way) keeps its rules once and its
 // ports' elements; a port removed twice is no error.
 func TestGuardTableIsMadeOnceAndKeepsItsPorts(t *testing.T) {
-	ns := fmt.Sprintf("rwguard%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns := netns.Add(t, "rwguard")
 	ctx, table := context.Background(), GuardTable("test")
 	mac, _ := net.ParseMAC("02:00:00:00:00:01")
 	list := func() string {

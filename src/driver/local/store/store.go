@@ -188,6 +188,18 @@ func (s *Store) Lock(ctx context.Context, k Kind, cid string) (func(), error) {
 	}, nil
 }
 
+// LockNew makes a fresh CID for a resource of kind k about to be made
+// (NewCID) and takes its lock.
+func (s *Store) LockNew(ctx context.Context, k Kind, prefix string) (cid string, unlock func(), err error) {
+	if cid, err = NewCID(prefix); err != nil {
+		return "", nil, err
+	}
+	if unlock, err = s.Lock(ctx, k, cid); err != nil {
+		return "", nil, err
+	}
+	return cid, unlock, nil
+}
+
 // Sweep removes the half-built (.creating-<cid>) and half-deleted
 // (.deleting-<cid>) directories of one kind that killed calls left. Such a
 // directory is removed only when its resource's lock is free: creators and
