@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // The attacker aims their resources' forge URLs inside the cluster: at
@@ -61,7 +63,7 @@ metadata: {name: seed-api}
 spec: {scope: org, org: acme, gitea: {url: "https://10.96.0.1"}, maxActiveRunners: 1, labels: [linux],
   registrationToken: {name: tok, key: token}, authToken: {name: tok, key: token}}
 `
-			for _, u := range parseObjects(t, []byte(doc)) {
+			for _, u := range kubeyaml.Parse(t, []byte(doc)) {
 				f.create(t, u)
 			}
 			waitFor(t, 10*time.Second, "the forge elsewhere Ready", func() bool { return f.ready(gvrs[kindForge], "fine").Reason == ReasonReady })

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // helm runs the real helm (scripts/helm: helm.sh/helm/v3's CLI) from the
@@ -34,7 +36,7 @@ func TestChartLintsAndRenders(t *testing.T) {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
 	kinds := map[string]*unstructured.Unstructured{}
-	for _, u := range parseObjects(t, []byte(out)) {
+	for _, u := range kubeyaml.Parse(t, []byte(out)) {
 		kinds[u.GetKind()+"/"+u.GetName()] = u
 	}
 	for _, want := range []string{"CustomResourceDefinition/runnergroups.gitea.bpg.pw", "CustomResourceDefinition/forges.runway.io",
@@ -90,7 +92,7 @@ func TestChartRoleIsNarrow(t *testing.T) {
 			t.Fatalf("helm template: %v\n%s", err, out)
 		}
 		kinds := map[string]*unstructured.Unstructured{}
-		for _, u := range parseObjects(t, []byte(out)) {
+		for _, u := range kubeyaml.Parse(t, []byte(out)) {
 			kinds[u.GetKind()] = u
 		}
 		return kinds
@@ -162,7 +164,7 @@ func TestChartRoleIsNarrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	roles := map[string]map[string]map[string]string{}
-	for _, u := range parseObjects(t, []byte(out)) {
+	for _, u := range kubeyaml.Parse(t, []byte(out)) {
 		if u.GetKind() == "Role" {
 			roles[u.GetNamespace()] = rules(u)
 		}

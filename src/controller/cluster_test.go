@@ -1,13 +1,10 @@
 package controller
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"io"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,13 +15,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
@@ -108,7 +105,7 @@ func newCluster(t *testing.T) *cluster {
 	ctx := context.Background()
 	files, _ := filepath.Glob("../../config/helm/runway/crds/*.yaml")
 	for _, f := range files {
-		for _, u := range readObjects(t, f) {
+		for _, u := range kubeyaml.Read(t, f) {
 			c.applyCluster(t, crdGVR, u)
 			waitFor(t, 30*time.Second, "CRD "+u.GetName()+" established", func() bool {
 				got, err := c.dyn.Resource(crdGVR).Get(ctx, u.GetName(), metav1.GetOptions{})
@@ -179,31 +176,6 @@ func kindKey(u *unstructured.Unstructured) string {
 		return gvk.Kind
 	}
 	return gvk.Kind + "." + gvk.Group
-}
-
-// readObjects reads a multi-document YAML file.
-func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return parseObjects(t, b)
-}
-
-func parseObjects(t *testing.T, b []byte) []*unstructured.Unstructured {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err == io.EOF {
-			return out
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if m != nil {
-			out = append(out, &unstructured.Unstructured{Object: m})
-		}
-	}
 }
 
 // waitFor polls cond every 50 ms until it holds or d passes.

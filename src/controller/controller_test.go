@@ -13,6 +13,7 @@ import (
 
 	giteav1 "github.com/runway-cpi/runway/src/controller/apis/gitea/v1alpha1"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // Seed 001's example, applied unedited, becomes one engine group of its
@@ -28,7 +29,7 @@ func TestSeedRunnerGroupThroughTheController(t *testing.T) {
 	c := newCluster(t)
 	eng := &fakeEngine{states: map[string]GroupState{}}
 	ctl := c.start(t, eng)
-	for _, u := range readObjects(t, "testdata/seed-001-runnergroup.yaml") {
+	for _, u := range kubeyaml.Read(t, "testdata/seed-001-runnergroup.yaml") {
 		if err := c.create(u); err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +152,7 @@ func TestRunwayResourcesThroughTheController(t *testing.T) {
 	c := newCluster(t)
 	eng := &fakeEngine{states: map[string]GroupState{}}
 	c.start(t, eng)
-	objs := parseObjects(t, []byte(`
+	objs := kubeyaml.Parse(t, []byte(`
 apiVersion: runway.io/v1alpha1
 kind: RunnerGroup
 metadata: {name: arm}
@@ -182,7 +183,7 @@ stringData: {token: ghp-token-0123456789, hook: hook-secret-0123456789}
 		cond, _ := c.readyOf(t, gvrs[kindGroup], "arm")
 		return cond.Reason == ReasonForgeMissing && strings.Contains(cond.Message, "spec.forge")
 	})
-	forgeObj := parseObjects(t, []byte(`
+	forgeObj := kubeyaml.Parse(t, []byte(`
 apiVersion: runway.io/v1alpha1
 kind: Forge
 metadata: {name: github}
@@ -227,7 +228,7 @@ spec:
 		{`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: b10}, spec: {forge: github, scope: org, org: a, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: webhooks}}`, "spec.demand"},
 		{`{apiVersion: gitea.bpg.pw/v1alpha1, kind: RunnerGroup, metadata: {name: b8}, spec: {scope: org, org: a, giteaURL: "https://g", maxActiveRunners: 0, registrationToken: {name: s, key: k}, authToken: {name: s, key: k}}}`, "spec.maxActiveRunners"},
 	} {
-		err := c.create(parseObjects(t, []byte(bad.yaml))[0])
+		err := c.create(kubeyaml.Parse(t, []byte(bad.yaml))[0])
 		if err == nil || !strings.Contains(err.Error(), bad.field) {
 			t.Errorf("%s: the API server answered %v; want a refusal naming %s", bad.yaml, err, bad.field)
 		}
@@ -244,7 +245,7 @@ spec:
 		t.Errorf("changing a group's demand: %v", err)
 	}
 	// A group taking its jobs from a GitHub runner scale set.
-	ss := parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: linux-ss}, spec: {forge: github, scope: org, org: acme, labels: [runway-linux], maxActiveRunners: 2, image: i, runner: {command: /r}, demand: scale_set, scaleSet: {runnerGroupID: 3}}}`))[0]
+	ss := kubeyaml.Parse(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: linux-ss}, spec: {forge: github, scope: org, org: acme, labels: [runway-linux], maxActiveRunners: 2, image: i, runner: {command: /r}, demand: scale_set, scaleSet: {runnerGroupID: 3}}}`))[0]
 	if err := c.create(ss); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestGitHubAppForgeThroughTheController(t *testing.T) {
 	c.start(t, eng)
 	key, rotated := appKeyPEM(t), appKeyPEM(t)
 	secret := func(k string) *unstructured.Unstructured {
-		return parseObjects(t, []byte(fmt.Sprintf("{apiVersion: v1, kind: Secret, metadata: {name: gh-app}, stringData: {github_app_id: \"123\", github_app_installation_id: \"42\", github_app_private_key: %q}}", k)))[0]
+		return kubeyaml.Parse(t, []byte(fmt.Sprintf("{apiVersion: v1, kind: Secret, metadata: {name: gh-app}, stringData: {github_app_id: \"123\", github_app_installation_id: \"42\", github_app_private_key: %q}}", k)))[0]
 	}
 	must := func(err error) {
 		t.Helper()
@@ -280,8 +281,8 @@ func TestGitHubAppForgeThroughTheController(t *testing.T) {
 		}
 	}
 	must(c.create(secret(key)))
-	must(c.create(parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: gh}, spec: {type: github, githubConfigSecret: gh-app}}`))[0]))
-	must(c.create(parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ss}, spec: {forge: gh, scope: org, org: acme, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
+	must(c.create(kubeyaml.Parse(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: gh}, spec: {type: github, githubConfigSecret: gh-app}}`))[0]))
+	must(c.create(kubeyaml.Parse(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ss}, spec: {forge: gh, scope: org, org: acme, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
 	var g handed
 	waitFor(t, 10*time.Second, "the group handed over with the App's forge", func() bool {
 		var ok bool
@@ -302,7 +303,7 @@ func TestGitHubAppForgeThroughTheController(t *testing.T) {
 	}(), metav1.UpdateOptions{})
 	must(err)
 	waitFor(t, 10*time.Second, "the rotated key in use", func() bool { _, _, k := src.App(); return k == strings.TrimSpace(rotated) })
-	must(c.create(parseObjects(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ent}, spec: {forge: gh, scope: enterprise, enterprise: acme-corp, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
+	must(c.create(kubeyaml.Parse(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ent}, spec: {forge: gh, scope: enterprise, enterprise: acme-corp, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
 	waitFor(t, 10*time.Second, "the enterprise group refused on the App's forge", func() bool {
 		cond, _ := c.readyOf(t, gvrs[kindGroup], "ent")
 		return cond.Reason == ReasonInvalid && strings.Contains(cond.Message, "classic PAT")
@@ -313,7 +314,7 @@ func TestGitHubAppForgeThroughTheController(t *testing.T) {
 		`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: b3}, spec: {type: gitea, url: "http://g", githubConfigSecret: gh-app}}`,
 		`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: b4}, spec: {forge: gh, scope: enterprise, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`,
 	} {
-		if err := c.create(parseObjects(t, []byte(bad))[0]); err == nil {
+		if err := c.create(kubeyaml.Parse(t, []byte(bad))[0]); err == nil {
 			t.Errorf("%s: the API server took it", bad)
 		}
 	}

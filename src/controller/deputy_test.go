@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 const stolenDSN = "postgres://runway:pg-password-5e1f@db:5432/runway"
@@ -34,10 +36,10 @@ func TestNoConfusedDeputy(t *testing.T) {
 				[]runtime.Object{teamB, labelled, pg}...)
 			eng := &fakeEngine{states: map[string]GroupState{}}
 			f.start(t, eng)
-			for _, u := range readObjects(t, "testdata/seed-001-runnergroup.yaml") {
+			for _, u := range kubeyaml.Read(t, "testdata/seed-001-runnergroup.yaml") {
 				f.create(t, u)
 			}
-			for _, u := range parseObjects(t, []byte(`
+			for _, u := range kubeyaml.Parse(t, []byte(`
 apiVersion: gitea.bpg.pw/v1alpha1
 kind: RunnerGroup
 metadata: {name: steal-dsn}

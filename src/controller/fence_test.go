@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // A replica that may no longer act (its Lease renewed too long ago)
@@ -25,7 +27,7 @@ func TestFencedControllerWritesNothing(t *testing.T) {
 			return nil
 		}
 	})
-	for _, u := range readObjects(t, "testdata/seed-001-runnergroup.yaml") {
+	for _, u := range kubeyaml.Read(t, "testdata/seed-001-runnergroup.yaml") {
 		f.create(t, u)
 	}
 	waitFor(t, 10*time.Second, "the object come up fenced, several times", func() bool { return asked.Load() >= 3 })

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // The chart's default seed.defaultLabels.
@@ -29,12 +30,12 @@ func TestSeedShapesLabels(t *testing.T) {
 	eng := &fakeEngine{states: map[string]GroupState{}}
 	f.startSeed(t, eng, chartDefaults)
 	var objs []*unstructured.Unstructured
-	for _, u := range readObjects(t, "testdata/seed-001-runnergroup.yaml") {
+	for _, u := range kubeyaml.Read(t, "testdata/seed-001-runnergroup.yaml") {
 		if u.GetKind() == "Secret" {
 			objs = append(objs, u)
 		}
 	}
-	objs = append(objs, readObjects(t, "testdata/seed-001-shapes.yaml")...)
+	objs = append(objs, kubeyaml.Read(t, "testdata/seed-001-shapes.yaml")...)
 	for _, u := range objs {
 		f.create(t, u)
 	}
@@ -71,7 +72,7 @@ func TestNotTakingJobsOnTheObject(t *testing.T) {
 	f := newFakeCluster(t, SecretAccess{Names: []string{"gitea-auth-token", "gitea-registration-token"}})
 	eng := &fakeEngine{states: map[string]GroupState{}}
 	ctl := f.start(t, eng)
-	for _, u := range readObjects(t, "testdata/seed-001-runnergroup.yaml") {
+	for _, u := range kubeyaml.Read(t, "testdata/seed-001-runnergroup.yaml") {
 		f.create(t, u)
 	}
 	name := engineName(kindSeed, f.ns, "acme-linux")

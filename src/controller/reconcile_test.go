@@ -16,6 +16,7 @@ import (
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // fixture drives reconcile by hand, as kubernetes/sample-controller's
@@ -44,7 +45,7 @@ func newFixture(t *testing.T, eng Engine, access SecretAccess) *fixture {
 // add puts objects in the fake API server and the informers' caches.
 func (x *fixture) add(yaml string) {
 	x.t.Helper()
-	for _, u := range parseObjects(x.t, []byte(yaml)) {
+	for _, u := range kubeyaml.Parse(x.t, []byte(yaml)) {
 		if u.GetKind() == "Secret" {
 			x.f.create(x.t, u)
 			s, err := x.f.kube.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), x.f.ns, u.GetName())

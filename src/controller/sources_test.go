@@ -20,6 +20,7 @@ import (
 	giteav1 "github.com/runway-cpi/runway/src/controller/apis/gitea/v1alpha1"
 	runwayv1 "github.com/runway-cpi/runway/src/controller/apis/runway/v1alpha1"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // secrets is a secretReader over Secrets in memory (namespace ns).
@@ -137,7 +138,7 @@ func (r *recordingReader) read(ns, field, name, key string) (string, error) {
 
 func seedOf(t *testing.T, spec string) *giteav1.RunnerGroup {
 	t.Helper()
-	u := parseObjects(t, []byte(`{apiVersion: gitea.bpg.pw/v1alpha1, kind: RunnerGroup, metadata: {name: rg, namespace: team-a}, spec: `+spec+`}`))[0]
+	u := kubeyaml.Parse(t, []byte(`{apiVersion: gitea.bpg.pw/v1alpha1, kind: RunnerGroup, metadata: {name: rg, namespace: team-a}, spec: `+spec+`}`))[0]
 	var rg giteav1.RunnerGroup
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rg); err != nil {
 		t.Fatal(err)

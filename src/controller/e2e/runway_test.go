@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // Runway's own resources on the chart: a GitHub Forge with a webhook
@@ -143,11 +143,7 @@ spec:
 }
 
 func parseYAML(t testing.TB, doc string) []*unstructured.Unstructured {
-	p := filepath.Join(t.TempDir(), "objects.yaml")
-	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return readObjects(t, p)
+	return kubeyaml.Parse(t, []byte(doc))
 }
 
 // ready: the object's Ready condition is True.

@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"strconv"
@@ -15,32 +13,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
-
-// readObjects reads a multi-document YAML file, unedited.
-func readObjects(t testing.TB, path string) []*unstructured.Unstructured {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err == io.EOF {
-			return out
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if m != nil {
-			out = append(out, &unstructured.Unstructured{Object: m})
-		}
-	}
-}
 
 // docs/kubernetes.md's install run as written (its settings the dev
 // cluster's: two watched namespaces, the forge's host name by
@@ -63,7 +40,7 @@ func TestSeedShapesOnTheChart(t *testing.T) {
 	c := clusterFor(t, "runway")
 	testenv.Need(t, "scripts/k8s-dev start (this checkout's), then its $K8S_DEV_DIR/env", "RUNWAY_K8S_BIN", "RUNWAY_K8S_POD_CIDR",
 		"RUNWAY_K8S_SERVICE_CIDR")
-	seed := readObjects(t, root+"/src/controller/testdata/seed-001-runnergroup.yaml")
+	seed := kubeyaml.Read(t, root+"/src/controller/testdata/seed-001-runnergroup.yaml")
 	var token string
 	var secrets []*unstructured.Unstructured
 	for _, u := range seed {
@@ -99,7 +76,7 @@ runners: {deleteGraceSeconds: 1, waitTimeoutSeconds: 60}
 	c.watchRunnerPods()
 	c.apply(seed)
 	c.applyIn(other, secrets)
-	for _, u := range readObjects(t, root+"/src/controller/testdata/seed-001-shapes.yaml") {
+	for _, u := range kubeyaml.Read(t, root+"/src/controller/testdata/seed-001-shapes.yaml") {
 		if u.GetName() == "lib" {
 			c.applyIn(other, []*unstructured.Unstructured{u})
 		} else {
