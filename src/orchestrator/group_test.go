@@ -75,7 +75,7 @@ func TestGroupAloneSweepsThenPlansOnce(t *testing.T) {
 	}
 	dep := aloneDeps(t)
 	fv := newForgeView(fc, Forge{Client: gitea.New(fc.URL, forge.NewTransport(func() string { return "token tok" }))}, func(forge.Job) {})
-	cpi := &quietCPI{vms: map[string]map[string]any{}}
+	cpi := &vmCPI{vms: map[string]map[string]any{}}
 	g, err := newGroup(dep, gc, fv, cpi, false)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +86,7 @@ func TestGroupAloneSweepsThenPlansOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.spawns.Wait()
-	if n := cpi.count(); n != 2 {
+	if n := cpi.count("g"); n != 2 {
 		t.Fatalf("3 jobs queued, max 2: %d VMs made", n)
 	}
 	// One VM goes away (its host lost it); the next pass's sweep is due.
@@ -107,7 +107,7 @@ func TestGroupAloneSweepsThenPlansOnce(t *testing.T) {
 	if err != nil || r.State != store.Deleted || r.Reason != "vm gone" {
 		t.Fatalf("runner %s of the VM gone: %+v (%v); want deleted, vm gone", goneRunner, r, err)
 	}
-	if n := cpi.count(); n != 2 {
+	if n := cpi.count("g"); n != 2 {
 		t.Errorf("after the sweep: %d VMs; want 2 (a runner made in the same pass for the job the gone one was made for)", n)
 	}
 	if active, _ := dep.store.Active("g"); len(active) != 2 {
@@ -133,7 +133,7 @@ func TestGroupAloneScaleSetDemandIsThePlansInput(t *testing.T) {
 			REST: rest, Actions: forge.NewTransport(nil)})
 	}}
 	dep := aloneDeps(t)
-	cpi := &quietCPI{vms: map[string]map[string]any{}}
+	cpi := &vmCPI{vms: map[string]map[string]any{}}
 	g, err := newGroup(dep, gc, newForgeView(fc, f, func(forge.Job) {}), cpi, false)
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestGroupAloneScaleSetDemandIsThePlansInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.spawns.Wait()
-	if n := cpi.count(); n != 1 {
+	if n := cpi.count("g"); n != 1 {
 		t.Errorf("one job assigned: %d VMs made; want 1", n)
 	}
 }

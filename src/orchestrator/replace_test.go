@@ -21,9 +21,10 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
-// vmCPI answers as bin/cpi does, keeping its VMs in memory; each VM
-// registers its runner at the Gitea contract server with the token its
-// user data carries, as the runner program would at boot.
+// vmCPI answers as bin/cpi does, keeping its VMs in memory. With
+// giteaURL, each VM registers its runner at the Gitea contract server
+// with the token its user data carries, as the runner program would at
+// boot; without, its runner never starts.
 type vmCPI struct {
 	mu       sync.Mutex
 	n        int
@@ -53,22 +54,11 @@ func (c *vmCPI) Call(_ context.Context, method, _ string, args ...any) (*cpiclie
 	switch method {
 	case "create_vm":
 		env := args[5].(map[string]any)
-		vars := map[string]string{}
-		for _, m := range exported.FindAllStringSubmatch(env["user_data"].(string), -1) {
-			vars[m[1]] = m[2]
-		}
-		name := vars["GITEA_RUNNER_NAME"]
-		labels := forge.LabelNames(strings.Split(vars["GITEA_RUNNER_LABELS"], ","))
-		if c.registerAs != nil {
-			labels = c.registerAs
-		}
-		r, err := gitearunner.Register(c.giteaURL, vars["GITEA_RUNNER_REGISTRATION_TOKEN"], name, labels, true)
-		if err != nil {
-			e := &rpc.Error{Type: rpc.TypeVMCreationFailed, Message: err.Error()}
-			return &cpiclient.Response{Reply: rpc.Reply{Error: e}}, e
-		}
-		if c.registerAs != nil {
-			r.FetchTask() // it asks for a task, as a runner does: online, given none
+		if c.giteaURL != "" {
+			if err := c.boot(env["user_data"].(string)); err != nil {
+				e := &rpc.Error{Type: rpc.TypeVMCreationFailed, Message: err.Error()}
+				return &cpiclient.Response{Reply: rpc.Reply{Error: e}}, e
+			}
 		}
 		c.n++
 		cid := fmt.Sprintf("vm-%d", c.n)
@@ -92,6 +82,27 @@ func (c *vmCPI) Call(_ context.Context, method, _ string, args ...any) (*cpiclie
 		return ok(found)
 	}
 	return ok(nil)
+}
+
+// boot registers the runner whose settings userData exports.
+func (c *vmCPI) boot(userData string) error {
+	vars := map[string]string{}
+	for _, m := range exported.FindAllStringSubmatch(userData, -1) {
+		vars[m[1]] = m[2]
+	}
+	name := vars["GITEA_RUNNER_NAME"]
+	labels := forge.LabelNames(strings.Split(vars["GITEA_RUNNER_LABELS"], ","))
+	if c.registerAs != nil {
+		labels = c.registerAs
+	}
+	r, err := gitearunner.Register(c.giteaURL, vars["GITEA_RUNNER_REGISTRATION_TOKEN"], name, labels, true)
+	if err != nil {
+		return err
+	}
+	if c.registerAs != nil {
+		r.FetchTask() // it asks for a task, as a runner does: online, given none
+	}
+	return nil
 }
 
 func (c *vmCPI) count(group string) int {

@@ -2,63 +2,20 @@ package orchestrator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/runway-cpi/runway/src/cpiclient"
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/forge/github"
 	"github.com/runway-cpi/runway/src/forge/scaleset"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/orchestrator/config"
-	"github.com/runway-cpi/runway/src/rpc"
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
-// quietCPI makes VMs in memory whose runners never start.
-type quietCPI struct {
-	mu  sync.Mutex
-	n   int
-	vms map[string]map[string]any
-}
-
-func (c *quietCPI) Call(_ context.Context, method, _ string, args ...any) (*cpiclient.Response, error) {
-	ok := func(v any) (*cpiclient.Response, error) {
-		b, _ := json.Marshal(v)
-		return &cpiclient.Response{Reply: rpc.Reply{Result: b}}, nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch method {
-	case "create_vm":
-		c.n++
-		cid := fmt.Sprintf("vm-%d", c.n)
-		tags := args[5].(map[string]any)["bosh"].(map[string]any)["tags"]
-		c.vms[cid] = map[string]any{"cid": cid, "agent_id": args[0], "state": "running", "tags": tags}
-		return ok([]any{cid, map[string]any{}})
-	case "list_vms":
-		out := []any{}
-		for _, vm := range c.vms {
-			out = append(out, vm)
-		}
-		return ok(out)
-	case "delete_vm":
-		delete(c.vms, args[0].(string))
-	}
-	return ok(nil)
-}
-
-func (c *quietCPI) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.vms)
-}
-
 // scaleSetEngine is an engine with one scale-set group "ss" (org acme,
-// label runway-ss; extra its further keys) against gh, its VMs quietCPI's.
+// label runway-ss; extra its further keys) against gh, its VMs vmCPI's.
 func scaleSetEngine(t *testing.T, gh *forgetest.GitHub, cpi CPI, extra string) (*Orchestrator, *config.Config) {
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
@@ -97,7 +54,7 @@ groups:
 func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
 	gh := forgetest.NewGitHub("tok")
 	defer gh.Close()
-	cpi := &quietCPI{vms: map[string]map[string]any{}}
+	cpi := &vmCPI{vms: map[string]map[string]any{}}
 	o, cfg := scaleSetEngine(t, gh, cpi, ", max_active_runners: 2")
 	if _, err := o.SetDrained("ss", true); err != nil {
 		t.Fatal(err)
@@ -110,13 +67,13 @@ func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
 		return s.ScaleSet != nil && s.ScaleSet.Paused
 	})
 	job := gh.AddJob("acme/app", []string{"runway-ss"})
-	if n := gh.OpenSessions(); n != 0 || gh.Job(job).ScaleSet != 0 || cpi.count() != 0 {
-		t.Fatalf("drained: %d sessions, job %+v, %d VMs; want none, the job the service's", n, gh.Job(job), cpi.count())
+	if n := gh.OpenSessions(); n != 0 || gh.Job(job).ScaleSet != 0 || cpi.count("ss") != 0 {
+		t.Fatalf("drained: %d sessions, job %+v, %d VMs; want none, the job the service's", n, gh.Job(job), cpi.count("ss"))
 	}
 	if _, err := o.SetDrained("ss", false); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the job assigned and a runner made", func() bool { return gh.Job(job).ScaleSet != 0 && cpi.count() == 1 })
+	eventually(t, 10*time.Second, "the job assigned and a runner made", func() bool { return gh.Job(job).ScaleSet != 0 && cpi.count("ss") == 1 })
 
 	g := cfg.Groups[0]
 	g.Retire = true
@@ -127,7 +84,7 @@ func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
 		s, _ := statusOf(o, "ss")
 		return s.Retired
 	})
-	if n, sets, runners := cpi.count(), gh.ScaleSets(), gh.RunnerCount(); n != 0 || len(sets) != 0 || runners != 0 {
+	if n, sets, runners := cpi.count("ss"), gh.ScaleSets(), gh.RunnerCount(); n != 0 || len(sets) != 0 || runners != 0 {
 		t.Errorf("after retiring: %d VMs, scale sets %+v, %d runners registered; want none", n, sets, runners)
 	}
 	if v, _ := o.Store().Meta("scale_set_session/ss"); v != "" {
@@ -141,7 +98,7 @@ func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
 func TestScaleSetDesiredRunnersIsThePlan(t *testing.T) {
 	gh := forgetest.NewGitHub("tok")
 	defer gh.Close()
-	cpi := &quietCPI{vms: map[string]map[string]any{}}
+	cpi := &vmCPI{vms: map[string]map[string]any{}}
 	o, _ := scaleSetEngine(t, gh, cpi, ", max_active_runners: 4, min_idle: 1")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -155,10 +112,10 @@ func TestScaleSetDesiredRunnersIsThePlan(t *testing.T) {
 	var s GroupStatus
 	eventually(t, 10*time.Second, "two jobs held and their runners made", func() bool {
 		s, _ = statusOf(o, "ss")
-		return s.ScaleSet != nil && s.ScaleSet.AssignedJobs == 2 && cpi.count() == 2
+		return s.ScaleSet != nil && s.ScaleSet.AssignedJobs == 2 && cpi.count("ss") == 2
 	})
 	if s.ScaleSet.DesiredRunners != 2 {
-		t.Errorf("desired runners %d with %d VMs made; want 2, the plan", s.ScaleSet.DesiredRunners, cpi.count())
+		t.Errorf("desired runners %d with %d VMs made; want 2, the plan", s.ScaleSet.DesiredRunners, cpi.count("ss"))
 	}
 	if v := metricGauge(t, o, "runway_scaleset_desired_runners"); v != 2 {
 		t.Errorf("the gauge says %v; want 2", v)
