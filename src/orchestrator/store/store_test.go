@@ -194,12 +194,7 @@ func TestFirstStemcellRecordWins(t *testing.T) {
 // A PostgreSQL database emptied and re-made under a running daemon is
 // another store: Check says so, so the daemon stops acting.
 func TestCheckNoticesAnotherPostgresStore(t *testing.T) {
-	dsn := pgtest.Database(t)
-	s, err := OpenPostgres(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, dsn := openPostgres(t)
 	s2, err := OpenPostgres(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -236,6 +231,18 @@ func TestOpenPostgresErrorsKeepTheDSNSecret(t *testing.T) {
 	}
 }
 
+// openPostgres opens a store on a database of its own, closed when the
+// test ends; dsn is the database's.
+func openPostgres(t *testing.T) (s *Store, dsn string) {
+	dsn = pgtest.Database(t)
+	s, err := OpenPostgres(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, dsn
+}
+
 func mustConfig(t *testing.T, dsn string) *pgx.ConnConfig {
 	c, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -247,13 +254,8 @@ func mustConfig(t *testing.T, dsn string) *pgx.ConnConfig {
 // One replica leads a group at a time; a lead ends with its session
 // (closed, or ended by the server), and then another replica takes it.
 func TestLeadershipIsExclusiveAndEndsWithTheSession(t *testing.T) {
-	dsn := pgtest.Database(t)
 	ctx := context.Background()
-	st, err := OpenPostgres(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st, dsn := openPostgres(t)
 	a := st.Leadership()
 	defer a.Close()
 	b := st.Leadership()
@@ -315,12 +317,7 @@ func TestLeadershipIsExclusiveAndEndsWithTheSession(t *testing.T) {
 }
 
 func TestNotifyReachesListeners(t *testing.T) {
-	dsn := pgtest.Database(t)
-	s, err := OpenPostgres(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, _ := openPostgres(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	got := make(chan string, 10)
@@ -387,13 +384,8 @@ func TestMetaValues(t *testing.T) {
 // outside lease chose ends every other leadership session: it leads at
 // once, and the frozen one, resumed, finds it leads nothing.
 func TestEndOthersTakesAFrozenLeadersGroups(t *testing.T) {
-	dsn := pgtest.Database(t)
 	ctx := context.Background()
-	st, err := OpenPostgres(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st, _ := openPostgres(t)
 	frozen, next := st.Leadership(), st.Leadership()
 	defer frozen.Close()
 	defer next.Close()
