@@ -46,14 +46,14 @@ func newGHES(t *testing.T) *forgetest.GitHub {
 }
 
 // linuxSession makes a scale set named name taking "linux" jobs and
-// opens a message session on it.
-func linuxSession(t *testing.T, ctx context.Context, c *Client, name string) (ScaleSet, *Session) {
+// opens a message session on it for owner.
+func linuxSession(t *testing.T, ctx context.Context, c *Client, name, owner string) (ScaleSet, *Session) {
 	t.Helper()
 	set, err := c.Ensure(ctx, Spec{Name: name, RunnerGroupID: 1, Labels: []string{"linux"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := c.OpenSession(ctx, set.ID, "x")
+	sess, err := c.OpenSession(ctx, set.ID, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,15 +167,8 @@ func TestOneSessionPerScaleSet(t *testing.T) {
 	g := newServer(t)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, err := c.Ensure(ctx, Spec{Name: "s", RunnerGroupID: 1, Labels: []string{"s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := c.OpenSession(ctx, set.ID, "replica-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.OpenSession(ctx, set.ID, "replica-b")
+	set, first := linuxSession(t, ctx, c, "s", "replica-a")
+	_, err := c.OpenSession(ctx, set.ID, "replica-b")
 	var e *Error
 	if !errors.Is(err, ErrSessionConflict) || !errors.As(err, &e) || e.Status != 409 || e.Exception != "RunnerScaleSetSessionConflictException" {
 		t.Fatalf("second session: %v; want the 409 session conflict", err)
@@ -198,8 +191,8 @@ func TestLongPollReturnsWhenAJobArrivesAndAJobIsAcquiredOnce(t *testing.T) {
 	g.SetActionsTimes(0, 0, 20*time.Second)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	_, sa := linuxSession(t, ctx, c, "a")
-	_, sb := linuxSession(t, ctx, c, "b")
+	_, sa := linuxSession(t, ctx, c, "a", "x")
+	_, sb := linuxSession(t, ctx, c, "b", "x")
 	got := make(chan *Message, 1)
 	go func() {
 		m, err := sa.Message(ctx, 0, 10)
@@ -245,7 +238,7 @@ func TestJITRunnerRunsTheAcquiredJob(t *testing.T) {
 	g := newGHES(t)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, sess := linuxSession(t, ctx, c, "s")
+	set, sess := linuxSession(t, ctx, c, "s", "x")
 	job := g.AddJob("acme/app", []string{"linux"})
 	m, _ := sess.Message(ctx, 0, 1)
 	if _, err := sess.Acquire(ctx, []int64{m.Available[0].RequestID}); err != nil {
@@ -297,7 +290,7 @@ func TestExpiredSessionTokenIsRefreshed(t *testing.T) {
 	g.SetActionsTimes(0, 0, 200*time.Millisecond)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	_, sess := linuxSession(t, ctx, c, "s")
+	_, sess := linuxSession(t, ctx, c, "s", "x")
 	g.ExpireSessionTokens()
 	if m, err := sess.Message(ctx, 0, 1); err != nil || m != nil {
 		t.Fatalf("poll with an expired token: %v, %v; want a refresh then 202", m, err)
@@ -312,7 +305,7 @@ func TestErrorsCarryNoSecret(t *testing.T) {
 	g := newServer(t)
 	c := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, sess := linuxSession(t, ctx, c, "s")
+	set, sess := linuxSession(t, ctx, c, "s", "x")
 	_, err := c.OpenSession(ctx, set.ID, "y")
 	g.DeleteScaleSet(set.ID)
 	_, err2 := sess.Message(ctx, 0, 1)

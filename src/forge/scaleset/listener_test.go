@@ -165,11 +165,7 @@ func TestListenerTakesOverOnlyItsGroupsSession(t *testing.T) {
 	g := newServer(t)
 	other := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, _ := other.Ensure(ctx, Spec{Name: "runway-linux", RunnerGroupID: 1, Labels: []string{"linux"}})
-	foreign, err := other.OpenSession(ctx, set.ID, "someone-else")
-	if err != nil {
-		t.Fatal(err)
-	}
+	set, foreign := linuxSession(t, ctx, other, "runway-linux", "someone-else")
 	h := newHarness(t, g, 4)
 	h.start()
 	h.until("the conflict reported", func(s State) bool { return strings.Contains(s.LastError, "held by another listener") })

@@ -144,11 +144,7 @@ func TestExpiredSessionTakenOverAtOnce(t *testing.T) {
 	g := newServer(t)
 	dead := newClient(t, g, org)
 	ctx := ctxT(t)
-	set, _ := dead.Ensure(ctx, Spec{Name: "runway-linux", RunnerGroupID: 1, Labels: []string{"linux"}})
-	old, err := dead.OpenSession(ctx, set.ID, "replica-dead")
-	if err != nil {
-		t.Fatal(err)
-	}
+	set, old := linuxSession(t, ctx, dead, "runway-linux", "replica-dead")
 	g.ExpireSessions()
 	h := newHarness(t, g, 2)
 	h.rec.SaveSession(set.ID, old.ID())
@@ -256,7 +252,7 @@ func TestEnterpriseScaleSet(t *testing.T) {
 		t.Errorf("config URL %s", u)
 	}
 	ctx := ctxT(t)
-	_, sess := linuxSession(t, ctx, c, "ent")
+	_, sess := linuxSession(t, ctx, c, "ent", "x")
 	g.AddJob("other-org/app", []string{"linux"})
 	m, err := sess.Message(ctx, 0, 1)
 	if err != nil || m == nil || len(m.Assigned) != 1 || m.Assigned[0].Repo() != "other-org/app" {
