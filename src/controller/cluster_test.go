@@ -85,6 +85,18 @@ func (f *fakeEngine) group(name string) (config.GroupConfig, config.ForgeConfig,
 	return config.GroupConfig{}, config.ForgeConfig{}, false
 }
 
+// handedOver waits (10 s) until the group name is handed over, and
+// answers it with its forge.
+func (f *fakeEngine) handedOver(t *testing.T, name, what string) (g handed) {
+	t.Helper()
+	waitFor(t, 10*time.Second, what, func() bool {
+		var ok bool
+		g.GroupConfig, g.forge, ok = f.group(name)
+		return ok
+	})
+	return g
+}
+
 // cluster is the dev cluster as the tests use it: clients as
 // cluster-admin, the CRDs applied, a namespace of the test's own.
 type cluster struct {

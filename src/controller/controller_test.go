@@ -35,12 +35,7 @@ func TestSeedRunnerGroupThroughTheController(t *testing.T) {
 		}
 	}
 	name := engineName(kindSeed, c.ns, "acme-linux")
-	var g handed
-	waitFor(t, 10*time.Second, "the seed's group handed to the engine", func() bool {
-		var ok bool
-		g.GroupConfig, g.forge, ok = eng.group(name)
-		return ok
-	})
+	g := eng.handedOver(t, name, "the seed's group handed to the engine")
 	if g.Scope != "org" || g.Org != "acme" || g.MaxActiveRunners != 2 || strings.Join(g.Labels, ",") != "linux" ||
 		g.Stemcell.CloudProperties["image"] != "registry.example/act_runner:1" || g.Runner.Command != "/bin/runner" {
 		t.Errorf("group %+v", g.GroupConfig)
@@ -196,12 +191,7 @@ spec:
 		t.Fatal(err)
 	}
 	name := engineName(kindGroup, c.ns, "arm")
-	var g handed
-	waitFor(t, 10*time.Second, "the group handed over with its forge", func() bool {
-		var ok bool
-		g.GroupConfig, g.forge, ok = eng.group(name)
-		return ok
-	})
+	g := eng.handedOver(t, name, "the group handed over with its forge")
 	if g.Scope != "repo" || g.Repo != "acme/app" || g.MaxActiveRunners != 3 || g.MinIdle != 1 || g.Priority != 7 ||
 		g.SpawnConcurrency != 4 || g.Timeouts.Idle.Duration != 5*time.Minute || g.Timeouts.Spawn.Duration != 10*time.Minute ||
 		g.CloudProperties["ram"] != float64(2048) || g.Runner.Env["A"] != "b" || g.Stemcell.CloudProperties["image"] != "registry.example/runner:2" {
@@ -249,11 +239,7 @@ spec:
 	if err := c.create(ss); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the scale-set group handed over", func() bool {
-		var ok bool
-		g.GroupConfig, g.forge, ok = eng.group(engineName(kindGroup, c.ns, "linux-ss"))
-		return ok
-	})
+	g = eng.handedOver(t, engineName(kindGroup, c.ns, "linux-ss"), "the scale-set group handed over")
 	if g.Demand != config.DemandScaleSet || g.ScaleSet.Name != "linux-ss" || g.ScaleSet.RunnerGroupID != 3 {
 		t.Errorf("scale-set group: demand %q, scale set %+v", g.Demand, g.ScaleSet)
 	}
@@ -283,12 +269,7 @@ func TestGitHubAppForgeThroughTheController(t *testing.T) {
 	must(c.create(secret(key)))
 	must(c.create(kubeyaml.Parse(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: Forge, metadata: {name: gh}, spec: {type: github, githubConfigSecret: gh-app}}`))[0]))
 	must(c.create(kubeyaml.Parse(t, []byte(`{apiVersion: runway.io/v1alpha1, kind: RunnerGroup, metadata: {name: ss}, spec: {forge: gh, scope: org, org: acme, labels: [x], maxActiveRunners: 1, image: i, runner: {command: /r}, demand: scale_set}}`))[0]))
-	var g handed
-	waitFor(t, 10*time.Second, "the group handed over with the App's forge", func() bool {
-		var ok bool
-		g.GroupConfig, g.forge, ok = eng.group(engineName(kindGroup, c.ns, "ss"))
-		return ok
-	})
+	g := eng.handedOver(t, engineName(kindGroup, c.ns, "ss"), "the group handed over with the App's forge")
 	src, ok := g.forge.Secrets.(config.AppSource)
 	if !ok {
 		t.Fatal("the forge's source holds no App")

@@ -39,13 +39,8 @@ func TestSeedShapesLabels(t *testing.T) {
 	for _, u := range objs {
 		f.create(t, u)
 	}
-	var lib, everywhere handed
-	waitFor(t, 10*time.Second, "the repo and global groups handed over", func() bool {
-		var ok1, ok2 bool
-		lib.GroupConfig, lib.forge, ok1 = eng.group(engineName(kindSeed, f.ns, "lib"))
-		everywhere.GroupConfig, everywhere.forge, ok2 = eng.group(engineName(kindSeed, f.ns, "everywhere"))
-		return ok1 && ok2
-	})
+	lib := eng.handedOver(t, engineName(kindSeed, f.ns, "lib"), "the repo group handed over")
+	everywhere := eng.handedOver(t, engineName(kindSeed, f.ns, "everywhere"), "the global group handed over")
 	if got := strings.Join(lib.Labels, ","); got != strings.Join(chartDefaults, ",") {
 		t.Errorf("repo group without labels: %s, want the defaults", got)
 	}
@@ -76,7 +71,7 @@ func TestNotTakingJobsOnTheObject(t *testing.T) {
 		f.create(t, u)
 	}
 	name := engineName(kindSeed, f.ns, "acme-linux")
-	waitFor(t, 10*time.Second, "handed over", func() bool { _, _, ok := eng.group(name); return ok })
+	eng.handedOver(t, name, "handed over")
 	eng.set(name, GroupState{ActiveRunners: 2, QueuedJobs: 5, NotTakingJobs: 2, LastCheckTime: time.Now()})
 	waitFor(t, 10*time.Second, "Ready false: "+ReasonNotTakingJobs, func() bool {
 		c := f.ready(gvrs[kindSeed], "acme-linux")
