@@ -23,6 +23,14 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/netns"
 )
 
+// instanceKey is what the local driver names its host objects by
+// (cgroups, runc containers, its nft table, its /run/runway dir): the
+// first four bytes of its state dir's SHA-256, in hex.
+func instanceKey(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return hex.EncodeToString(sum[:4])
+}
+
 // Container mode: the local driver with isolation "container", bin/cpi
 // run inside a network namespace the suite makes, so its bridge and VM
 // addresses exist there only.
@@ -111,8 +119,7 @@ func vmDir(cid string) string { return filepath.Join(fx.StateDir, "vms", cid) }
 // vmRun is where a container VM's mount points are (its root file system,
 // its disks), outside the state dir.
 func vmRun(cid string) string {
-	sum := sha256.Sum256([]byte(fx.StateDir))
-	return filepath.Join("/run/runway", hex.EncodeToString(sum[:4]), cid)
+	return filepath.Join("/run/runway", instanceKey(fx.StateDir), cid)
 }
 
 // diskImage is a container-mode disk's file system image.
@@ -163,11 +170,11 @@ func expectNothingLeft() {
 	runs, _ := os.ReadDir(filepath.Dir(vmRun("x")))
 	ExpectWithOffset(1, runs).To(BeEmpty(), "vms' mount point directories")
 	// The driver names its cgroups after a hash of the state dir.
-	sum := sha256.Sum256([]byte(fx.StateDir))
+	key := instanceKey(fx.StateDir)
 	// The bridge ports' guard holds no element of a VM that is gone.
-	guard := run("nsenter", "--net=/run/netns/"+fx.NetNS, "nft", "list", "table", "bridge", "runway_"+hex.EncodeToString(sum[:4]))
+	guard := run("nsenter", "--net=/run/netns/"+fx.NetNS, "nft", "list", "table", "bridge", "runway_"+key)
 	ExpectWithOffset(1, guard).NotTo(ContainSubstring("elements"), "the ports' guard")
-	cg, _ := filepath.Glob("/sys/fs/cgroup/*/runway/" + hex.EncodeToString(sum[:4]) + "-*")
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/runway/" + key + "-*")
 	ExpectWithOffset(1, cg).To(BeEmpty(), "cgroups left")
 	// The host ends of VMs' veths are named rw<12 hex digits>.
 	links := run("ip", "-n", fx.NetNS, "-o", "link", "show")
@@ -495,8 +502,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		b, err := os.ReadFile(filepath.Join(vmDir(cid), "pgid"))
 		Expect(err).NotTo(HaveOccurred())
 		run("kill", "-9", "--", "-"+strings.TrimSpace(string(b)))
-		sum := sha256.Sum256([]byte(fx.StateDir))
-		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+hex.EncodeToString(sum[:4])+"-"+cid)
+		run("runc", "--root", filepath.Join(fx.StateDir, "runtime"), "delete", "--force", "runway-"+instanceKey(fx.StateDir)+"-"+cid)
 		// The VM's mounts live in its supervisor's namespace: they went
 		// with it.
 		mi, _ := os.ReadFile("/proc/self/mountinfo")

@@ -2,8 +2,6 @@ package integration_test
 
 import (
 	"bufio"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,8 +210,7 @@ sleep infinity
 // vmKernelMemory is the kernel memory charged to a VM's memory cgroup
 // (cgroup v1's kmem counter, else v2's memory.stat kernel).
 func vmKernelMemory(vm string) int64 {
-	sum := sha256.Sum256([]byte(fx.StateDir))
-	cg := "runway/" + hex.EncodeToString(sum[:4]) + "-" + vm
+	cg := "runway/" + instanceKey(fx.StateDir) + "-" + vm
 	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.kmem.usage_in_bytes")); err == nil {
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		return n
