@@ -102,12 +102,10 @@ func controllerCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	level, err := logging.Level(cfg.LogLevel)
+	logger, redact, log, err := daemonLogging(cfg.LogLevel)
 	if err != nil {
 		return err
 	}
-	logger, redact := logging.New(level, os.Stderr)
-	log := logging.Fields{Logger: logger, Tag: "runway"}
 	rc, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err

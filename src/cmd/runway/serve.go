@@ -24,6 +24,17 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
 )
 
+// daemonLogging is a long-running command's logger (to stderr, at the
+// configured level), the redactor of its outputs, and its own fields.
+func daemonLogging(level string) (logging.Logger, *logging.Redactor, logging.Fields, error) {
+	l, err := logging.Level(level)
+	if err != nil {
+		return nil, nil, logging.Fields{}, err
+	}
+	logger, redact := logging.New(l, os.Stderr)
+	return logger, redact, logging.Fields{Logger: logger, Tag: "runway"}, nil
+}
+
 func serveCmd(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfgPath := fs.String("config", "runway.yml", "orchestrator config (YAML)")
@@ -34,12 +45,10 @@ func serveCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	level, err := logging.Level(cfg.LogLevel)
+	logger, redact, log, err := daemonLogging(cfg.LogLevel)
 	if err != nil {
 		return err
 	}
-	logger, redact := logging.New(level, os.Stderr)
-	log := logging.Fields{Logger: logger, Tag: "runway"}
 	metrics := orchestrator.NewMetrics()
 	fcs, err := forges(cfg, metrics, redact, logging.Fields{Logger: logger, Tag: "orchestrator"})
 	if err != nil {
