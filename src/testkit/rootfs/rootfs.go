@@ -8,6 +8,7 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -36,13 +37,6 @@ func Write(dst string, files map[string]string, extra ...Entry) error {
 	if err != nil {
 		return fmt.Errorf("rootfs: busybox --list: %w", err)
 	}
-	f, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	zw, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
-	tw := tar.NewWriter(zw)
 	entries := []Entry{
 		{Header: tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755}},
 		{Header: tar.Header{Name: "./bin/", Typeflag: tar.TypeDir, Mode: 0o755}},
@@ -57,6 +51,50 @@ func Write(dst string, files map[string]string, extra ...Entry) error {
 			entries = append(entries, Entry{Header: tar.Header{Name: "./bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}})
 		}
 	}
+	return archive(dst, nil, entries, files, extra)
+}
+
+// Extend writes dst: the rootfs tarball src (gzip), then files (path in
+// the image → host file, made executable).
+func Extend(dst, src string, files map[string]string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	gz, err := gzip.NewReader(in)
+	if err != nil {
+		return err
+	}
+	return archive(dst, tar.NewReader(gz), nil, files, nil)
+}
+
+// archive writes dst (gzip): base's entries (when base is not nil), then
+// before, files and after, in that order.
+func archive(dst string, base *tar.Reader, before []Entry, files map[string]string, after []Entry) error {
+	f, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	zw, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
+	tw := tar.NewWriter(zw)
+	for base != nil {
+		h, err := base.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, base); err != nil {
+			return err
+		}
+	}
+	entries := slices.Clone(before)
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		body, err := os.ReadFile(files[name])
 		if err != nil {
@@ -64,7 +102,7 @@ func Write(dst string, files map[string]string, extra ...Entry) error {
 		}
 		entries = append(entries, Entry{Header: tar.Header{Name: "." + name, Typeflag: tar.TypeReg, Mode: 0o755}, Body: body})
 	}
-	for _, e := range append(entries, extra...) {
+	for _, e := range append(entries, after...) {
 		h := e.Header
 		h.Size = int64(len(e.Body))
 		if err := tw.WriteHeader(&h); err != nil {
