@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -54,4 +56,14 @@ func queuedToRegistered(b *testing.B, webhook bool) {
 		b.ReportMetric(took.Seconds(), "all-done-s")
 		b.ReportMetric(float64(len(e.runners(true))), "runners")
 	}
+}
+
+// benchSetting is the whole number in the environment variable name, or
+// def when it is not set.
+func benchSetting(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		n, _ := strconv.Atoi(v)
+		return n
+	}
+	return def
 }

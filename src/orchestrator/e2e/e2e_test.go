@@ -2,15 +2,20 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
 	"github.com/runway-cpi/runway/src/orchestrator/httpapi"
+	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
+	"github.com/runway-cpi/runway/src/testkit/forgetest/gitearunner"
 )
 
 func completed(e *env, ids ...int64) func() bool {
@@ -24,34 +29,50 @@ func completed(e *env, ids ...int64) func() bool {
 	}
 }
 
+// mixedQueue starts the daemon with group linux (org acme, labels
+// linux:host and x64, 5 runners) and a queue of three jobs it matches
+// (a, b, c), one for windows, one blocked and one of another org; it
+// returns once the three matching jobs are completed.
+func (e *env) mixedQueue() (a, b, c, win, blocked, other int64) {
+	e.writeConfig("300ms", e.group("linux", "scope: org\n    org: acme", []string{"linux:host", "x64"}, 5, ""))
+	a = e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	b = e.gitea.AddJob("acme/app", "test", []string{"linux", "x64"}, forge.StatusQueued)
+	c = e.gitea.AddJob("acme/lib", "lint", []string{"linux"}, forge.StatusQueued)
+	win = e.gitea.AddJob("acme/app", "win", []string{"windows"}, forge.StatusQueued)
+	blocked = e.gitea.AddJob("acme/app", "deploy", []string{"linux"}, forge.StatusWaiting)
+	other = e.gitea.AddJob("elsewhere/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.start()
+	e.eventually(60*time.Second, "the three matching jobs complete", completed(e, a, b, c))
+	return
+}
+
+// oneRunnerEach reports any runner that ran two of the jobs ids; it
+// returns ids.
+func oneRunnerEach(e *env, ids ...int64) []int64 {
+	ranBy := map[string]int64{}
+	for _, id := range ids {
+		j := e.gitea.Job(id)
+		if prev, dup := ranBy[j.RunnerName]; dup {
+			e.t.Errorf("runner %s ran jobs %d and %d", j.RunnerName, prev, id)
+		}
+		ranBy[j.RunnerName] = id
+	}
+	return ids
+}
+
 // Queued jobs get exactly one runner each; mismatched labels and blocked
 // jobs get none; every VM is gone once the jobs are done.
 func TestQueuedJobsGetOneRunnerEach(t *testing.T) {
 	e := newEnv(t)
-	e.writeConfig("300ms", e.group("linux", "scope: org\n    org: acme", []string{"linux:host", "x64"}, 5, ""))
-	a := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
-	b := e.gitea.AddJob("acme/app", "test", []string{"linux", "x64"}, forge.StatusQueued)
-	c := e.gitea.AddJob("acme/lib", "lint", []string{"linux"}, forge.StatusQueued)
-	win := e.gitea.AddJob("acme/app", "win", []string{"windows"}, forge.StatusQueued)
-	blocked := e.gitea.AddJob("acme/app", "deploy", []string{"linux"}, forge.StatusWaiting)
-	other := e.gitea.AddJob("elsewhere/app", "build", []string{"linux"}, forge.StatusQueued)
-	e.start()
-
-	e.eventually(60*time.Second, "the three matching jobs complete", completed(e, a, b, c))
+	a, b, c, win, blocked, other := e.mixedQueue()
 	e.eventually(30*time.Second, "every runner VM is deleted", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 
 	hist := e.runners(true)
 	if len(hist) != 3 {
 		t.Fatalf("want exactly 3 runners for 3 matching jobs, got %d: %+v", len(hist), hist)
 	}
-	ranBy := map[string]int64{}
-	for _, id := range []int64{a, b, c} {
-		j := e.gitea.Job(id)
-		if prev, dup := ranBy[j.RunnerName]; dup {
-			t.Errorf("runner %s ran jobs %d and %d", j.RunnerName, prev, id)
-		}
-		ranBy[j.RunnerName] = id
-		if !strings.HasPrefix(j.RunnerName, "linux-") {
+	for _, id := range oneRunnerEach(e, a, b, c) {
+		if j := e.gitea.Job(id); !strings.HasPrefix(j.RunnerName, "linux-") {
 			t.Errorf("job %d ran on %q, not a linux-<suffix> runner", id, j.RunnerName)
 		}
 	}
@@ -100,7 +121,7 @@ func TestQueuedJobsGetOneRunnerEach(t *testing.T) {
 // served as runners finish, still one runner per job.
 func TestMaxActiveRespected(t *testing.T) {
 	e := newEnv(t)
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.holdJobs()
 	e.writeConfig("200ms", e.group("small", "scope: repo\n    repo: acme/app", []string{"linux"}, 2, ""))
 	var jobs []int64
 	for i := 0; i < 5; i++ {
@@ -134,7 +155,7 @@ func TestMaxActiveRespected(t *testing.T) {
 	if g.QueuedJobs != 3 || g.Busy != 2 {
 		t.Errorf("status: queued %d busy %d, want 3 and 2", g.QueuedJobs, g.Busy)
 	}
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(90*time.Second, "all five jobs complete", completed(e, jobs...))
 	e.eventually(30*time.Second, "no VM left", func() bool { return len(e.vms()) == 0 })
 	if n := len(e.runners(true)); n != 5 {
@@ -212,12 +233,12 @@ func TestDemandAfterRemovals(t *testing.T) {
 	// A pass may fall between A finishing and B being queued (a window
 	// of milliseconds in 3 s): that round proves nothing and is repeated.
 	for round := 1; round <= 3; round++ {
-		must(t, os.WriteFile(e.hold, nil, 0o600))
+		e.holdJobs()
 		a := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
 		e.eventually(30*time.Second, "a runner took job A", func() bool { return e.gitea.Job(a).Status == forge.StatusInProgress })
 		// Between two passes: A finishes, B is queued. The daemon never
 		// saw the runner busy, so it is an idle row whose job is gone.
-		os.Remove(e.hold)
+		e.releaseJobs()
 		e.eventually(10*time.Second, "job A completes", completed(e, a))
 		b := e.gitea.AddJob("acme/app", "test", []string{"linux"}, forge.StatusQueued)
 		queued := time.Now()
@@ -242,4 +263,133 @@ func TestDemandAfterRemovals(t *testing.T) {
 		return
 	}
 	t.Fatal("three rounds in a row had a pass between A finishing and B being queued")
+}
+
+// fetchUntil polls FetchTask as a runner does until it is given a task.
+func fetchUntil(e *env, r *gitearunner.Runner) string {
+	var id string
+	e.eventually(10*time.Second, r.Name+" is given a task", func() bool {
+		var err error
+		id, err = r.FetchTask()
+		must(e.t, err)
+		return id != ""
+	})
+	return id
+}
+
+// A runner made for job A whose job another runner took, and which then
+// runs and finishes job B between two passes, stops counting at once: a
+// job queued next gets a runner within a poll or two, not after the sweep
+// (an hour here) or the runner's idle timeout. Polling only, no webhook.
+func TestFinishedRunnerStopsCounting(t *testing.T) {
+	e := newEnv(t)
+	gate := filepath.Join(e.dir, "gate")
+	wrapper := e.gatedCPI(gate, filepath.Join(e.dir, "entered"))
+	const poll = time.Second
+	e.sweep = "1h"
+	e.writeConfig(poll.String(), e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 1,
+		cpiAt(wrapper)))
+	// A runner of the operator's own, registered at the same scope.
+	static, err := gitearunner.Register(e.gitea.URL, e.gitea.RegistrationToken("/orgs/acme"), "static-1", []string{"linux"}, false)
+	must(t, err)
+	e.start()
+	for round := 1; round <= 3; round++ {
+		must(t, os.WriteFile(gate, nil, 0o600))
+		a := e.gitea.AddJob("acme/app", "a", []string{"linux"}, forge.StatusQueued)
+		e.eventually(30*time.Second, "a runner is being made for job A", func() bool {
+			rs := e.runners(false)
+			return len(rs) == 1 && rs[0].State == store.Spawning
+		})
+		if got := fetchUntil(e, static); got != fmt.Sprint(a) {
+			t.Fatalf("the static runner took task %s, want job A (%d)", got, a)
+		}
+		b := e.gitea.AddJob("acme/app", "b", []string{"linux"}, forge.StatusQueued)
+		os.Remove(gate)
+		e.eventually(30*time.Second, "the made runner runs and finishes job B", completed(e, b))
+		runner := e.gitea.Job(b).RunnerName
+		must(t, static.Update(fmt.Sprint(a), "RESULT_SUCCESS"))
+		if strings.Contains(e.stderr.String(), "runner took a job group=linux runner="+runner+" ") {
+			// A pass saw it busy: the ordinary path, which proves nothing.
+			e.eventually(30*time.Second, "the round's runner is gone", func() bool { return len(e.runners(false)) == 0 })
+			continue
+		}
+		c := e.gitea.AddJob("acme/app", "c", []string{"linux"}, forge.StatusQueued)
+		queued := time.Now()
+		e.eventually(4*poll+5*time.Second, "job C is taken by a new runner", func() bool {
+			return e.gitea.Job(c).Status != forge.StatusQueued
+		})
+		t.Logf("job C taken %s after it was queued (poll %s, sweep 1h)", time.Since(queued).Round(time.Millisecond), poll)
+		e.eventually(30*time.Second, "job C completes", completed(e, c))
+		if e.gitea.Job(c).RunnerName == runner {
+			t.Fatalf("job C ran on %s, which had exited", runner)
+		}
+		return
+	}
+	t.Fatal("three rounds in a row had a pass see the runner busy")
+}
+
+// forgejoEnv is newEnv with the Forgejo contract server as the forge
+// (e.gitea answers as Forgejo does): polled, no webhook.
+func forgejoEnv(t *testing.T, pollInterval string) *env {
+	e := newEnv(t)
+	e.gitea = forgetest.NewForgejo(apiToken)
+	t.Cleanup(e.gitea.Close)
+	e.forgeYML = fmt.Sprintf(`
+  - name: forgejo
+    type: forgejo
+    url: %s
+    token_file: %s
+    poll_interval: %s`, e.gitea.URL, filepath.Join(e.dir, "api-token"), pollInterval)
+	return e
+}
+
+// Forgejo registers each runner by its REST API (ephemeral), lists jobs
+// without repository names or runners, and keeps an ephemeral runner
+// registered after its job: every job still gets exactly one runner, and
+// nothing is left behind — neither a VM nor a registration.
+func TestForgejoRunnersTakeJobs(t *testing.T) {
+	e := forgejoEnv(t, "300ms")
+	a, b, c, win, blocked, other := e.mixedQueue()
+	e.eventually(30*time.Second, "every runner VM and registration is gone", func() bool {
+		return len(e.vms()) == 0 && len(e.runners(false)) == 0 && len(e.gitea.Runners()) == 0
+	})
+	if n := len(e.runners(true)); n != 3 {
+		t.Errorf("want exactly 3 runners for 3 matching jobs, got %d", n)
+	}
+	for _, id := range oneRunnerEach(e, a, b, c) {
+		if j := e.gitea.Job(id); j.Conclusion != "success" {
+			t.Errorf("job %d ended %q", id, j.Conclusion)
+		}
+	}
+	for _, id := range []int64{win, other, blocked} {
+		if s := e.gitea.Job(id).Status; s == forge.StatusCompleted || s == forge.StatusInProgress {
+			t.Errorf("job %d (no group can run it) is %s", id, s)
+		}
+	}
+	if r := e.gitea.RemovedWhileRunning(); len(r) != 0 {
+		t.Errorf("registrations removed while running a job: %v", r)
+	}
+	req := e.gitea.Requests()
+	if n := req["POST /api/v1/orgs/acme/actions/runners"]; n != 3 {
+		t.Errorf("%d runners registered by the REST API, want 3", n)
+	}
+	if n := req["GET /api/v1/orgs/acme/actions/runners/registration-token"]; n != 0 {
+		t.Errorf("a registration token was asked %d times: Forgejo runners are registered by the REST API", n)
+	}
+	// Each runner's token went to its VM's user data only.
+	seen := e.stderr.String() + e.metrics()
+	var status strings.Builder
+	for _, r := range e.runners(true) {
+		fmt.Fprintf(&status, "%+v\n", r)
+	}
+	for _, tok := range e.gitea.IssuedTokens() {
+		if strings.Contains(seen, tok) || strings.Contains(status.String(), tok) {
+			t.Errorf("a Forgejo runner token appears in the daemon's log, metrics or runner API")
+		}
+	}
+
+	// The blocked job becomes runnable: now it is demand.
+	e.gitea.SetJobStatus(blocked, forge.StatusQueued)
+	e.eventually(60*time.Second, "the unblocked job completes", completed(e, blocked))
+	e.eventually(30*time.Second, "its runner is gone at the forge too", func() bool { return len(e.gitea.Runners()) == 0 })
 }

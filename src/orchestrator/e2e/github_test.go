@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -71,47 +70,6 @@ func TestGitHubWebhookJIT(t *testing.T) {
 		t.Errorf("the queue was polled %d times with an hour's poll interval", polls)
 	}
 }
-
-// Secrets stay out of the daemon's output, its API and the CPI's logs.
-func TestSecretsStayOut(t *testing.T) {
-	e := newEnv(t)
-	e.writeConfig("200ms", e.group("quiet", "scope: org\n    org: acme", []string{"linux"}, 2, ""))
-	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, "queued")
-	e.start()
-	e.eventually(60*time.Second, "the job completes", completed(e, job))
-	e.eventually(30*time.Second, "cleaned up", func() bool { return len(e.runners(false)) == 0 })
-	// The registration token Gitea hands out for the org scope.
-	reg := regToken(e)
-	var api strings.Builder
-	for _, p := range []string{"/api/v1/runners?all=true", "/api/v1/groups", "/metrics"} {
-		var v any
-		if p == "/metrics" {
-			continue
-		}
-		e.get(p, &v)
-		fmt.Fprint(&api, v)
-	}
-	for what, text := range map[string]string{"daemon output": e.stderr.String(), "API": api.String()} {
-		for _, s := range []string{reg, apiToken, webhookSecret} {
-			if strings.Contains(text, s) {
-				t.Errorf("%s contains a secret (%.6s...)", what, s)
-			}
-		}
-	}
-	filepath.Walk(filepath.Join(e.dir, "cpi-state"), func(p string, info os.FileInfo, err error) error {
-		if err != nil || info.IsDir() || !strings.HasSuffix(p, ".log") {
-			return nil
-		}
-		b, _ := os.ReadFile(p)
-		if strings.Contains(string(b), reg) {
-			t.Errorf("%s contains the registration token", p)
-		}
-		return nil
-	})
-}
-
-// regToken is the scope's registration token, as the forge hands it out.
-func regToken(e *env) string { return e.gitea.RegistrationToken("/orgs/acme") }
 
 // GitHub's rate limit as a budget: listings polled every 200 ms are
 // conditional (unchanged ones answered 304, free); when another client of

@@ -188,7 +188,7 @@ func TestCheckNamesTheMissingTokenScope(t *testing.T) {
 func TestStatusPageInChromium(t *testing.T) {
 	chromium := testenv.Need(t, "apt-get install chromium; scripts/test exports it", "RUNWAY_CHROMIUM")[0]
 	e := newEnv(t)
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.holdJobs()
 	e.writeConfig("200ms", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 2, ""))
 	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
 	e.start()
@@ -242,6 +242,6 @@ func TestStatusPageInChromium(t *testing.T) {
 	if b.Dx() != 1200 || b.Dy() != 900 || len(colors) < 8 {
 		t.Errorf("screenshot %v with %d colours: not a drawn page", b, len(colors))
 	}
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(60*time.Second, "the job completes", completed(e, job))
 }

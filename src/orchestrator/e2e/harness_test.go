@@ -102,9 +102,7 @@ func newEnv(t testing.TB) *env {
 	e.hold = filepath.Join(e.dir, "hold")
 	e.stall = filepath.Join(e.dir, "runner-never-registers")
 	e.cpiCfg = filepath.Join(e.dir, "cpi.json")
-	b, _ := json.Marshal(map[string]any{"driver": "local", "state_dir": filepath.Join(e.dir, "cpi-state"),
-		"local": map[string]any{"stop_grace_seconds": 1}})
-	must(t, os.WriteFile(e.cpiCfg, b, 0o600))
+	e.writeCPIConfig("local", map[string]any{"stop_grace_seconds": 1})
 	must(t, os.WriteFile(filepath.Join(e.dir, "api-token"), []byte(apiToken+"\n"), 0o600))
 	must(t, os.WriteFile(filepath.Join(e.dir, "hook-secret"), []byte(webhookSecret), 0o600))
 	e.gitea = forgetest.NewGitea(apiToken)
@@ -112,6 +110,19 @@ func newEnv(t testing.TB) *env {
 	t.Cleanup(e.cleanup)
 	return e
 }
+
+// writeCPIConfig writes bin/cpi's config: driver with its section, its
+// state in the env's dir.
+func (e *env) writeCPIConfig(driver string, section any) {
+	b, _ := json.Marshal(map[string]any{"driver": driver, "state_dir": filepath.Join(e.dir, "cpi-state"), driver: section})
+	must(e.t, os.WriteFile(e.cpiCfg, b, 0o600))
+}
+
+// holdJobs makes the test runners keep the jobs they take until
+// releaseJobs.
+func (e *env) holdJobs() { must(e.t, os.WriteFile(e.hold, nil, 0o600)) }
+
+func (e *env) releaseJobs() { must(e.t, os.Remove(e.hold)) }
 
 func must(t testing.TB, err error) {
 	t.Helper()
@@ -138,18 +149,31 @@ func (e *env) group(name, scopeYAML string, labels []string, maxActive int, extr
 		cmp.Or(e.timeouts, "{spawn: 2m, idle: 2m, max_lifetime: 10m}"), extra)
 }
 
+// cpiAt is a group's line running its CPI calls through the executable
+// at path (a wrapper around bin/cpi).
+func cpiAt(path string) string { return fmt.Sprintf("    cpi: {path: %q}\n", path) }
+
+// giteaForge renders the Gitea server's forge entry; runnerURL, when
+// set, is where runner VMs reach it.
+func (e *env) giteaForge(runnerURL, pollInterval string) string {
+	if runnerURL != "" {
+		runnerURL = "\n    runner_url: " + runnerURL
+	}
+	return fmt.Sprintf(`
+  - name: gitea
+    type: gitea
+    url: %s%s
+    token_file: %s
+    webhook_secret_file: %s
+    poll_interval: %s`, e.gitea.URL, runnerURL, filepath.Join(e.dir, "api-token"), filepath.Join(e.dir, "hook-secret"), pollInterval)
+}
+
 // writeConfig writes runway.yml for the given groups (forge: the Gitea
 // server unless forgeYML is set).
 func (e *env) writeConfig(pollInterval string, groups ...string) {
 	forges := e.forgeYML
 	if forges == "" {
-		forges = fmt.Sprintf(`
-  - name: gitea
-    type: gitea
-    url: %s
-    token_file: %s
-    webhook_secret_file: %s
-    poll_interval: %s`, e.gitea.URL, filepath.Join(e.dir, "api-token"), filepath.Join(e.dir, "hook-secret"), pollInterval)
+		forges = e.giteaForge("", pollInterval)
 	}
 	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
 state_dir: %s

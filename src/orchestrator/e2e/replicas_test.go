@@ -32,6 +32,15 @@ type replica struct {
 }
 
 // replicas writes one config per replica (its own state_dir, the rest
+// usePostgres gives the daemons the PostgreSQL store at dsn (made by
+// pgtest.Database before the env, so that it is dropped after the
+// daemons have stopped).
+func (e *env) usePostgres(dsn string) {
+	dsnFile := filepath.Join(e.dir, "pg.dsn")
+	must(e.t, os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600))
+	e.top = "store: postgres\npostgres:\n  dsn_file: " + dsnFile
+}
+
 // shared) from e's config.
 func (e *env) replicas(n int) []*replica {
 	base, err := os.ReadFile(e.cfgPath)
@@ -106,16 +115,14 @@ func (r *replica) acting(e *env, group string) (bool, time.Time) {
 func TestReplicasSurviveKill9MidSpawn(t *testing.T) {
 	dsn := pgtest.Database(t)
 	e := newEnv(t)
-	dsnFile := filepath.Join(e.dir, "pg.dsn")
-	must(t, os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600))
-	e.top = "store: postgres\npostgres:\n  dsn_file: " + dsnFile
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.usePostgres(dsn)
+	e.holdJobs()
 	// stall: "before" or "after", where create_vm stalls; reached: one is
 	// stalled; made: one line per VM create_vm made.
 	wrapper, stall, reached, made := stallingCPI(t, e)
 	const poll = 500 * time.Millisecond
 	e.writeConfig(poll.String(), e.group("ha", "scope: org\n    org: acme", []string{"linux"}, 30,
-		fmt.Sprintf("    cpi: {path: %q}\n", wrapper)))
+		cpiAt(wrapper)))
 	rs := e.replicas(3)
 	for _, r := range rs {
 		r.start(e)
@@ -186,7 +193,7 @@ func TestReplicasSurviveKill9MidSpawn(t *testing.T) {
 		})
 	}
 
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(120*time.Second, "every job completes", completed(e, jobs...))
 	e.eventually(60*time.Second, "no VM is left", func() bool { return len(e.vms()) == 0 })
 

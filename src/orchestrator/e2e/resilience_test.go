@@ -33,30 +33,52 @@ func countProcs(pattern string) int {
 	return n
 }
 
+// gatedCPI writes a bin/cpi wrapper whose create_vm waits, before making
+// anything, while gate exists (touching entered when it starts waiting).
+func (e *env) gatedCPI(gate, entered string) string {
+	wrapper := filepath.Join(e.dir, "gated-cpi")
+	writeScript(e.t, wrapper, fmt.Sprintf(`req=$(cat)
+case "$req" in *'"create_vm"'*)
+  touch %[2]q
+  while [ -e %[1]q ]; do sleep 0.05; done;;
+esac
+printf '%%s' "$req" | exec %[3]q "$@"
+`, gate, entered, bins.cpi))
+	return wrapper
+}
+
+// stallingCPI writes a bin/cpi wrapper: while the stall file says
+// "before", a create_vm hangs before making the VM; "after", it makes it
+// and hangs before answering (reached: touched when one hangs; made: a
+// line per VM made).
+func stallingCPI(t *testing.T, e *env) (wrapper, stall, reached, made string) {
+	stall, reached, made = filepath.Join(e.dir, "stall"), filepath.Join(e.dir, "reached"), filepath.Join(e.dir, "made")
+	wrapper = filepath.Join(e.dir, "stalling-cpi")
+	writeScript(t, wrapper, fmt.Sprintf(`req=$(cat)
+case "$req" in *'"create_vm"'*)
+  mode=$(cat %[1]q 2>/dev/null)
+  if [ "$mode" = before ]; then touch %[2]q; exec sleep 601; fi
+  out=$(printf '%%s' "$req" | %[3]q "$@")
+  case "$out" in *'"error":null'*) echo made >> %[4]q;; esac
+  if [ "$mode" = after ]; then touch %[2]q; exec sleep 601; fi
+  printf '%%s' "$out"
+  exit 0;;
+esac
+printf '%%s' "$req" | exec %[3]q "$@"
+`, stall, reached, bins.cpi, made))
+	return wrapper, stall, reached, made
+}
+
 // The daemon is killed -9 while create_vm has made the VM but not answered.
 // On restart the intent row leads to the VM, which is adopted (its runner
 // already holds the job): no second runner, no orphan.
 func TestKill9MidSpawn(t *testing.T) {
 	e := newEnv(t)
-	must(t, os.WriteFile(e.hold, nil, 0o600))
-	stall := filepath.Join(e.dir, "stall")
-	created := filepath.Join(e.dir, "created")
-	wrapper := filepath.Join(e.dir, "stalling-cpi")
-	// Passes every call to bin/cpi; while $stall exists a create_vm makes
-	// the VM and then never answers.
-	writeScript(t, wrapper, fmt.Sprintf(`req=$(cat)
-case "$req" in *'"create_vm"'*)
-  if [ -e %[1]q ]; then
-    printf '%%s' "$req" | %[2]q "$@" > %[3]q.out
-    touch %[3]q
-    exec sleep 601
-  fi;;
-esac
-printf '%%s' "$req" | exec %[2]q "$@"
-`, stall, bins.cpi, created))
-	must(t, os.WriteFile(stall, nil, 0o600))
+	e.holdJobs()
+	wrapper, stall, created, _ := stallingCPI(t, e)
+	must(t, os.WriteFile(stall, []byte("after"), 0o600))
 	e.writeConfig("200ms", e.group("crashy", "scope: org\n    org: acme", []string{"linux"}, 3,
-		fmt.Sprintf("    cpi: {path: %q}\n", wrapper)))
+		cpiAt(wrapper)))
 	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
 	e.start()
 	e.eventually(30*time.Second, "create_vm made the VM (and hangs)", func() bool { _, err := os.Stat(created); return err == nil })
@@ -76,7 +98,7 @@ printf '%%s' "$req" | exec %[2]q "$@"
 	if n := len(e.vms()); n != 1 {
 		t.Fatalf("%d VMs after recovery, want 1", n)
 	}
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(60*time.Second, "the job completes", completed(e, job))
 	e.eventually(30*time.Second, "no VM and no runner left", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	if n := len(e.runners(true)); n != 1 {
@@ -134,7 +156,7 @@ func TestHangingCPIIsolated(t *testing.T) {
 // that could not be read; when it returns, work resumes.
 func TestForgeDownDeletesNothing(t *testing.T) {
 	e := newEnv(t)
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.holdJobs()
 	e.writeConfig("200ms", e.group("steady", "scope: repo\n    repo: acme/app", []string{"linux"}, 2, ""))
 	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
 	e.start()
@@ -157,7 +179,7 @@ func TestForgeDownDeletesNothing(t *testing.T) {
 		t.Fatalf("during the outage the VMs changed: %+v", vms)
 	}
 	e.gitea.SetDown(false)
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(60*time.Second, "the job completes", completed(e, job))
 	e.eventually(60*time.Second, "the runner is cleaned up", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 }
@@ -200,4 +222,69 @@ func TestWarmPoolDrainResume(t *testing.T) {
 		rs := e.runners(false)
 		return len(rs) == 1 && rs[0].State == store.Idle
 	})
+}
+
+// The daemon is killed -9 while create_vm has not made the VM yet, and a
+// job for another group is queued while it is down (its webhook is lost).
+// On restart both jobs get runners in the first passes, although polls
+// and sweeps are an hour apart: the interrupted spawn's replacement comes
+// in the pass that settles it (not from some other spawn's wake-up: its
+// group has none), and the queue is listed at once.
+func TestRestartReplacesInterruptedSpawnAtOnce(t *testing.T) {
+	e := newEnv(t)
+	gate, entered := filepath.Join(e.dir, "gate"), filepath.Join(e.dir, "entered")
+	wrapper := e.gatedCPI(gate, entered)
+	e.sweep = "1h"
+	e.writeConfig("1h",
+		e.group("crashy", "scope: org\n    org: acme", []string{"linux"}, 3, cpiAt(wrapper)),
+		e.group("arm", "scope: org\n    org: acme", []string{"arm64"}, 3, ""))
+	must(t, os.WriteFile(gate, nil, 0o600))
+	e.start()
+	e.gitea.AddHook("http://"+e.addr+"/webhooks/gitea", []byte(webhookSecret))
+	interrupted := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.eventually(30*time.Second, "create_vm for the job is waiting", func() bool { _, err := os.Stat(entered); return err == nil })
+	e.stop(true)
+	e.eventually(10*time.Second, "the waiting CPI call dies with its caller", func() bool { return countProcs(wrapper) == 0 })
+	whileDown := e.gitea.AddJob("acme/app", "arm", []string{"arm64"}, forge.StatusQueued)
+	e.gitea.WaitDeliveries() // lost: nobody listens
+	os.Remove(gate)
+	e.holdJobs() // the jobs end once the new address gets deliveries
+	e.start()
+	started := time.Now()
+	e.eventually(15*time.Second, "both jobs are taken", func() bool {
+		return e.gitea.Job(interrupted).Status != forge.StatusQueued && e.gitea.Job(whileDown).Status != forge.StatusQueued
+	})
+	t.Logf("both jobs taken %s after the restart", time.Since(started).Round(time.Millisecond))
+	e.gitea.AddHook("http://"+e.addr+"/webhooks/gitea", []byte(webhookSecret))
+	e.releaseJobs()
+	e.eventually(30*time.Second, "both complete", completed(e, interrupted, whileDown))
+	e.eventually(30*time.Second, "no VM and no runner left", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
+	if n := len(e.runners(true)); n != 3 {
+		t.Errorf("want 3 runners ever (the interrupted one and two), got %d", n)
+	}
+}
+
+// While the forge fails, the group backs off (2 s, 4 s, 8 s, 16 s...). A
+// webhook delivery after the forge is back ends the backoff: its job gets
+// a runner at once, not when the 16 s are up.
+func TestWebhookEndsForgeBackoff(t *testing.T) {
+	e := newEnv(t)
+	e.sweep = "1h"
+	e.writeConfig("1s", e.group("hooked", "scope: org\n    org: acme", []string{"linux"}, 3, ""))
+	e.start()
+	e.gitea.AddHook("http://"+e.addr+"/webhooks/gitea", []byte(webhookSecret))
+	e.eventually(10*time.Second, "first pass done", func() bool { return !e.groupStatus("hooked").LastCheckTime.IsZero() })
+	e.gitea.SetDown(true)
+	e.eventually(60*time.Second, "the backoff reaches 16 s", func() bool {
+		return time.Until(e.groupStatus("hooked").BackoffUntil) > 12*time.Second
+	})
+	e.gitea.SetDown(false)
+	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	queued := time.Now()
+	e.eventually(6*time.Second, "the delivered job is taken", func() bool { return e.gitea.Job(job).Status != forge.StatusQueued })
+	t.Logf("job taken %s after its delivery ended a 16 s backoff", time.Since(queued).Round(time.Millisecond))
+	e.eventually(30*time.Second, "the job completes", completed(e, job))
+	if g := e.groupStatus("hooked"); g.LastError != "" || !g.BackoffUntil.IsZero() {
+		t.Errorf("after the outage: %+v", g)
+	}
 }

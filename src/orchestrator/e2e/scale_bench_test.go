@@ -27,10 +27,7 @@ import (
 //
 //	go test -run '^$' -bench Scale -benchtime 1x -timeout 30m ./src/orchestrator/e2e/
 func BenchmarkScale(b *testing.B) {
-	n := 1000
-	if v := os.Getenv("RUNWAY_BENCH_JOBS"); v != "" {
-		n, _ = strconv.Atoi(v)
-	}
+	n := benchSetting("RUNWAY_BENCH_JOBS", 1000)
 	for _, mode := range []string{"process", "container"} {
 		b.Run(mode+"/single", func(b *testing.B) { scale(b, 1, mode) })
 		b.Run(fmt.Sprintf("%s/jobs=%d", mode, n), func(b *testing.B) { scale(b, n, mode) })
@@ -38,10 +35,7 @@ func BenchmarkScale(b *testing.B) {
 }
 
 func scale(b *testing.B, n int, mode string) {
-	spawn := 16
-	if v := os.Getenv("RUNWAY_BENCH_SPAWN"); v != "" {
-		spawn, _ = strconv.Atoi(v)
-	}
+	spawn := benchSetting("RUNWAY_BENCH_SPAWN", 16)
 	for range b.N {
 		var e *env
 		if mode == "container" {

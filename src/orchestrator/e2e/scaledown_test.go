@@ -11,19 +11,27 @@ import (
 	"github.com/runway-cpi/runway/src/orchestrator/store"
 )
 
+// heldJobPastIdle starts the daemon (passes every poll, sweeps every
+// 300 ms) with group linux (org acme, maxActive runners, an idle timeout
+// of 1 s) and a job that a runner takes and holds; it returns the job,
+// once in progress.
+func (e *env) heldJobPastIdle(poll string, maxActive int) int64 {
+	e.holdJobs()
+	e.timeouts = "{spawn: 2m, idle: 1s, max_lifetime: 10m}"
+	e.sweep = "300ms"
+	e.writeConfig(poll, e.group("linux", "scope: org\n    org: acme", []string{"linux"}, maxActive, ""))
+	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
+	e.start()
+	e.eventually(30*time.Second, "the job in progress", func() bool { return e.gitea.Job(job).Status == forge.StatusInProgress })
+	return job
+}
+
 // The daemon's listing is an hour old, so the runner that took the job
 // looks idle to it, and its idle timeout (1 s) passes: the runner is
 // kept, because the forge shows it running a job, and the job ends well.
 func TestIdleReapSparesARunnerThatTookAJob(t *testing.T) {
 	e := newEnv(t)
-	must(t, os.WriteFile(e.hold, nil, 0o600))
-	e.timeouts = "{spawn: 2m, idle: 1s, max_lifetime: 10m}"
-	e.sweep = "300ms"
-	e.writeConfig("1h", e.group("linux", "scope: org\n    org: acme", []string{"linux"}, 2, ""))
-	job := e.gitea.AddJob("acme/app", "build", []string{"linux"}, forge.StatusQueued)
-	e.start()
-
-	e.eventually(30*time.Second, "the job in progress", func() bool { return e.gitea.Job(job).Status == forge.StatusInProgress })
+	job := e.heldJobPastIdle("1h", 2)
 	ranBy := func() (r httpapi.RunnerView) {
 		for _, x := range e.runners(true) {
 			if x.Name == e.gitea.Job(job).RunnerName {
@@ -39,7 +47,7 @@ func TestIdleReapSparesARunnerThatTookAJob(t *testing.T) {
 	if r := ranBy(); r.State != store.Idle || len(e.gitea.RemovedWhileRunning()) != 0 {
 		t.Fatalf("the runner running the job was retired: %+v; registrations removed while running: %v", r, e.gitea.RemovedWhileRunning())
 	}
-	must(t, os.Remove(e.hold))
+	e.releaseJobs()
 	e.eventually(60*time.Second, "the job completes", completed(e, job))
 	e.eventually(30*time.Second, "its VM is deleted", func() bool { return len(e.vms()) == 0 })
 	if j := e.gitea.Job(job); j.Conclusion != "success" {
@@ -138,4 +146,34 @@ func TestScaleDownSafetyUnderAStreamOfJobs(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// Forgejo names no runner on a job and cannot disable one: Runway takes
+// a runner running a job for idle, and its idle timeout passes. The
+// forge's runner list shows it active: it is kept until its job ends.
+func TestForgejoIdleReapSparesABusyRunner(t *testing.T) {
+	e := forgejoEnv(t, "300ms")
+	job := e.heldJobPastIdle("", 1)
+	e.eventually(30*time.Second, "the idle reap is refused", func() bool {
+		return strings.Contains(e.stderr.String(), "kept a runner about to be retired")
+	})
+	if r := e.gitea.RemovedWhileRunning(); len(r) != 0 {
+		t.Fatalf("the runner running the job was retired: %v", r)
+	}
+	e.releaseJobs()
+	e.eventually(60*time.Second, "the job completes", completed(e, job))
+	e.eventually(30*time.Second, "its VM and registration are gone", func() bool {
+		return len(e.vms()) == 0 && len(e.gitea.Runners()) == 0
+	})
+	if j := e.gitea.Job(job); j.Conclusion != "success" {
+		t.Errorf("job ended %q", j.Conclusion)
+	}
+	if r := e.gitea.RemovedWhileRunning(); len(r) != 0 {
+		t.Errorf("registrations removed while running a job: %v", r)
+	}
+	for _, r := range e.runners(true) {
+		if r.Name == e.gitea.Job(job).RunnerName && r.State == store.Deleted && r.StateAt.Before(e.gitea.Job(job).Completed) {
+			t.Errorf("%s deleted at %v, before its job ended", r.Name, r.StateAt)
+		}
+	}
 }

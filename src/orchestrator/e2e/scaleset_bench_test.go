@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,10 +31,7 @@ import (
 //
 //     go test -run '^$' -bench ScaleSet -benchtime 1x -timeout 30m ./src/orchestrator/e2e/
 func BenchmarkScaleSet(b *testing.B) {
-	n := 1000
-	if v := os.Getenv("RUNWAY_BENCH_JOBS"); v != "" {
-		n, _ = strconv.Atoi(v)
-	}
+	n := benchSetting("RUNWAY_BENCH_JOBS", 1000)
 	for _, flow := range []forgetest.ActionsFlow{forgetest.FlowGitHubCom, forgetest.FlowGHES} {
 		b.Run("flow="+flow.String(), func(b *testing.B) {
 			b.Run("single", func(b *testing.B) { scaleSetSingle(b, flow) })
@@ -65,10 +60,7 @@ func restRequests(gh *forgetest.GitHub, before map[string]int) (rest, actions in
 // benchScaleSetEnv is a started scale-set daemon with room for max
 // runners, its stemcell uploaded by a warm-up job.
 func benchScaleSetEnv(b *testing.B, flow forgetest.ActionsFlow, max int) (*env, *forgetest.GitHub) {
-	spawn := 16
-	if v := os.Getenv("RUNWAY_BENCH_SPAWN"); v != "" {
-		spawn, _ = strconv.Atoi(v)
-	}
+	spawn := benchSetting("RUNWAY_BENCH_SPAWN", 16)
 	e, gh := scaleSetEnv(b, flow, max, fmt.Sprintf("    spawn_concurrency: %d\n", spawn))
 	e.sweep = "30s"
 	e.writeConfig("", e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, max,

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +77,7 @@ func survivesAHostileService(t *testing.T, flow forgetest.ActionsFlow) {
 		ss := e.groupStatus("ss").ScaleSet
 		return ss != nil && ss.RefusedMessages == 2 && ss.Session
 	})
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+	e.holdJobs()
 	held := gh.AddJob("acme/app", []string{"runway-ss"})
 	e.eventually(30*time.Second, "the held job runs", func() bool { return gh.Job(held).Status == "in_progress" })
 	if flow == forgetest.FlowGHES {
@@ -97,7 +96,7 @@ func survivesAHostileService(t *testing.T, flow forgetest.ActionsFlow) {
 	gh.ExpireSessionTokens()
 	last := gh.AddJob("acme/app", []string{"runway-ss"})
 	e.eventually(30*time.Second, "a job after the token expired runs", func() bool { return gh.Job(last).Status == "in_progress" })
-	os.Remove(e.hold)
+	e.releaseJobs()
 	jobs := []int64{first, during, held, last}
 	e.eventually(60*time.Second, "every job completes", func() bool {
 		for _, id := range jobs {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,28 +12,6 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/forgetest"
 	"github.com/runway-cpi/runway/src/testkit/pgtest"
 )
-
-// stallingCPI writes a bin/cpi wrapper: while the stall file says
-// "before", a create_vm hangs before making the VM; "after", it makes it
-// and hangs before answering (reached: touched when one hangs; made: a
-// line per VM made).
-func stallingCPI(t *testing.T, e *env) (wrapper, stall, reached, made string) {
-	stall, reached, made = filepath.Join(e.dir, "stall"), filepath.Join(e.dir, "reached"), filepath.Join(e.dir, "made")
-	wrapper = filepath.Join(e.dir, "stalling-cpi")
-	writeScript(t, wrapper, fmt.Sprintf(`req=$(cat)
-case "$req" in *'"create_vm"'*)
-  mode=$(cat %[1]q 2>/dev/null)
-  if [ "$mode" = before ]; then touch %[2]q; exec sleep 601; fi
-  out=$(printf '%%s' "$req" | %[3]q "$@")
-  case "$out" in *'"error":null'*) echo made >> %[4]q;; esac
-  if [ "$mode" = after ]; then touch %[2]q; exec sleep 601; fi
-  printf '%%s' "$out"
-  exit 0;;
-esac
-printf '%%s' "$req" | exec %[3]q "$@"
-`, stall, reached, bins.cpi, made))
-	return wrapper, stall, reached, made
-}
 
 // The daemon is killed -9 while a scale set runner's create_vm has made
 // the VM and not answered (the job acquired, its runner already running
@@ -47,8 +24,8 @@ func kill9MidSpawn(t *testing.T, flow forgetest.ActionsFlow) {
 	e, gh := scaleSetEnv(t, flow, 3, "")
 	wrapper, stall, reached, made := stallingCPI(t, e)
 	e.writeConfig("", e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, 3,
-		fmt.Sprintf("    demand: scale_set\n    cpi: {path: %q}\n", wrapper)))
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+		"    demand: scale_set\n"+cpiAt(wrapper)))
+	e.holdJobs()
 	must(t, os.WriteFile(stall, []byte("after"), 0o600))
 	job := gh.AddJob("acme/app", []string{"runway-ss"})
 	e.start()
@@ -66,7 +43,7 @@ func kill9MidSpawn(t *testing.T, flow forgetest.ActionsFlow) {
 		rs := e.runners(false)
 		return len(rs) == 1 && rs[0].State != store.Spawning
 	})
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(60*time.Second, "the job completes", func() bool { return gh.Job(job).Status == "completed" })
 	e.eventually(30*time.Second, "no VM and no runner left", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	b, _ := os.ReadFile(made)
@@ -89,14 +66,12 @@ func TestScaleSetReplicasTakeOver(t *testing.T) { scaleSetFlows(t, replicasTakeO
 func replicasTakeOver(t *testing.T, flow forgetest.ActionsFlow) {
 	dsn := pgtest.Database(t)
 	e, gh := scaleSetEnv(t, flow, 10, "")
+	e.usePostgres(dsn)
 	wrapper, stall, reached, made := stallingCPI(t, e)
-	dsnFile := filepath.Join(e.dir, "pg.dsn")
-	must(t, os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600))
-	e.top = "store: postgres\npostgres:\n  dsn_file: " + dsnFile
 	const poll = 500 * time.Millisecond
 	e.writeConfig("", e.group("ss", "scope: org\n    org: acme", []string{"runway-ss"}, 10,
-		fmt.Sprintf("    demand: scale_set\n    poll_interval: %s\n    cpi: {path: %q}\n", poll, wrapper)))
-	must(t, os.WriteFile(e.hold, nil, 0o600))
+		"    demand: scale_set\n    poll_interval: "+poll.String()+"\n"+cpiAt(wrapper)))
+	e.holdJobs()
 	rs := e.replicas(2)
 	for _, r := range rs {
 		r.start(e)
@@ -148,7 +123,7 @@ func replicasTakeOver(t *testing.T, flow forgetest.ActionsFlow) {
 			return true
 		})
 	}
-	os.Remove(e.hold)
+	e.releaseJobs()
 	e.eventually(120*time.Second, "every job completes", func() bool {
 		for _, id := range jobs {
 			if gh.Job(id).Status != "completed" {
