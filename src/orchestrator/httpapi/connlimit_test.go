@@ -14,10 +14,9 @@ import (
 // gives its place only once it keeps the server waiting stallGrace.
 func TestANextRequestArrivingIsNotIdle(t *testing.T) {
 	now := time.Now()
-	l := &connLimit{max: 1, perClient: 1, conns: map[*limitedConn]struct{}{}, byClient: map[string]int{}}
-	c := &limitedConn{l: l, client: "127.0.0.1", phase: idle, since: now.Add(-time.Minute)}
-	l.conns[c] = struct{}{}
-	l.byClient[c.client] = 1
+	c := oneConn(nil) // no socket: nothing unread
+	c.phase, c.since = idle, now.Add(-time.Minute)
+	l := c.l
 
 	if v, reason := l.victim(now); v != c || reason != "idle" {
 		t.Fatalf("a connection idle a minute: victim %v (%q), want it (idle)", v, reason)
@@ -39,27 +38,11 @@ func TestANextRequestArrivingIsNotIdle(t *testing.T) {
 // cutting it loses a request the client has sent (CI under load,
 // TestGitHubThousandJobsInsideItsRateLimit: 6 of ~3,000 deliveries EOF).
 func TestARequestWaitingInTheSocketIsNotIdle(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-
+	client, server := tcpPair(t)
 	now := time.Now()
-	l := &connLimit{max: 1, perClient: 1, conns: map[*limitedConn]struct{}{}, byClient: map[string]int{}}
-	c := &limitedConn{Conn: server, l: l, client: "127.0.0.1", phase: idle, since: now.Add(-time.Minute)}
-	l.conns[c] = struct{}{}
-	l.byClient[c.client] = 1
+	c := oneConn(server)
+	c.phase, c.since = idle, now.Add(-time.Minute)
+	l := c.l
 	if v, reason := l.victim(now); v != c || reason != "idle" {
 		t.Fatalf("a connection idle a minute, nothing sent: victim %v (%q), want it (idle)", v, reason)
 	}
@@ -99,26 +82,9 @@ func TestARequestWaitingInTheSocketIsNotIdle(t *testing.T) {
 // connection, which no client retries (CI beside other builds,
 // TestGitHubThousandJobsInsideItsRateLimit: 2 of ~3,000 deliveries).
 func TestALateFirstByteIsNotAStall(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-
-	l := &connLimit{max: 1, perClient: 1, conns: map[*limitedConn]struct{}{}, byClient: map[string]int{}}
-	c := &limitedConn{Conn: server, l: l, client: "127.0.0.1"} // receiving, nothing yet
-	l.conns[c] = struct{}{}
-	l.byClient[c.client] = 1
+	client, server := tcpPair(t)
+	c := oneConn(server) // receiving, nothing yet
+	l := c.l
 
 	read := make(chan error, 1)
 	go func() {
@@ -140,4 +106,31 @@ func TestALateFirstByteIsNotAStall(t *testing.T) {
 	if v, reason := l.victim(time.Now()); v != nil {
 		t.Fatalf("its request came whole, late after it connected: chosen as a victim (%q) while the server answers it", reason)
 	}
+}
+
+// tcpPair is a connected pair on the loopback, closed when the test ends.
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if client, err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	if server, err = ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
+}
+
+// oneConn is server's connection, the only one under a cap of one.
+func oneConn(server net.Conn) *limitedConn {
+	l := &connLimit{max: 1, perClient: 1, conns: map[*limitedConn]struct{}{}, byClient: map[string]int{}}
+	c := &limitedConn{Conn: server, l: l, client: "127.0.0.1"}
+	l.conns[c] = struct{}{}
+	l.byClient[c.client] = 1
+	return c
 }
