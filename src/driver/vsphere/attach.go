@@ -193,22 +193,11 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 // ResizeDisk grows a detached vmdk (the Director detaches it first);
 // shrinking is refused.
 func (d *Driver) ResizeDisk(ctx context.Context, cid string, sizeMiB int) error {
-	if _, err := diskName(cid); err != nil {
-		return err
-	}
-	release, err := d.locks.Lock(ctx, "disk-"+lockName(cid))
+	vc, loc, release, err := d.lockedDisk(ctx, cid)
 	if err != nil {
 		return err
 	}
 	defer release()
-	vc, err := d.client(ctx)
-	if err != nil {
-		return err
-	}
-	loc, err := d.findDisk(ctx, vc, cid)
-	if err != nil {
-		return err
-	}
 	size, err := d.diskBytes(ctx, vc, loc)
 	if err != nil {
 		return err

@@ -58,11 +58,16 @@ func (d *Driver) dcDatastores(ctx context.Context, vc *vcenter) ([]datastore, er
 	if err := vc.pc.RetrieveOne(ctx, vc.dc.Reference(), []string{"datastore"}, &dc); err != nil {
 		return nil, d.cloudErr("list datastores", err)
 	}
+	return d.usableDatastores(ctx, vc, dc.Datastore)
+}
+
+// usableDatastores are those of refs that placement may use.
+func (d *Driver) usableDatastores(ctx context.Context, vc *vcenter, refs []types.ManagedObjectReference) ([]datastore, error) {
 	var dss []datastore
-	for _, r := range dc.Datastore {
+	for _, r := range refs {
 		dss = append(dss, datastore{ref: r})
 	}
-	info, err := d.datastoreInfo(ctx, vc, dc.Datastore)
+	info, err := d.datastoreInfo(ctx, vc, refs)
 	if err != nil {
 		return nil, err
 	}
@@ -196,35 +201,16 @@ func (d *Driver) vmDatastores(ctx context.Context, vc *vcenter, vm *object.Virtu
 	if err := vc.pc.RetrieveOne(ctx, *m.Runtime.Host, []string{"datastore"}, &h); err != nil {
 		return nil, d.cloudErr("read the host's datastores", err)
 	}
-	var dss []datastore
-	for _, r := range h.Datastore {
-		dss = append(dss, datastore{ref: r})
-	}
-	info, err := d.datastoreInfo(ctx, vc, h.Datastore)
-	if err != nil {
-		return nil, err
-	}
-	return usable(dss, info), nil
+	return d.usableDatastores(ctx, vc, h.Datastore)
 }
 
 // DeleteDisk deletes the vmdk.
 func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
-	if _, err := diskName(cid); err != nil {
-		return err
-	}
-	release, err := d.locks.Lock(ctx, "disk-"+lockName(cid))
+	vc, loc, release, err := d.lockedDisk(ctx, cid)
 	if err != nil {
 		return err
 	}
 	defer release()
-	vc, err := d.client(ctx)
-	if err != nil {
-		return err
-	}
-	loc, err := d.findDisk(ctx, vc, cid)
-	if err != nil {
-		return err
-	}
 	t, err := object.NewVirtualDiskManager(vc.c).DeleteVirtualDisk(ctx, loc.path, vc.dc)
 	if err == nil {
 		err = t.Wait(ctx)
@@ -250,6 +236,29 @@ func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// lockedDisk takes the disk's lock and finds it; release is nil when err
+// is not (the lock is then already released).
+func (d *Driver) lockedDisk(ctx context.Context, cid string) (*vcenter, *diskLoc, func(), error) {
+	if _, err := diskName(cid); err != nil {
+		return nil, nil, nil, err
+	}
+	release, err := d.locks.Lock(ctx, "disk-"+lockName(cid))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	vc, err := d.client(ctx)
+	if err != nil {
+		release()
+		return nil, nil, nil, err
+	}
+	loc, err := d.findDisk(ctx, vc, cid)
+	if err != nil {
+		release()
+		return nil, nil, nil, err
+	}
+	return vc, loc, release, nil
 }
 
 // lockName is a disk cid without its suffix (lock names are short).

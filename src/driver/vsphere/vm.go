@@ -117,14 +117,7 @@ func (d *Driver) powerOff(ctx context.Context, vm *object.VirtualMachine) error 
 	if m.Runtime.PowerState == types.VirtualMachinePowerStatePoweredOff {
 		return nil
 	}
-	t, err := vm.PowerOff(ctx)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
-	if err != nil && !fault.Is(err, &types.InvalidPowerState{}) {
-		return d.cloudErr("power off", err)
-	}
-	return nil
+	return d.powerTask(ctx, "power off", vm.PowerOff)
 }
 
 // RebootVM asks the guest to reboot; when its tools cannot, the VM is
@@ -146,12 +139,18 @@ func (d *Driver) RebootVM(ctx context.Context, cid string) error {
 }
 
 func (d *Driver) powerOn(ctx context.Context, vm *object.VirtualMachine) error {
-	t, err := vm.PowerOn(ctx)
+	return d.powerTask(ctx, "power on", vm.PowerOn)
+}
+
+// powerTask runs a power task to its end; a VM already in the state
+// asked for is fine.
+func (d *Driver) powerTask(ctx context.Context, what string, start func(context.Context) (*object.Task, error)) error {
+	t, err := start(ctx)
 	if err == nil {
 		err = t.Wait(ctx)
 	}
 	if err != nil && !fault.Is(err, &types.InvalidPowerState{}) {
-		return d.cloudErr("power on", err)
+		return d.cloudErr(what, err)
 	}
 	return nil
 }
