@@ -102,17 +102,12 @@ func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
 
 // volume reads one volume; gone (404, deleting) is ErrDiskNotFound.
 func (d *Driver) volume(ctx context.Context, id string) (*volumes.Volume, error) {
-	var v *volumes.Volume
-	_, err := d.do(ctx, "volume", "get volume "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		v, err = volumes.Get(ctx, sc, id).Extract()
-		return err
-	})
-	if isNotFound(err) {
-		return nil, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
-	}
+	v, err := get(ctx, d, "volume", "volume "+id, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound),
+		func(ctx context.Context, sc *gophercloud.ServiceClient) (*volumes.Volume, error) {
+			return volumes.Get(ctx, sc, id).Extract()
+		})
 	if err != nil {
-		return nil, d.cloudErr("get volume "+id, err)
+		return nil, err
 	}
 	if v.Status == "deleting" {
 		return v, fmt.Errorf("volume %s is being deleted: %w", id, driver.ErrDiskNotFound)

@@ -139,6 +139,23 @@ func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx contex
 	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
 }
 
+// get reads one resource of a service; a 404 answers gone.
+func get[T any](ctx context.Context, d *Driver, kind, what string, gone error, fetch func(ctx context.Context, sc *gophercloud.ServiceClient) (T, error)) (T, error) {
+	var out, none T
+	_, err := d.do(ctx, kind, "get "+what, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		out, err = fetch(ctx, sc)
+		return err
+	})
+	if isNotFound(err) {
+		return none, gone
+	}
+	if err != nil {
+		return none, d.cloudErr("get "+what, err)
+	}
+	return out, nil
+}
+
 // waitGone waits until probe (a lookup of what) answers gone.
 func (d *Driver) waitGone(ctx context.Context, what string, gone error, probe func(ctx context.Context) error) error {
 	return d.waitFor(ctx, what+" gone", func(ctx context.Context) (bool, error) {

@@ -80,19 +80,10 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 }
 
 func (d *Driver) snapshot(ctx context.Context, id string) (*snapshots.Snapshot, error) {
-	var s *snapshots.Snapshot
-	_, err := d.do(ctx, "volume", "get snapshot "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		s, err = snapshots.Get(ctx, sc, id).Extract()
-		return err
-	})
-	if isNotFound(err) {
-		return nil, fmt.Errorf("snapshot %s: %w", id, errSnapshotGone)
-	}
-	if err != nil {
-		return nil, d.cloudErr("get snapshot "+id, err)
-	}
-	return s, nil
+	return get(ctx, d, "volume", "snapshot "+id, fmt.Errorf("snapshot %s: %w", id, errSnapshotGone),
+		func(ctx context.Context, sc *gophercloud.ServiceClient) (*snapshots.Snapshot, error) {
+			return snapshots.Get(ctx, sc, id).Extract()
+		})
 }
 
 var errSnapshotGone = errors.New("snapshot not found")

@@ -161,19 +161,10 @@ func openImage(path string) (io.Reader, func(), error) {
 }
 
 func (d *Driver) image(ctx context.Context, id string) (*images.Image, error) {
-	var img *images.Image
-	_, err := d.do(ctx, "image", "get image "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		img, err = images.Get(ctx, sc, id).Extract()
-		return err
-	})
-	if isNotFound(err) {
-		return nil, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound)
-	}
-	if err != nil {
-		return nil, d.cloudErr("get image "+id, err)
-	}
-	return img, nil
+	return get(ctx, d, "image", "image "+id, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound),
+		func(ctx context.Context, sc *gophercloud.ServiceClient) (*images.Image, error) {
+			return images.Get(ctx, sc, id).Extract()
+		})
 }
 
 // DeleteStemcell deletes an uploaded image; light stemcells and images

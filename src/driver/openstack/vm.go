@@ -143,17 +143,12 @@ func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 
 // server reads one server; gone (404, DELETED, SOFT_DELETED) is ErrVMNotFound.
 func (d *Driver) server(ctx context.Context, id string) (*servers.Server, error) {
-	var s *servers.Server
-	_, err := d.do(ctx, "compute", "get server "+id, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		s, err = servers.Get(ctx, sc, id).Extract()
-		return err
-	})
-	if isNotFound(err) {
-		return nil, fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound)
-	}
+	s, err := get(ctx, d, "compute", "server "+id, fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound),
+		func(ctx context.Context, sc *gophercloud.ServiceClient) (*servers.Server, error) {
+			return servers.Get(ctx, sc, id).Extract()
+		})
 	if err != nil {
-		return nil, d.cloudErr("get server "+id, err)
+		return nil, err
 	}
 	if s.Status == "DELETED" || s.Status == "SOFT_DELETED" {
 		return s, fmt.Errorf("server %s is %s: %w", id, s.Status, driver.ErrVMNotFound)
