@@ -18,11 +18,7 @@ var liveStates = []string{"pending", "running", "stopping", "stopped"}
 
 func (d *Driver) instanceIDs(ctx context.Context, match map[string]string) ([]string, error) {
 	insts, err := d.instances(ctx, match)
-	var ids []string
-	for _, i := range insts {
-		ids = append(ids, aws.ToString(i.InstanceId))
-	}
-	return ids, err
+	return idsOf(insts, func(i types.Instance) *string { return i.InstanceId }), err
 }
 
 // instances lists live instances carrying every tag in match.
@@ -264,4 +260,187 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// deviceNames are the names EC2 recommends for EBS data volumes.
+var deviceNames = func() []string {
+	var out []string
+	for c := 'f'; c <= 'z'; c++ {
+		out = append(out, "/dev/sd"+string(c))
+	}
+	return out
+}()
+
+func vmLock(cid string) string { return "aws-vm-" + cid }
+
+// AttachDisk attaches under the VM's lock, so concurrent attaches to one
+// VM never pick the same device, and answers the device name as the hint.
+func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, err error) {
+	if err := validCID("vm", vmCID); err != nil {
+		return nil, err
+	}
+	if err := validCID("disk", diskCID); err != nil {
+		return nil, err
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	inst, err := d.instance(ctx, vmCID)
+	if err != nil {
+		return nil, err
+	}
+	v, err := d.volume(ctx, diskCID)
+	if err != nil {
+		return nil, err
+	}
+	if a := attachmentTo(v, vmCID); a != nil {
+		if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
+			return nil, err
+		}
+		return d.deviceHint(ctx, inst, diskCID, aws.ToString(a.Device)), nil
+	}
+	for _, a := range v.Attachments {
+		if a.State != types.VolumeAttachmentStateDetached {
+			return nil, fmt.Errorf("volume %s is attached to %s, not %s", diskCID, aws.ToString(a.InstanceId), vmCID)
+		}
+	}
+	if az := aws.ToString(v.AvailabilityZone); inst.Placement != nil && az != aws.ToString(inst.Placement.AvailabilityZone) {
+		return nil, fmt.Errorf("volume %s is in %s but instance %s is in %s", diskCID, az, vmCID, aws.ToString(inst.Placement.AvailabilityZone))
+	}
+	used := map[string]bool{}
+	for _, m := range inst.BlockDeviceMappings {
+		used[strings.Replace(aws.ToString(m.DeviceName), "/dev/xvd", "/dev/sd", 1)] = true
+	}
+	device := ""
+	for _, n := range deviceNames {
+		if !used[n] {
+			device = n
+			break
+		}
+	}
+	if device == "" {
+		return nil, fmt.Errorf("instance %s has no free device name for %s", vmCID, diskCID)
+	}
+	_, err = call(ctx, d, "AttachVolume", func(ctx context.Context, c *ec2.Client) (*ec2.AttachVolumeOutput, error) {
+		return c.AttachVolume(ctx, &ec2.AttachVolumeInput{Device: aws.String(device), InstanceId: aws.String(vmCID), VolumeId: aws.String(diskCID)})
+	})
+	if err != nil {
+		// A retried attach may have happened the first time.
+		if v, verr := d.volume(ctx, diskCID); verr != nil || attachmentTo(v, vmCID) == nil {
+			return nil, d.cloudErr("AttachVolume "+diskCID+" to "+vmCID, err)
+		}
+	}
+	if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
+		return nil, err
+	}
+	d.log.Info("attached", "volume", diskCID, "instance", vmCID, "device", device)
+	return d.deviceHint(ctx, inst, diskCID, device), nil
+}
+
+// nvmeByID is where udev links an EBS volume on an NVMe-only (Nitro)
+// instance, by the volume id without its dash; the device name given to
+// AttachVolume is not what the kernel calls it there.
+const nvmeByID = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_"
+
+// deviceHint is the path the agent finds the disk at: the NVMe by-id link
+// on instance types whose EBS is NVMe-only (DescribeInstanceTypes, unless
+// enable_describe_instance_types is false), else the device name.
+func (d *Driver) deviceHint(ctx context.Context, inst types.Instance, volume, device string) string {
+	if c := d.cfg.EnableDescribeInstanceTypes; c != nil && !*c {
+		return device
+	}
+	out, err := call(ctx, d, "DescribeInstanceTypes", func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstanceTypesOutput, error) {
+		return c.DescribeInstanceTypes(ctx, &ec2.DescribeInstanceTypesInput{InstanceTypes: []types.InstanceType{inst.InstanceType}})
+	})
+	if err != nil {
+		// The hint is a hint: the agent also searches; say what happened.
+		d.log.Warn("DescribeInstanceTypes failed (for the NVMe device hint)", "type", inst.InstanceType, "err", err)
+		return device
+	}
+	if len(out.InstanceTypes) > 0 && out.InstanceTypes[0].EbsInfo != nil && out.InstanceTypes[0].EbsInfo.NvmeSupport == types.EbsNvmeSupportRequired {
+		return nvmeByID + strings.Replace(volume, "-", "", 1)
+	}
+	return device
+}
+
+func (d *Driver) waitAttached(ctx context.Context, vmCID, diskCID string) error {
+	return d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) {
+		a := attachmentTo(v, vmCID)
+		if a == nil {
+			return false, fmt.Errorf("volume %s is no longer attaching to %s", diskCID, vmCID)
+		}
+		return a.State == types.VolumeAttachmentStateAttached, nil
+	})
+}
+
+// DetachDisk always names the instance (EC2 needs it to be exact; moto
+// fails without it) and waits until the volume is free.
+func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err error) {
+	if err := validCID("vm", vmCID); err != nil {
+		return err
+	}
+	if err := validCID("disk", diskCID); err != nil {
+		return err
+	}
+	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	if err != nil {
+		return err
+	}
+	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	if _, err := d.instance(ctx, vmCID); err != nil {
+		return err
+	}
+	v, err := d.volume(ctx, diskCID)
+	if err != nil {
+		return err
+	}
+	a := attachmentTo(v, vmCID)
+	if a == nil {
+		return fmt.Errorf("volume %s is not attached to %s: %w", diskCID, vmCID, driver.ErrDiskNotAttached)
+	}
+	if a.State != types.VolumeAttachmentStateDetaching {
+		_, err = call(ctx, d, "DetachVolume", func(ctx context.Context, c *ec2.Client) (*ec2.DetachVolumeOutput, error) {
+			return c.DetachVolume(ctx, &ec2.DetachVolumeInput{VolumeId: aws.String(diskCID), InstanceId: aws.String(vmCID), Device: a.Device})
+		})
+		if err != nil {
+			// A retried detach may have happened the first time.
+			v, verr := d.volume(ctx, diskCID)
+			if a := attachmentTo(v, vmCID); verr != nil || a != nil && a.State != types.VolumeAttachmentStateDetaching {
+				return d.cloudErr("DetachVolume "+diskCID+" from "+vmCID, err)
+			}
+		}
+	}
+	if err := d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) { return attachmentTo(v, vmCID) == nil, nil }); err != nil {
+		return err
+	}
+	d.log.Info("detached", "volume", diskCID, "instance", vmCID)
+	return nil
+}
+
+// GetDisks lists the persistent disks: attached volumes that are neither
+// the root device nor deleted with the instance (ephemeral).
+func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
+	inst, err := d.instance(ctx, vmCID)
+	if err != nil {
+		return nil, err
+	}
+	out := []string{}
+	for _, m := range inst.BlockDeviceMappings {
+		if m.Ebs == nil || aws.ToString(m.DeviceName) == aws.ToString(inst.RootDeviceName) || aws.ToBool(m.Ebs.DeleteOnTermination) {
+			continue
+		}
+		out = append(out, aws.ToString(m.Ebs.VolumeId))
+	}
+	return out, nil
+}
+
+func attachmentTo(v types.Volume, instance string) *types.VolumeAttachment {
+	for i, a := range v.Attachments {
+		if aws.ToString(a.InstanceId) == instance && a.State != types.VolumeAttachmentStateDetached {
+			return &v.Attachments[i]
+		}
+	}
+	return nil
 }
