@@ -1,17 +1,13 @@
 package aws
 
 import (
-	"archive/tar"
-	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 
@@ -25,6 +21,7 @@ import (
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/stemcellimage"
 )
 
 // ebsBlock is the EBS direct API's block size.
@@ -162,42 +159,19 @@ func (d *Driver) image(ctx context.Context, ami string) (types.Image, error) {
 // holding root.img, as BOSH heavy stemcells ship it, or a plain raw disk.
 // size is -1 when it cannot be known before reading.
 func openRaw(path string) (io.Reader, int64, func(), error) {
-	f, err := os.Open(path)
+	r, size, closeF, err := stemcellimage.Open(path)
 	if err != nil {
 		return nil, 0, nil, driver.Invalid("stemcell image: %v", err)
 	}
-	closeF := func() { f.Close() }
-	st, err := f.Stat()
+	m, h, err := stemcellimage.Member(r, func(name string) bool { return name == "root.img" || strings.HasSuffix(name, "/root.img") })
 	if err != nil {
 		closeF()
-		return nil, 0, nil, err
+		return nil, 0, nil, driver.Invalid("stemcell image: no root.img in the tar (%v)", err)
 	}
-	br := bufio.NewReaderSize(f, 64*1024)
-	var r io.Reader = br
-	size := st.Size()
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		gz, err := gzip.NewReader(br)
-		if err != nil {
-			closeF()
-			return nil, 0, nil, driver.Invalid("stemcell image: %v", err)
-		}
-		r, size = bufio.NewReaderSize(gz, 64*1024), -1
+	if m == nil {
+		return r, size, closeF, nil
 	}
-	peek := r.(*bufio.Reader)
-	if hdr, _ := peek.Peek(512); len(hdr) == 512 && string(hdr[257:262]) == "ustar" {
-		tr := tar.NewReader(peek)
-		for {
-			h, err := tr.Next()
-			if err != nil {
-				closeF()
-				return nil, 0, nil, driver.Invalid("stemcell image: no root.img in the tar (%v)", err)
-			}
-			if h.Typeflag == tar.TypeReg && (h.Name == "root.img" || strings.HasSuffix(h.Name, "/root.img")) {
-				return tr, h.Size, closeF, nil
-			}
-		}
-	}
-	return r, size, closeF, nil
+	return m, h.Size, closeF, nil
 }
 
 // uploadImage writes the raw disk into a new snapshot, skipping zero

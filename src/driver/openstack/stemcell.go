@@ -1,9 +1,6 @@
 package openstack
 
 import (
-	"archive/tar"
-	"bufio"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/stemcellimage"
 )
 
 // CreateStemcell uploads the stemcell's image into Glance and waits until
@@ -128,36 +126,22 @@ var errBadImage = errors.New("stemcell image")
 // openImage returns the bytes to upload: the first file of a gzipped tar
 // (BOSH's "image" holds root.img), a gzipped file unpacked, else the file.
 func openImage(path string) (io.Reader, func(), error) {
-	f, err := os.Open(path)
+	r, size, closeFn, err := stemcellimage.Open(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", errBadImage, err)
 	}
-	br := bufio.NewReader(f)
-	magic, _ := br.Peek(2)
-	if len(magic) < 2 || magic[0] != 0x1f || magic[1] != 0x8b {
-		return br, func() { f.Close() }, nil
+	if size >= 0 { // not gzipped: the file itself
+		return r, closeFn, nil
 	}
-	gz, err := gzip.NewReader(br)
+	m, _, err := stemcellimage.Member(r, func(string) bool { return true })
 	if err != nil {
-		f.Close()
-		return nil, nil, fmt.Errorf("%w %s: %v", errBadImage, path, err)
+		closeFn()
+		return nil, nil, fmt.Errorf("%w %s: no image file in the archive: %v", errBadImage, path, err)
 	}
-	inner := bufio.NewReader(gz)
-	head, _ := inner.Peek(262)
-	if len(head) == 262 && string(head[257:262]) == "ustar" {
-		tr := tar.NewReader(inner)
-		for {
-			h, err := tr.Next()
-			if err != nil {
-				f.Close()
-				return nil, nil, fmt.Errorf("%w %s: no image file in the archive: %v", errBadImage, path, err)
-			}
-			if h.Typeflag == tar.TypeReg {
-				return tr, func() { f.Close() }, nil
-			}
-		}
+	if m == nil {
+		return r, closeFn, nil
 	}
-	return inner, func() { f.Close() }, nil
+	return m, closeFn, nil
 }
 
 func (d *Driver) image(ctx context.Context, id string) (*images.Image, error) {

@@ -2,8 +2,6 @@ package vsphere
 
 import (
 	"archive/tar"
-	"bufio"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +20,7 @@ import (
 	"github.com/vmware/govmomi/vim25/types"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/stemcellimage"
 )
 
 // CreateStemcell imports the stemcell's OVF as a VM named sc-<uuid> in
@@ -84,20 +83,11 @@ var ovfFileName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
 // stemcell's image, or an OVA) into dir: regular files at its top level
 // only, anything else refused by name. It answers the files by name.
 func unpackOVF(image, dir string) (map[string]string, int64, error) {
-	f, err := os.Open(image)
+	r, _, closeFn, err := stemcellimage.Open(image)
 	if err != nil {
 		return nil, 0, driver.Invalid("stemcell image: %v", err)
 	}
-	defer f.Close()
-	br := bufio.NewReader(f)
-	var r io.Reader = br
-	if head, _ := br.Peek(2); len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b {
-		gz, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, 0, driver.Invalid("stemcell image: %v", err)
-		}
-		r = gz
-	}
+	defer closeFn()
 	files := map[string]string{}
 	var size int64
 	tr := tar.NewReader(r)
