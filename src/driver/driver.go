@@ -129,6 +129,19 @@ type DiskSpec struct {
 	Tags       map[string]string
 }
 
+// Decode reads the disk's cloud properties into into (as Props.Decode
+// does) and refuses a size that is not positive: every cloud driver's
+// first step of create_disk.
+func (s DiskSpec) Decode(into any) error {
+	if err := s.CloudProps.Decode("cloud_properties", into); err != nil {
+		return err
+	}
+	if s.SizeMiB <= 0 {
+		return Invalid("disk size %d MiB must be positive", s.SizeMiB)
+	}
+	return nil
+}
+
 // StemcellSpec is everything create_stemcell needs.
 type StemcellSpec struct {
 	ImagePath  string

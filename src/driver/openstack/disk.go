@@ -17,11 +17,8 @@ import (
 // else the VM's zone) and waits until it is available.
 func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
 	var p volumeProps
-	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
+	if err := spec.Decode(&p); err != nil {
 		return "", err
-	}
-	if spec.SizeMiB <= 0 {
-		return "", driver.Invalid("disk size %d MiB must be positive", spec.SizeMiB)
 	}
 	az := p.AvailabilityZone
 	if az == "" && spec.VMCID != "" && !d.cfg.IgnoreServerAvailabilityZone {

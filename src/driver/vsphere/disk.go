@@ -120,11 +120,8 @@ func (d *Driver) findDisk(ctx context.Context, vc *vcenter, cid string) (*diskLo
 // can reach (or any configured cluster, without a VM).
 func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, error) {
 	var p diskProps
-	if err := spec.CloudProps.Decode("cloud_properties", &p); err != nil {
+	if err := spec.Decode(&p); err != nil {
 		return "", err
-	}
-	if spec.SizeMiB <= 0 {
-		return "", driver.Invalid("disk size %d MiB must be positive", spec.SizeMiB)
 	}
 	t := p.Type
 	if t == "" {
