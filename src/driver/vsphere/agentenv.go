@@ -179,12 +179,31 @@ func diskEnv(devices object.VirtualDeviceList, byUUID bool) (map[string]any, err
 	if sys == nil || eph == nil || sys.UnitNumber == nil || eph.UnitNumber == nil {
 		return nil, fmt.Errorf("vsphere: the VM lacks its system or ephemeral disk")
 	}
-	out := map[string]any{"system": strconv.Itoa(int(*sys.UnitNumber)), "persistent": map[string]any{}}
-	out["ephemeral"] = strconv.Itoa(int(*eph.UnitNumber))
-	if b, ok := eph.Backing.(*types.VirtualDiskFlatVer2BackingInfo); ok && byUUID && b.Uuid != "" {
-		out["ephemeral"] = map[string]any{"id": strings.ToLower(b.Uuid)}
+	return map[string]any{"system": unitHint(sys, false), "ephemeral": unitHint(eph, byUUID), "persistent": map[string]any{}}, nil
+}
+
+// diskHint is what the agent finds a persistent disk by: its UUID when
+// the VM has disk.enableUUID, else its unit number (as the official CPI).
+func diskHint(extra []types.BaseOptionValue, disk *types.VirtualDisk) any {
+	byUUID := false
+	for _, o := range extra {
+		if ov := o.GetOptionValue(); ov.Key == "disk.enableUUID" && diskUUIDs(map[string]string{ov.Key: fmt.Sprint(ov.Value)}) {
+			byUUID = true
+		}
 	}
-	return out, nil
+	return unitHint(disk, byUUID)
+}
+
+// unitHint is a disk's hint in the agent's settings: {"id": uuid} when
+// byUUID and the disk has one, else its unit number.
+func unitHint(disk *types.VirtualDisk, byUUID bool) any {
+	if b, ok := disk.Backing.(*types.VirtualDiskFlatVer2BackingInfo); ok && byUUID && b.Uuid != "" {
+		return map[string]any{"id": strings.ToLower(b.Uuid)}
+	}
+	if disk.UnitNumber == nil {
+		return "0"
+	}
+	return strconv.Itoa(int(*disk.UnitNumber))
 }
 
 // envImage is an ISO9660 image holding one file, "env" (what the agent's

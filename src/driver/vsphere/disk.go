@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"strconv"
 	"strings"
 
 	"github.com/vmware/govmomi/fault"
@@ -321,20 +320,4 @@ func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// diskHint is what the agent finds the disk by: its UUID when the VM has
-// disk.enableUUID, else its unit number (as the official CPI).
-func diskHint(extra []types.BaseOptionValue, disk *types.VirtualDisk) any {
-	for _, o := range extra {
-		if ov := o.GetOptionValue(); ov.Key == "disk.enableUUID" && diskUUIDs(map[string]string{ov.Key: fmt.Sprint(ov.Value)}) {
-			if b, ok := disk.Backing.(*types.VirtualDiskFlatVer2BackingInfo); ok && b.Uuid != "" {
-				return map[string]any{"id": strings.ToLower(b.Uuid)}
-			}
-		}
-	}
-	if disk.UnitNumber == nil {
-		return "0"
-	}
-	return strconv.Itoa(int(*disk.UnitNumber))
 }
