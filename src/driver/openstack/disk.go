@@ -73,28 +73,14 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 
 // sweepVolumes deletes volumes carrying token, except keep.
 func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
-	var list []volumes.Volume
-	_, err := d.do(ctx, "volume", "list volumes of token "+token, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err = volumes.ExtractVolumes(pages)
-		return err
-	})
-	if err != nil {
-		d.log.Warn("listing volumes for cleanup failed", "token", token, "err", err)
-		return
-	}
-	for _, v := range list {
-		if v.ID == keep || v.Metadata[mdToken] != token {
-			continue
-		}
-		d.log.Info("deleting what this create left", "volume", v.ID)
-		if err := d.deleteVolume(ctx, v.ID); err != nil && !errors.Is(err, driver.ErrDiskNotFound) {
-			d.log.Warn("deleting failed", "volume", v.ID, "err", err)
-		}
-	}
+	sweep(ctx, d, "volume", "list volumes of token "+token, "volume", token, keep,
+		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]volumes.Volume, error) {
+			pages, err := volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}).AllPages(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return volumes.ExtractVolumes(pages)
+		}, func(v volumes.Volume) (string, map[string]string) { return v.ID, v.Metadata }, d.deleteVolume, driver.ErrDiskNotFound)
 }
 
 // volume reads one volume; gone (404, deleting) is ErrDiskNotFound.

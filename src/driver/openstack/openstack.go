@@ -156,6 +156,34 @@ func get[T any](ctx context.Context, d *Driver, kind, what string, gone error, f
 	return out, nil
 }
 
+// sweep deletes what a create call sent more than once may have left:
+// every listed item carrying token, except keep; gone (may be nil) from
+// delete means another sweep got there first.
+func sweep[T any](ctx context.Context, d *Driver, kind, op, noun, token, keep string,
+	list func(ctx context.Context, sc *gophercloud.ServiceClient) ([]T, error),
+	of func(T) (id string, md map[string]string), del func(ctx context.Context, id string) error, gone error) {
+	var items []T
+	_, err := d.do(ctx, kind, op, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+		var err error
+		items, err = list(ctx, sc)
+		return err
+	})
+	if err != nil {
+		d.log.Warn("listing "+noun+"s for cleanup failed", "token", token, "err", err)
+		return
+	}
+	for _, it := range items {
+		id, md := of(it)
+		if id == keep || md[mdToken] != token {
+			continue
+		}
+		d.log.Info("deleting what this create left", noun, id)
+		if err := del(ctx, id); err != nil && !errors.Is(err, gone) {
+			d.log.Warn("deleting failed", noun, id, "err", err)
+		}
+	}
+}
+
 // waitGone waits until probe (a lookup of what) answers gone.
 func (d *Driver) waitGone(ctx context.Context, what string, gone error, probe func(ctx context.Context) error) error {
 	return d.waitFor(ctx, what+" gone", func(ctx context.Context) (bool, error) {

@@ -89,26 +89,14 @@ func (d *Driver) snapshot(ctx context.Context, id string) (*snapshots.Snapshot, 
 var errSnapshotGone = errors.New("snapshot not found")
 
 func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
-	var list []snapshots.Snapshot
-	_, err := d.do(ctx, "volume", "list snapshots of token "+token, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := snapshots.List(sc, snapshots.ListOpts{}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err = snapshots.ExtractSnapshots(pages)
-		return err
-	})
-	if err != nil {
-		d.log.Warn("listing snapshots for cleanup failed", "err", err)
-		return
-	}
-	for _, s := range list {
-		if s.ID != keep && s.Metadata[mdToken] == token {
-			if err := d.deleteSnapshot(ctx, s.ID); err != nil {
-				d.log.Warn("deleting failed", "snapshot", s.ID, "err", err)
+	sweep(ctx, d, "volume", "list snapshots of token "+token, "snapshot", token, keep,
+		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]snapshots.Snapshot, error) {
+			pages, err := snapshots.List(sc, snapshots.ListOpts{}).AllPages(ctx)
+			if err != nil {
+				return nil, err
 			}
-		}
-	}
+			return snapshots.ExtractSnapshots(pages)
+		}, func(s snapshots.Snapshot) (string, map[string]string) { return s.ID, s.Metadata }, d.deleteSnapshot, nil)
 }
 
 // DeleteSnapshot deletes a snapshot and waits until it is gone; one that

@@ -309,23 +309,9 @@ func firstNonEmpty(s ...string) string {
 // sweepServers deletes every server named name with this call's token,
 // except keep, and waits until they are gone.
 func (d *Driver) sweepServers(ctx context.Context, name, token, keep string) {
-	var list []servers.Server
-	_, err := d.do(ctx, "compute", "list servers named "+name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		list, err = serversNamed(ctx, sc, name)
-		return err
-	})
-	if err != nil {
-		d.log.Warn("listing servers for cleanup failed", "name", name, "err", err)
-		return
-	}
-	for _, s := range list {
-		if s.ID == keep || s.Metadata[mdToken] != token {
-			continue
-		}
-		d.log.Info("deleting what this create left", "server", s.ID)
-		if err := d.deleteServer(ctx, s.ID); err != nil && !errors.Is(err, driver.ErrVMNotFound) {
-			d.log.Warn("deleting failed", "server", s.ID, "err", err)
-		}
-	}
+	sweep(ctx, d, "compute", "list servers named "+name, "server", token, keep,
+		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]servers.Server, error) {
+			return serversNamed(ctx, sc, name)
+		},
+		func(s servers.Server) (string, map[string]string) { return s.ID, s.Metadata }, d.deleteServer, driver.ErrVMNotFound)
 }
