@@ -75,12 +75,18 @@ type netProps struct {
 	SecurityGroups []string `json:"security_groups"`
 }
 
+// encryption is EBS encryption as a volume's and a stemcell's cloud
+// properties set it.
+type encryption struct {
+	Encrypted *bool  `json:"encrypted"`
+	KMSKeyARN string `json:"kms_key_arn"`
+}
+
 type volumeProps struct {
-	Type             string            `json:"type"`
-	Iops             int32             `json:"iops"`
-	Throughput       int32             `json:"throughput"`
-	Encrypted        *bool             `json:"encrypted"`
-	KMSKeyARN        string            `json:"kms_key_arn"`
+	Type       string `json:"type"`
+	Iops       int32  `json:"iops"`
+	Throughput int32  `json:"throughput"`
+	encryption
 	AvailabilityZone string            `json:"availability_zone"`
 	Tags             map[string]string `json:"tags"`
 }
@@ -98,12 +104,11 @@ type stemcellProps struct {
 	BootMode           string            `json:"boot_mode"`
 	// DiskMiB sizes the snapshot (at least the raw image's size).
 	DiskMiB int `json:"disk"`
-	// Encrypted / KMSKeyARN: the AMI is copied encrypted (default the
-	// job's encrypted / kms_key_arn), as the official CPI does.
-	Encrypted *bool             `json:"encrypted"`
-	KMSKeyARN string            `json:"kms_key_arn"`
-	KernelID  string            `json:"kernel_id"`
-	Tags      map[string]string `json:"tags"`
+	// The AMI is copied encrypted (default the job's encrypted /
+	// kms_key_arn), as the official CPI does.
+	encryption
+	KernelID string            `json:"kernel_id"`
+	Tags     map[string]string `json:"tags"`
 }
 
 func (p vmProps) validate() error {
