@@ -187,15 +187,7 @@ func (d *Driver) volumeBusy(ctx context.Context, v *volumes.Volume) (bool, error
 
 // HasDisk: a volume being deleted counts as gone.
 func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
-	id, err := validCID("disk", cid)
-	if err != nil {
-		return false, err
-	}
-	_, err = d.volume(ctx, id)
-	if errors.Is(err, driver.ErrDiskNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return exists(ctx, "disk", cid, driver.ErrDiskNotFound, d.volume)
 }
 
 // ResizeDisk grows a volume (Cinder cannot shrink) and waits for it.

@@ -195,6 +195,20 @@ func (d *Driver) waitGone(ctx context.Context, what string, gone error, probe fu
 	})
 }
 
+// exists answers whether what cid names exists: read answering gone is
+// a no, not an error.
+func exists[T any](ctx context.Context, kind, cid string, gone error, read func(ctx context.Context, id string) (T, error)) (bool, error) {
+	id, err := validCID(kind, cid)
+	if err != nil {
+		return false, err
+	}
+	_, err = read(ctx, id)
+	if errors.Is(err, gone) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // validCID refuses anything but an OpenStack UUID (a stemcell may end
 // " light"), so a path-like or foreign CID never reaches the cloud.
 func validCID(kind, cid string) (string, error) {

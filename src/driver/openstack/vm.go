@@ -130,15 +130,7 @@ func vmLock(id string) string { return "openstack-vm-" + id }
 
 // HasVM: deleted and soft-deleted servers count as gone.
 func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
-	id, err := validCID("vm", cid)
-	if err != nil {
-		return false, err
-	}
-	_, err = d.server(ctx, id)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return exists(ctx, "vm", cid, driver.ErrVMNotFound, d.server)
 }
 
 // server reads one server; gone (404, DELETED, SOFT_DELETED) is ErrVMNotFound.
