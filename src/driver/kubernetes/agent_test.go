@@ -31,9 +31,8 @@ var capBits = map[string]int{"CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE, "CAP_KILL"
 // admit the pod, and nothing is made.
 func TestAgentProfileOnlyWhereTheConfigAllowsIt(t *testing.T) {
 	c := devCluster(t)
-	agentNS := testenv.Need(t, "scripts/k8s-dev start (its privileged namespace)", "RUNWAY_K8S_AGENT_NAMESPACE")[0]
-	ac := c.in(agentNS)
-	t.Cleanup(func() { assertNoneLeft(t, ac) })
+	ac := c.agentNamespace(t)
+	agentNS := ac.ns
 	ctx := context.Background()
 	d := newTestDriver(t, ac, map[string]any{"namespace": agentNS})
 	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
@@ -59,9 +58,8 @@ func TestAgentProfileOnlyWhereTheConfigAllowsIt(t *testing.T) {
 // (the release_agent route) mounts.
 func TestAgentPodsAreNotRootOnTheNode(t *testing.T) {
 	c := devCluster(t)
-	agentNS := testenv.Need(t, "scripts/k8s-dev start (its privileged namespace)", "RUNWAY_K8S_AGENT_NAMESPACE")[0]
-	ac := c.in(agentNS)
-	t.Cleanup(func() { assertNoneLeft(t, ac) })
+	ac := c.agentNamespace(t)
+	agentNS := ac.ns
 	ctx := context.Background()
 	probe := []string{"sh", "-c", "cat /proc/self/uid_map; mkdir -p /tmp/cg && mount -t cgroup -o memory cgroup /tmp/cg && " +
 		"[ -e /tmp/cg/release_agent ] && echo release_agent-reachable; exec sleep 3600"}

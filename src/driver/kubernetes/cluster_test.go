@@ -100,6 +100,27 @@ func cpiCaller(t *testing.T, c cluster, extra map[string]any) cpibin.Caller {
 // in is c with another namespace.
 func (c cluster) in(ns string) cluster { c.ns = ns; return c }
 
+// driverWithStemcell is a driver on c and a light stemcell of the test
+// image, c checked to be left empty at the test's end.
+func (c cluster) driverWithStemcell(t *testing.T) (*Driver, string) {
+	t.Cleanup(func() { assertNoneLeft(t, c) })
+	d := newTestDriver(t, c, nil)
+	sc, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, sc
+}
+
+// agentNamespace is the dev cluster's privileged namespace (agent pods
+// run there), checked to be left empty at the test's end.
+func (c cluster) agentNamespace(t *testing.T) cluster {
+	ns := testenv.Need(t, "scripts/k8s-dev start (its privileged namespace)", "RUNWAY_K8S_AGENT_NAMESPACE")[0]
+	ac := c.in(ns)
+	t.Cleanup(func() { assertNoneLeft(t, ac) })
+	return ac
+}
+
 // assertNoneLeft fails t for any pod, secret or claim of the driver left
 // in the namespace.
 func assertNoneLeft(t *testing.T, c cluster) {
@@ -169,13 +190,8 @@ func TestRunsAsTheDocumentedRoleOnly(t *testing.T) {
 // reason, and leaves nothing.
 func TestPodsThatCannotRunAreTypedErrors(t *testing.T) {
 	c := devCluster(t)
-	t.Cleanup(func() { assertNoneLeft(t, c) })
-	d := newTestDriver(t, c, nil)
+	d, sc := c.driverWithStemcell(t)
 	ctx := context.Background()
-	sc, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
-	if err != nil {
-		t.Fatal(err)
-	}
 	missing, err := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": "127.0.0.1:9/runway/none:1"})})
 	if err != nil {
 		t.Fatal(err)
@@ -232,10 +248,8 @@ func TestRefusedByName(t *testing.T) {
 // disk stays, and the disk keeps its data through a reboot too.
 func TestPodRecreationKeepsDiskData(t *testing.T) {
 	c := devCluster(t)
-	t.Cleanup(func() { assertNoneLeft(t, c) })
-	d := newTestDriver(t, c, nil)
+	d, sc := c.driverWithStemcell(t)
 	ctx := context.Background()
-	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
 	// Every start appends a line to each disk it finds.
 	boot := `for d in "$RUNWAY_DISKS_DIR"/*; do [ -d "$d" ] && echo "$RUNWAY_VM_CID" >>"$d/boots"; done; exec sleep 3600`
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "disky", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"command": boot})})
@@ -323,10 +337,8 @@ func (c cluster) logsUntil(t *testing.T, pod, want string) string {
 // really gone, and then the new pod owns a new Secret.
 func TestRebootWaitsForTheOldSettingsToGo(t *testing.T) {
 	c := devCluster(t)
-	t.Cleanup(func() { assertNoneLeft(t, c) })
-	d := newTestDriver(t, c, nil)
+	d, sc := c.driverWithStemcell(t)
 	ctx := context.Background()
-	sc, _ := d.CreateStemcell(ctx, driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "held", StemcellCID: sc,
 		CloudProps: driver.PropsOf(map[string]any{"command": []string{"sleep", "3600"}}), AgentSettings: []byte(`{"agent_id":"held"}`)})
 	if err != nil {

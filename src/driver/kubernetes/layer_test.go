@@ -116,8 +116,7 @@ func leftLayers(t *testing.T, dir string) []string {
 // with nothing pushed and no layer file left.
 func TestHeavyStemcellBudget(t *testing.T) {
 	c := devCluster(t)
-	reg := devRegistry(t)
-	repo := reg["registry"].(map[string]any)["repository"].(string)
+	reg, repo := devRegistry(t)
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	ctx := context.Background()
@@ -158,8 +157,7 @@ func TestHeavyStemcellBudget(t *testing.T) {
 // they were. Now each is refused by name, nothing pushed.
 func TestPlantedSymlinksAreRefused(t *testing.T) {
 	c := devCluster(t)
-	reg := devRegistry(t)
-	repo := reg["registry"].(map[string]any)["repository"].(string)
+	reg, repo := devRegistry(t)
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	d := newTestDriver(t, c, reg)
@@ -211,8 +209,7 @@ func TestPlantedSymlinksAreRefused(t *testing.T) {
 // without waiting"), no layer file is left and nothing is pushed.
 func TestCreateStemcellStopsWithTheCall(t *testing.T) {
 	c := devCluster(t)
-	reg := devRegistry(t)
-	repo := reg["registry"].(map[string]any)["repository"].(string)
+	reg, repo := devRegistry(t)
 	before := len(tags(t, repo))
 	image := sparseTarball(t, 9<<30)
 	cpi := cpiCaller(t, c, reg)

@@ -22,7 +22,6 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
-	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
 // A request context moved an agent pod from the restricted namespace
@@ -30,8 +29,7 @@ import (
 // or one of allowed_namespaces.
 func TestContextNamespaceOnlyFromTheAllowList(t *testing.T) {
 	c := devCluster(t)
-	agentNS := testenv.Need(t, "scripts/k8s-dev start (its privileged namespace)", "RUNWAY_K8S_AGENT_NAMESPACE")[0]
-	t.Cleanup(func() { assertNoneLeft(t, c.in(agentNS)) })
+	agentNS := c.agentNamespace(t).ns
 	sc := newTestDriver(t, c, nil)
 	stemcell, _ := sc.CreateStemcell(context.Background(), driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
 	agent := map[string]any{"bosh_agent": true, "command": []string{"sleep", "3600"}}

@@ -23,11 +23,11 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/testenv"
 )
 
-// devRegistry is the dev cluster's registry: the repository heavy
-// stemcells go to.
-func devRegistry(t *testing.T) map[string]any {
+// devRegistry is the dev cluster's registry: the driver config naming
+// the repository heavy stemcells go to, and that repository.
+func devRegistry(t *testing.T) (map[string]any, string) {
 	repo := testenv.Need(t, "scripts/k8s-dev start (its registry)", "RUNWAY_K8S_REGISTRY")[0]
-	return map[string]any{"registry": map[string]any{"repository": repo, "insecure": true}}
+	return map[string]any{"registry": map[string]any{"repository": repo, "insecure": true}}, repo
 }
 
 // tags lists the repository's tags (none before the first push).
@@ -53,8 +53,7 @@ func tags(t *testing.T, repo string) []string {
 // deletes the image again, and only it.
 func TestHeavyStemcellRunsFromTheRegistry(t *testing.T) {
 	c := devCluster(t)
-	reg := devRegistry(t)
-	repo := reg["registry"].(map[string]any)["repository"].(string)
+	reg, repo := devRegistry(t)
 	d := newTestDriver(t, c, reg)
 	ctx := context.Background()
 	img := filepath.Join(t.TempDir(), "image")
@@ -141,8 +140,7 @@ func TestHeavyStemcellRunsFromTheRegistry(t *testing.T) {
 // pushed.
 func TestHostileStemcellTarballsAreRefused(t *testing.T) {
 	c := devCluster(t)
-	reg := devRegistry(t)
-	repo := reg["registry"].(map[string]any)["repository"].(string)
+	reg, repo := devRegistry(t)
 	d := newTestDriver(t, c, reg)
 	before := len(tags(t, repo))
 	for _, tc := range []struct {
