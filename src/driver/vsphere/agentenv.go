@@ -60,9 +60,7 @@ func (d *Driver) writeEnv(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 	}
 	cfg.DeviceChange = []types.BaseVirtualDeviceConfigSpec{ch}
 	t, err := vm.Reconfigure(ctx, cfg)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	return d.cloudErr("insert env.iso into "+pl.name, err)
 }
 
@@ -271,9 +269,7 @@ func (d *Driver) cleanEnv(ctx context.Context, vc *vcenter, vm *object.VirtualMa
 	fm := object.NewFileManager(vc.c)
 	for _, f := range []string{envJSON, envISO} {
 		t, err := fm.DeleteDatastoreFile(ctx, dir+f, vc.dc)
-		if err == nil {
-			err = t.Wait(ctx)
-		}
+		err = waitTask(ctx, t, err)
 		if err != nil && !notFound(err) {
 			d.log.Info("could not delete the VM's env file", "file", dir+f, "err", err)
 		}

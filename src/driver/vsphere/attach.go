@@ -23,20 +23,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 	if _, err := diskName(diskCID); err != nil {
 		return nil, err
 	}
-	unlockVM, err := d.locks.Lock(ctx, "vm-"+vmCID)
+	vc, vm, release, err := d.lockedVM(ctx, vmCID, "disk-"+lockName(diskCID))
 	if err != nil {
 		return nil, err
 	}
-	defer unlockVM()
-	unlockDisk, err := d.locks.Lock(ctx, "disk-"+lockName(diskCID))
-	if err != nil {
-		return nil, err
-	}
-	defer unlockDisk()
-	vc, vm, err := d.vmFor(ctx, vmCID)
-	if err != nil {
-		return nil, err
-	}
+	defer release()
 	loc, err := d.findDisk(ctx, vc, diskCID)
 	if err != nil {
 		return nil, err
@@ -68,9 +59,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 	cfg := types.VirtualMachineConfigSpec{DeviceChange: []types.BaseVirtualDeviceConfigSpec{
 		&types.VirtualDeviceConfigSpec{Operation: types.VirtualDeviceConfigSpecOperationAdd, Device: disk}}}
 	t, err := vm.Reconfigure(ctx, cfg)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil {
 		return nil, d.cloudErr("attach "+loc.name+" to "+vmCID, err)
 	}
@@ -118,9 +107,7 @@ func (d *Driver) placeForVM(ctx context.Context, vc *vcenter, vm *object.Virtual
 	d.log.Info("moving disk where the VM can reach it", "disk", loc.name, "from", loc.ds.name, "to", dst.name)
 	// Not retried blindly: moving persistent data twice is not safe.
 	t, err := object.NewVirtualDiskManager(vc.c).MoveVirtualDisk(ctx, loc.path, vc.dc, to, vc.dc, false)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil {
 		return nil, d.cloudErr("move disk "+loc.name+" to "+dst.name, err)
 	}
@@ -158,20 +145,11 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 	if err != nil {
 		return err
 	}
-	unlockVM, err := d.locks.Lock(ctx, "vm-"+vmCID)
+	vc, vm, release, err := d.lockedVM(ctx, vmCID, "disk-"+lockName(diskCID))
 	if err != nil {
 		return err
 	}
-	defer unlockVM()
-	unlockDisk, err := d.locks.Lock(ctx, "disk-"+lockName(diskCID))
-	if err != nil {
-		return err
-	}
-	defer unlockDisk()
-	vc, vm, err := d.vmFor(ctx, vmCID)
-	if err != nil {
-		return err
-	}
+	defer release()
 	devices, err := vm.Device(ctx)
 	if err != nil {
 		return d.cloudErr("read "+vmCID+"'s devices", err)
@@ -210,9 +188,7 @@ func (d *Driver) ResizeDisk(ctx context.Context, cid string, sizeMiB int) error 
 		return nil
 	}
 	t, err := object.NewVirtualDiskManager(vc.c).ExtendVirtualDisk(ctx, loc.path, vc.dc, int64(sizeMiB)*1024, nil)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil {
 		return d.cloudErr("resize disk "+loc.name, err)
 	}

@@ -208,9 +208,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	}
 	defer release()
 	t, err := object.NewVirtualDiskManager(vc.c).DeleteVirtualDisk(ctx, loc.path, vc.dc)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil && !notFound(err) {
 		return d.cloudErr("delete disk "+loc.name, err)
 	}
@@ -294,9 +292,7 @@ func (d *Driver) detach(ctx context.Context, vm *object.VirtualMachine, disks []
 		cfg.DeviceChange = append(cfg.DeviceChange, &types.VirtualDeviceConfigSpec{Operation: types.VirtualDeviceConfigSpecOperationRemove, Device: dev})
 	}
 	t, err := vm.Reconfigure(ctx, cfg)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	return d.cloudErr("detach disks", err)
 }
 

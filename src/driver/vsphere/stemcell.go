@@ -234,18 +234,14 @@ func (d *Driver) upload(ctx context.Context, lease *nfc.Lease, info *nfc.LeaseIn
 // snapshot takes the "initial" snapshot linked clones are made from.
 func (d *Driver) snapshot(ctx context.Context, vm *object.VirtualMachine) error {
 	t, err := vm.CreateSnapshot(ctx, "initial", "", false, false)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	return d.cloudErr("snapshot the stemcell", err)
 }
 
 // destroy deletes a VM this call made (best effort: the call already failed).
 func (d *Driver) destroy(ctx context.Context, vm *object.VirtualMachine) {
 	t, err := vm.Destroy(ctx)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil && !notFound(err) {
 		d.log.Warn("could not remove what a failed call made", "vm", vm.Reference().Value, "err", err)
 	}
@@ -267,9 +263,7 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 	}
 	for _, r := range replicas {
 		t, err := object.NewVirtualMachine(vc.c, r.Self).Destroy(ctx)
-		if err == nil {
-			err = t.Wait(ctx)
-		}
+		err = waitTask(ctx, t, err)
 		if err != nil && !notFound(err) {
 			return d.cloudErr("delete stemcell "+r.Name, err)
 		}
@@ -281,13 +275,9 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 // replicas are the stemcell's VMs in the template folder: the original
 // (named cid) and its copies (cid %2f <datastore id>).
 func (d *Driver) replicas(ctx context.Context, vc *vcenter, cid string) ([]mo.VirtualMachine, error) {
-	folder, err := d.folder(ctx, vc, d.cfg.dc().TemplateFolder)
+	vms, err := d.folderVMs(ctx, vc, d.cfg.dc().TemplateFolder, "list stemcells", "name", "datastore", "snapshot")
 	if err != nil {
 		return nil, err
-	}
-	var vms []mo.VirtualMachine
-	if err := vc.retrieve(ctx, folder.Reference(), "VirtualMachine", []string{"name", "datastore", "snapshot"}, &vms); err != nil {
-		return nil, d.cloudErr("list stemcells", err)
 	}
 	var out []mo.VirtualMachine
 	for _, vm := range vms {

@@ -75,15 +75,11 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 	if err := validVM(cid); err != nil {
 		return err
 	}
-	release, err := d.locks.Lock(ctx, "vm-"+cid)
+	vc, vm, release, err := d.lockedVM(ctx, cid)
 	if err != nil {
 		return err
 	}
 	defer release()
-	vc, vm, err := d.vmFor(ctx, cid)
-	if err != nil {
-		return err
-	}
 	if err := d.powerOff(ctx, vm); err != nil {
 		return err
 	}
@@ -98,9 +94,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 	}
 	d.cleanEnv(ctx, vc, vm)
 	t, err := vm.Destroy(ctx)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil && !notFound(err) {
 		return d.cloudErr("delete vm "+cid, err)
 	}
@@ -142,13 +136,58 @@ func (d *Driver) powerOn(ctx context.Context, vm *object.VirtualMachine) error {
 	return d.powerTask(ctx, "power on", vm.PowerOn)
 }
 
+// lockedVM takes the VM's lock, then those of more (attach and detach
+// hold the disk's too), and finds the VM; release is nil when err is
+// not (every lock is then released).
+func (d *Driver) lockedVM(ctx context.Context, cid string, more ...string) (*vcenter, *object.VirtualMachine, func(), error) {
+	var unlocks []func()
+	release := func() {
+		for i := len(unlocks) - 1; i >= 0; i-- {
+			unlocks[i]()
+		}
+	}
+	for _, name := range append([]string{"vm-" + cid}, more...) {
+		unlock, err := d.locks.Lock(ctx, name)
+		if err != nil {
+			release()
+			return nil, nil, nil, err
+		}
+		unlocks = append(unlocks, unlock)
+	}
+	vc, vm, err := d.vmFor(ctx, cid)
+	if err != nil {
+		release()
+		return nil, nil, nil, err
+	}
+	return vc, vm, release, nil
+}
+
+// folderVMs are the VMs in the folder at path, with props read.
+func (d *Driver) folderVMs(ctx context.Context, vc *vcenter, path, what string, props ...string) ([]mo.VirtualMachine, error) {
+	folder, err := d.folder(ctx, vc, path)
+	if err != nil {
+		return nil, err
+	}
+	var vms []mo.VirtualMachine
+	if err := vc.retrieve(ctx, folder.Reference(), "VirtualMachine", props, &vms); err != nil {
+		return nil, d.cloudErr(what, err)
+	}
+	return vms, nil
+}
+
+// waitTask waits for the task t when starting it did not fail (err).
+func waitTask(ctx context.Context, t *object.Task, err error) error {
+	if err != nil {
+		return err
+	}
+	return t.Wait(ctx)
+}
+
 // powerTask runs a power task to its end; a VM already in the state
 // asked for is fine.
 func (d *Driver) powerTask(ctx context.Context, what string, start func(context.Context) (*object.Task, error)) error {
 	t, err := start(ctx)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil && !fault.Is(err, &types.InvalidPowerState{}) {
 		return d.cloudErr(what, err)
 	}
@@ -247,13 +286,9 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 	if err != nil {
 		return nil, err
 	}
-	folder, err := d.folder(ctx, vc, d.cfg.dc().VMFolder)
+	vms, err := d.folderVMs(ctx, vc, d.cfg.dc().VMFolder, "list vms", "name", "customValue", "runtime.powerState")
 	if err != nil {
 		return nil, err
-	}
-	var vms []mo.VirtualMachine
-	if err := vc.retrieve(ctx, folder.Reference(), "VirtualMachine", []string{"name", "customValue", "runtime.powerState"}, &vms); err != nil {
-		return nil, d.cloudErr("list vms", err)
 	}
 	cfm, err := object.GetCustomFieldsManager(vc.c)
 	if err != nil {

@@ -158,9 +158,7 @@ func (d *Driver) groups(ctx context.Context, pl *vmPlan, vm *object.VirtualMachi
 		spec.RulesSpec = []types.ClusterRuleSpec{ruleSpec(cfg, group, vm.Reference())}
 	}
 	t, err := cl.Reconfigure(ctx, spec, true)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	return d.cloudErr("add "+pl.name+" to DRS groups of "+pl.cluster.name, err)
 }
 

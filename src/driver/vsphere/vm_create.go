@@ -271,9 +271,7 @@ func (d *Driver) finishVM(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 		return err
 	}
 	t, err := vm.PowerOn(ctx)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	return d.cloudErr("power on "+pl.name, err)
 }
 
@@ -310,9 +308,7 @@ func (d *Driver) upgradeHW(ctx context.Context, pl *vmPlan, vm *object.VirtualMa
 		version = ""
 	}
 	t, err := vm.UpgradeVM(ctx, version)
-	if err == nil {
-		err = t.Wait(ctx)
-	}
+	err = waitTask(ctx, t, err)
 	if err != nil && (fault.Is(err, &types.AlreadyUpgraded{}) || fault.Is(err, &types.NotSupported{})) {
 		return nil
 	}
