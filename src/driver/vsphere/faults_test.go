@@ -116,14 +116,11 @@ func TestExpiredSessionIsRenewed(t *testing.T) {
 func TestCreateVMFailingPowerOnCleansUp(t *testing.T) {
 	sim := newSim(t)
 	d := sim.newDriver(t, nil)
-	sc, err := d.CreateStemcell(bg, driverSpec(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := testStemcell(t, d)
 	sim.Model.Service.AddFaultRule(&simulator.FaultInjectionRule{MethodName: "PowerOnVM_Task", ObjectType: "*", ObjectName: "*",
 		Probability: 1, Enabled: true, MaxCount: 1, FaultType: simulator.FaultTypeCustom,
 		Fault: &types.InsufficientResourcesFault{}})
-	_, err = d.CreateVM(bg, driver.VMSpec{Name: "vm-11111111-1111-4111-8111-111111111111", StemcellCID: sc, CloudProps: smallVM(nil),
+	_, err := d.CreateVM(bg, driver.VMSpec{Name: "vm-11111111-1111-4111-8111-111111111111", StemcellCID: sc, CloudProps: smallVM(nil),
 		Networks: manualNet("10.0.2.1", "VM Network")})
 	var ce *driver.CreationError
 	if !errors.As(err, &ce) || !ce.Retryable {
@@ -139,16 +136,13 @@ func TestCreateVMFailingPowerOnCleansUp(t *testing.T) {
 func TestCreateVMWhoseCloneTaskFails(t *testing.T) {
 	sim := newSim(t)
 	d := sim.newDriver(t, nil)
-	sc, err := d.CreateStemcell(bg, driverSpec(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := testStemcell(t, d)
 	spec := driver.VMSpec{Name: "vm-22222222-2222-4222-8222-222222222222", StemcellCID: sc, CloudProps: smallVM(nil), Networks: manualNet("10.0.2.2", "VM Network")}
 	if _, err := d.CreateVM(bg, spec); err != nil {
 		t.Fatal(err)
 	}
 	spec.Networks = manualNet("10.0.2.3", "VM Network")
-	_, err = d.CreateVM(bg, spec)
+	_, err := d.CreateVM(bg, spec)
 	var ce *driver.CreationError
 	if !errors.As(err, &ce) || ce.Retryable || !strings.Contains(err.Error(), "clone") {
 		t.Fatalf("a clone task that fails: %v; want a creation error, not retryable", err)

@@ -111,10 +111,7 @@ func extra(m made, key string) string {
 func TestCreateVMAsTheOfficialCPI(t *testing.T) {
 	sim := newSim(t)
 	d := sim.newDriver(t, map[string]any{"vmx_options": map[string]any{"sched.mem.maxmemctl": "1330"}})
-	sc, err := d.CreateStemcell(bg, driverSpec(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := testStemcell(t, d)
 	settings := []byte(`{"agent_id":"a1","vm":{"name":"x"},"ntp":["n"],"networks":{"default":{"type":"manual","ip":"10.0.0.20"}},"disks":{"system":"/dev/sda"},"env":{"bosh":{"group":"d-g"}}}`)
 	props := smallVM(map[string]any{"cpu": 2, "ram": 1024, "cpu_hot_add_enabled": true, "memory_hot_add_enabled": true,
 		"nested_hardware_virtualization": true, "vmx_options": map[string]any{"disk.enableUUID": "1"},

@@ -92,10 +92,7 @@ func TestAttachMovesADiskTheVMCannotReach(t *testing.T) {
 	if loc, _ := d.findDisk(bg, vc, disk); loc == nil || loc.ds.name != "C1ONLY" {
 		t.Fatalf("disk made on %+v; want C1ONLY", loc)
 	}
-	sc, err := d.CreateStemcell(bg, driverSpec(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := testStemcell(t, d)
 	vm, err := d.CreateVM(bg, driver.VMSpec{StemcellCID: sc, Networks: manualNet("10.0.4.1", "VM Network"), CloudProps: smallVM(nil)})
 	if err != nil {
 		t.Fatal(err)

@@ -17,10 +17,7 @@ import (
 func TestEveryOfficialVMCloudPropertyHasAVerdict(t *testing.T) {
 	sim := newSim(t)
 	d := sim.newDriver(t, map[string]any{"enable_auto_anti_affinity_drs_rules": true})
-	sc, err := d.CreateStemcell(bg, driverSpec(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := testStemcell(t, d)
 	check := func(t *testing.T, m made) {}
 	cases := []struct {
 		key     string

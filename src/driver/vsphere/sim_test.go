@@ -49,6 +49,16 @@ func (v *sim) newDriver(t testing.TB, extra map[string]any) *Driver {
 
 func stemcellImage(t testing.TB) string { return vcsim.StemcellImage(t) }
 
+// testStemcell is the test stemcell made through d.
+func testStemcell(t testing.TB, d *Driver) string {
+	t.Helper()
+	sc, err := d.CreateStemcell(bg, driverSpec(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
 func driverSpec(t testing.TB) driver.StemcellSpec {
 	return driver.StemcellSpec{ImagePath: stemcellImage(t)}
 }
