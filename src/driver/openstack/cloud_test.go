@@ -104,6 +104,14 @@ func TestConformance(t *testing.T) {
 }
 
 // createStemcell uploads the raw fixture image and deletes it at cleanup.
+// driverWithStemcell is a driver on c with the test stemcell, c checked
+// at the test's end to hold nothing the test made.
+func driverWithStemcell(t *testing.T, c cloud, extra map[string]any) (*Driver, *testlog.Buffer, string) {
+	d, logs := newTestDriver(t, c, "", "", extra)
+	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
+	return d, logs, createStemcell(t, d)
+}
+
 func createStemcell(t *testing.T, d *Driver) string {
 	t.Helper()
 	img, props := rawImage(t)
@@ -119,9 +127,7 @@ func createStemcell(t *testing.T, d *Driver) string {
 func TestNetworksNoneAndManual(t *testing.T) {
 	c := devCloud(t)
 	ctx := context.Background()
-	d, _ := newTestDriver(t, c, "", "", nil)
-	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
-	sc := createStemcell(t, d)
+	d, _, sc := driverWithStemcell(t, c, nil)
 	tags := map[string]string{"created_by": "os-test", "director": "os-test-director"}
 
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-none", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
@@ -432,9 +438,7 @@ func TestConcurrentProcessesLogInOnce(t *testing.T) {
 func TestHumanReadableVMNames(t *testing.T) {
 	c := devCloud(t)
 	ctx := context.Background()
-	d, _ := newTestDriver(t, c, "", "", map[string]any{"human_readable_vm_names": true})
-	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
-	sc := createStemcell(t, d)
+	d, _, sc := driverWithStemcell(t, c, map[string]any{"human_readable_vm_names": true})
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-named", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
 		Tags: map[string]string{"created_by": "os-test", "director": "os-test-director"}})
 	if err != nil {
@@ -470,9 +474,7 @@ func TestHumanReadableVMNames(t *testing.T) {
 func TestDeleteNovaDroppedIsSentAgain(t *testing.T) {
 	c := devCloud(t)
 	ctx := context.Background()
-	d, logs := newTestDriver(t, c, "", "", nil)
-	t.Cleanup(func() { assertNoLeftovers(t, c, "os-test") })
-	sc := createStemcell(t, d)
+	d, logs, sc := driverWithStemcell(t, c, nil)
 	vm, err := d.CreateVM(ctx, driver.VMSpec{AgentID: "agent-dropped", StemcellCID: sc, CloudProps: driver.PropsOf(map[string]any{"instance_type": "runway.tiny"}),
 		Tags: map[string]string{"created_by": "os-test", "director": "os-test-director"}, AgentSettings: []byte(`{"agent_id":"agent-dropped"}`)})
 	if err != nil {
