@@ -117,29 +117,34 @@ func (d *Driver) cacheFile(kind string) string {
 	return filepath.Join(d.stateDir, "openstack-"+kind+"-"+hex.EncodeToString(h[:8])+".json")
 }
 
-func (d *Driver) readTokenCache() *cachedToken {
+func (d *Driver) readTokenCache() *cachedToken { return readCache[cachedToken](d, "token") }
+
+// readCache reads the cache file of kind; nil when caching is off or the
+// file is missing or unreadable.
+func readCache[T any](d *Driver, kind string) *T {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return nil
 	}
-	b, err := os.ReadFile(d.cachePath())
+	b, err := os.ReadFile(d.cacheFile(kind))
 	if err != nil {
 		return nil
 	}
-	var t cachedToken
-	if json.Unmarshal(b, &t) != nil {
+	var v T
+	if json.Unmarshal(b, &v) != nil {
 		return nil
 	}
-	return &t
+	return &v
 }
 
-// writeTokenCache replaces the file atomically, readable by us alone.
-func (d *Driver) writeTokenCache(t *cachedToken) {
+// writeCache replaces the cache file of kind atomically, readable by us
+// alone.
+func (d *Driver) writeCache(kind, what string, v any) {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return
 	}
-	b, _ := json.Marshal(t)
-	if err := writeAtomic(d.stateDir, d.cachePath(), b); err != nil {
-		d.log.Warn("cannot write the token cache", "err", err)
+	b, _ := json.Marshal(v)
+	if err := writeAtomic(d.stateDir, d.cacheFile(kind), b); err != nil {
+		d.log.Warn("cannot write the "+what+" cache", "err", err)
 	}
 }
 
@@ -192,7 +197,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 			d.cfg.AuthURL, d.cfg.Region, d.cfg.Interface)
 	}
 	d.log.Info("logged in to Keystone", "auth_url", d.cfg.AuthURL, "expires", t.ExpiresAt.Format(time.RFC3339))
-	d.writeTokenCache(t)
+	d.writeCache("token", "token", t)
 	return t, nil
 }
 

@@ -2,7 +2,6 @@ package openstack
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -94,33 +93,16 @@ func (d *Driver) listFlavors(ctx context.Context) ([]flavorEntry, error) {
 	if err != nil {
 		return nil, d.cloudErr("list flavors", err)
 	}
-	d.writeFlavorCache(&flavorCache{Fetched: time.Now(), Flavors: out})
+	d.writeCache("flavors", "flavor", &flavorCache{Fetched: time.Now(), Flavors: out})
 	return out, nil
 }
 
 func (d *Driver) readFlavorCache() *flavorCache {
-	if !d.cfg.tokenCache() || d.stateDir == "" {
+	c := readCache[flavorCache](d, "flavors")
+	if c == nil || time.Since(c.Fetched) > flavorCacheTTL {
 		return nil
 	}
-	b, err := os.ReadFile(d.cacheFile("flavors"))
-	if err != nil {
-		return nil
-	}
-	var c flavorCache
-	if json.Unmarshal(b, &c) != nil || time.Since(c.Fetched) > flavorCacheTTL {
-		return nil
-	}
-	return &c
-}
-
-func (d *Driver) writeFlavorCache(c *flavorCache) {
-	if !d.cfg.tokenCache() || d.stateDir == "" {
-		return
-	}
-	b, _ := json.Marshal(c)
-	if err := writeAtomic(d.stateDir, d.cacheFile("flavors"), b); err != nil {
-		d.log.Warn("cannot write the flavor cache", "err", err)
-	}
+	return c
 }
 
 // writeAtomic replaces path with data through a temp file (0600).
