@@ -174,11 +174,7 @@ func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
 	}
 	var out []string
 	_, err = d.do(ctx, "compute", "list attachments of "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := volumeattach.List(sc, vm).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := volumeattach.ExtractVolumeAttachments(pages)
+		list, err := all(ctx, volumeattach.List(sc, vm), volumeattach.ExtractVolumeAttachments)
 		out = out[:0]
 		for _, a := range list {
 			if !rootDevice(a.Device) {

@@ -43,11 +43,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		v, err = volumes.Create(ctx, sc, opts, nil).Extract()
 		return err
 	}, func(ctx context.Context, sc *gophercloud.ServiceClient) (bool, error) {
-		pages, err := volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}).AllPages(ctx)
-		if err != nil {
-			return false, err
-		}
-		list, err := volumes.ExtractVolumes(pages)
+		list, err := all(ctx, volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}), volumes.ExtractVolumes)
 		if err != nil || len(list) == 0 {
 			return false, err
 		}
@@ -75,11 +71,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
 	sweep(ctx, d, "volume", "list volumes of token "+token, "volume", token, keep,
 		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]volumes.Volume, error) {
-			pages, err := volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}).AllPages(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return volumes.ExtractVolumes(pages)
+			return all(ctx, volumes.List(sc, volumes.ListOpts{Metadata: map[string]string{mdToken: token}}), volumes.ExtractVolumes)
 		}, func(v volumes.Volume) (string, map[string]string) { return v.ID, v.Metadata }, d.deleteVolume, driver.ErrDiskNotFound)
 }
 

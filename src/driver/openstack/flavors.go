@@ -79,11 +79,7 @@ func findFlavor(list []flavorEntry, nameOrID string) *flavorEntry {
 func (d *Driver) listFlavors(ctx context.Context) ([]flavorEntry, error) {
 	var out []flavorEntry
 	_, err := d.do(ctx, "compute", "list flavors", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := flavors.ExtractFlavors(pages)
+		list, err := all(ctx, flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}), flavors.ExtractFlavors)
 		out = out[:0]
 		for _, f := range list {
 			out = append(out, flavorEntry{ID: f.ID, Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: f.Disk, Ephemeral: f.Ephemeral})

@@ -22,11 +22,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 	ip := pl.vip.net.IP
 	var fip floatingips.FloatingIP
 	_, err := d.do(ctx, "network", "find floating IP "+ip, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := floatingips.List(sc, floatingips.ListOpts{FloatingIP: ip}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := floatingips.ExtractFloatingIPs(pages)
+		list, err := all(ctx, floatingips.List(sc, floatingips.ListOpts{FloatingIP: ip}), floatingips.ExtractFloatingIPs)
 		if err != nil {
 			return err
 		}
@@ -75,11 +71,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 func (d *Driver) serverPort(ctx context.Context, server, network string) (string, error) {
 	var id string
 	_, err := d.do(ctx, "network", "find the port of server "+server, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := ports.List(sc, ports.ListOpts{DeviceID: server, NetworkID: network}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := ports.ExtractPorts(pages)
+		list, err := all(ctx, ports.List(sc, ports.ListOpts{DeviceID: server, NetworkID: network}), ports.ExtractPorts)
 		if len(list) > 0 {
 			id = list[0].ID
 		}

@@ -39,11 +39,8 @@ func (d *Driver) planPools(ctx context.Context, pl *vmPlan) error {
 	for _, want := range pl.props.LoadbalancerPools {
 		var found []pools.Pool
 		_, err := d.do(ctx, "load-balancer", "find pool "+want.Name, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-			pages, err := pools.List(sc, pools.ListOpts{Name: want.Name}).AllPages(ctx)
-			if err != nil {
-				return err
-			}
-			found, err = pools.ExtractPools(pages)
+			var err error
+			found, err = all(ctx, pools.List(sc, pools.ListOpts{Name: want.Name}), pools.ExtractPools)
 			return err
 		})
 		if err != nil {
@@ -216,11 +213,7 @@ func (d *Driver) whileLBBusy(ctx context.Context, lb, what string, op func(conte
 
 // findMember is the pool's member with this address and port.
 func (d *Driver) findMember(ctx context.Context, sc *gophercloud.ServiceClient, pool, ip string, port int) (*pools.Member, error) {
-	pages, err := pools.ListMembers(sc, pool, pools.ListMembersOpts{Address: ip, ProtocolPort: port}).AllPages(ctx)
-	if err != nil {
-		return nil, err
-	}
-	list, err := pools.ExtractMembers(pages)
+	list, err := all(ctx, pools.ListMembers(sc, pool, pools.ListMembersOpts{Address: ip, ProtocolPort: port}), pools.ExtractMembers)
 	if err != nil {
 		return nil, err
 	}
@@ -235,11 +228,7 @@ func (d *Driver) subnetFor(ctx context.Context, network, ip string) (string, err
 	var id string
 	addr := net.ParseIP(ip)
 	_, err := d.do(ctx, "network", "list subnets of "+network, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := subnets.List(sc, subnets.ListOpts{NetworkID: network}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := subnets.ExtractSubnets(pages)
+		list, err := all(ctx, subnets.List(sc, subnets.ListOpts{NetworkID: network}), subnets.ExtractSubnets)
 		for _, s := range list {
 			if _, cidr, perr := net.ParseCIDR(s.CIDR); perr == nil && addr != nil && cidr.Contains(addr) {
 				id = s.ID

@@ -222,11 +222,7 @@ func portDescription(director, agent string) string {
 
 // findPort returns the port holding ip on network, if any.
 func (d *Driver) findPort(ctx context.Context, sc *gophercloud.ServiceClient, network, ip string) *ports.Port {
-	pages, err := ports.List(sc, ports.ListOpts{NetworkID: network, FixedIPs: []ports.FixedIPOpts{{IPAddress: ip}}}).AllPages(ctx)
-	if err != nil {
-		return nil
-	}
-	list, err := ports.ExtractPorts(pages)
+	list, err := all(ctx, ports.List(sc, ports.ListOpts{NetworkID: network, FixedIPs: []ports.FixedIPOpts{{IPAddress: ip}}}), ports.ExtractPorts)
 	if err != nil || len(list) == 0 {
 		return nil
 	}
@@ -235,11 +231,7 @@ func (d *Driver) findPort(ctx context.Context, sc *gophercloud.ServiceClient, ne
 
 // portNamed returns the port called name on network, if any.
 func portNamed(ctx context.Context, sc *gophercloud.ServiceClient, network, name string) (*ports.Port, error) {
-	pages, err := ports.List(sc, ports.ListOpts{NetworkID: network, Name: name}).AllPages(ctx)
-	if err != nil {
-		return nil, err
-	}
-	list, err := ports.ExtractPorts(pages)
+	list, err := all(ctx, ports.List(sc, ports.ListOpts{NetworkID: network, Name: name}), ports.ExtractPorts)
 	if err != nil || len(list) == 0 {
 		return nil, err
 	}
@@ -315,11 +307,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 	seen := map[string]bool{}
 	for _, q := range queries {
 		_, err := d.do(ctx, "network", "list runway's ports of server "+s.ID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-			pages, err := ports.List(sc, q).AllPages(ctx)
-			if err != nil {
-				return err
-			}
-			found, err := ports.ExtractPorts(pages)
+			found, err := all(ctx, ports.List(sc, q), ports.ExtractPorts)
 			for _, p := range found {
 				if !seen[p.ID] && strings.HasPrefix(p.Description, "runway ") {
 					seen[p.ID] = true
@@ -421,11 +409,7 @@ func fixedAddress(srv *servers.Server, network string) string {
 func (d *Driver) networkNames(ctx context.Context) (map[string]string, error) {
 	out := map[string]string{}
 	_, err := d.do(ctx, "network", "list networks", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := networks.List(sc, networks.ListOpts{}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := networks.ExtractNetworks(pages)
+		list, err := all(ctx, networks.List(sc, networks.ListOpts{}), networks.ExtractNetworks)
 		for _, n := range list {
 			out[n.ID] = n.Name
 		}
@@ -441,11 +425,7 @@ func (d *Driver) networkNames(ctx context.Context) (map[string]string, error) {
 func (d *Driver) portAddresses(ctx context.Context, serverID string) (map[string]string, error) {
 	out := map[string]string{}
 	_, err := d.do(ctx, "network", "list ports of "+serverID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := ports.List(sc, ports.ListOpts{DeviceID: serverID}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := ports.ExtractPorts(pages)
+		list, err := all(ctx, ports.List(sc, ports.ListOpts{DeviceID: serverID}), ports.ExtractPorts)
 		for _, p := range list {
 			if len(p.FixedIPs) > 0 && out[p.NetworkID] == "" {
 				out[p.NetworkID] = p.FixedIPs[0].IPAddress
@@ -469,11 +449,8 @@ func (d *Driver) securityGroupIDs(ctx context.Context, names []string) ([]string
 		}
 		var found []groups.SecGroup
 		_, err := d.do(ctx, "network", "find security group "+g, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-			pages, err := groups.List(sc, groups.ListOpts{Name: g}).AllPages(ctx)
-			if err != nil {
-				return err
-			}
-			found, err = groups.ExtractGroups(pages)
+			var err error
+			found, err = all(ctx, groups.List(sc, groups.ListOpts{Name: g}), groups.ExtractGroups)
 			return err
 		})
 		if err != nil {

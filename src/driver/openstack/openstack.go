@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/pagination"
 
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
@@ -182,6 +183,15 @@ func sweep[T any](ctx context.Context, d *Driver, kind, op, noun, token, keep st
 			d.log.Warn("deleting failed", noun, id, "err", err)
 		}
 	}
+}
+
+// all reads every page of a listing.
+func all[T any](ctx context.Context, p pagination.Pager, extract func(pagination.Page) ([]T, error)) ([]T, error) {
+	pages, err := p.AllPages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return extract(pages)
 }
 
 // waitGone waits until probe (a lookup of what) answers gone.

@@ -40,11 +40,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 		s, err = snapshots.Create(ctx, sc, opts).Extract()
 		return err
 	}, func(ctx context.Context, sc *gophercloud.ServiceClient) (bool, error) {
-		pages, err := snapshots.List(sc, snapshots.ListOpts{VolumeID: id}).AllPages(ctx)
-		if err != nil {
-			return false, err
-		}
-		list, err := snapshots.ExtractSnapshots(pages)
+		list, err := all(ctx, snapshots.List(sc, snapshots.ListOpts{VolumeID: id}), snapshots.ExtractSnapshots)
 		for i := range list {
 			if list[i].Metadata[mdToken] == token {
 				s = &list[i]
@@ -91,11 +87,7 @@ var errSnapshotGone = errors.New("snapshot not found")
 func (d *Driver) sweepSnapshots(ctx context.Context, token, keep string) {
 	sweep(ctx, d, "volume", "list snapshots of token "+token, "snapshot", token, keep,
 		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]snapshots.Snapshot, error) {
-			pages, err := snapshots.List(sc, snapshots.ListOpts{}).AllPages(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return snapshots.ExtractSnapshots(pages)
+			return all(ctx, snapshots.List(sc, snapshots.ListOpts{}), snapshots.ExtractSnapshots)
 		}, func(s snapshots.Snapshot) (string, map[string]string) { return s.ID, s.Metadata }, d.deleteSnapshot, nil)
 }
 

@@ -151,11 +151,7 @@ func (d *Driver) server(ctx context.Context, id string) (*servers.Server, error)
 // serversNamed lists the servers named exactly name (Nova matches names
 // by regular expression).
 func serversNamed(ctx context.Context, sc *gophercloud.ServiceClient, name string) ([]servers.Server, error) {
-	pages, err := servers.List(sc, servers.ListOpts{Name: "^" + name + "$"}).AllPages(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return servers.ExtractServers(pages)
+	return all(ctx, servers.List(sc, servers.ListOpts{Name: "^" + name + "$"}), servers.ExtractServers)
 }
 
 var errServerFailed = errors.New("server went to ERROR")
@@ -237,11 +233,8 @@ func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver
 	tags := serverTags(match)
 	sort.Strings(tags)
 	_, err := d.do(ctx, "compute", "list servers", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := servers.List(sc, servers.ListOpts{Tags: strings.Join(tags, ",")}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err = servers.ExtractServers(pages)
+		var err error
+		list, err = all(ctx, servers.List(sc, servers.ListOpts{Tags: strings.Join(tags, ",")}), servers.ExtractServers)
 		return err
 	})
 	if err != nil {

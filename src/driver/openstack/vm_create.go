@@ -182,11 +182,7 @@ func (d *Driver) planPair(ctx context.Context, pl *vmPlan) error {
 	}
 	var found bool
 	_, err := d.do(ctx, "network", "find the VRRP port of "+pl.pair, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		pages, err := ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := ports.ExtractPorts(pages)
+		list, err := all(ctx, ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}), ports.ExtractPorts)
 		found = len(list) > 0
 		return err
 	})
