@@ -121,15 +121,10 @@ func TestKilledReboot(t *testing.T) {
 // at the end), bin/cpi and its config, a driver, a light stemcell.
 func killSetup(t *testing.T) (cluster, string, string, *Driver, string) {
 	c := devCluster(t)
-	t.Cleanup(func() { assertNoneLeft(t, c) })
+	d, sc := c.driverWithStemcell(t)
 	dir := t.TempDir()
 	cpi := cpibin.Configured(t, dir, "kubernetes", map[string]any{"driver": "kubernetes", "state_dir": filepath.Join(dir, "state"),
 		"kubernetes": map[string]any{"kubeconfig": c.kubeconfig, "namespace": c.ns, "delete_grace_seconds": 1}})
-	d := newTestDriver(t, c, nil)
-	sc, err := d.CreateStemcell(context.Background(), driver.StemcellSpec{CloudProps: driver.PropsOf(map[string]any{"image": c.image})})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return c, cpi.Bin, cpi.Config, d, sc
 }
 
