@@ -263,3 +263,21 @@ func describe[O any](ctx context.Context, d *Driver, op, kind, id, missing strin
 	}
 	return out, nil
 }
+
+// describeOne describes the resource id names and answers its first item;
+// none, or one dead says is gone (naming its state), is notFound.
+func describeOne[O, T any](ctx context.Context, d *Driver, op, kind, id, missing string, notFound error,
+	fn func(ctx context.Context, c *ec2.Client) (O, error), items func(O) []T, dead func(T) (string, bool)) (T, error) {
+	var none T
+	out, err := describe(ctx, d, op, kind, id, missing, notFound, fn)
+	if err != nil {
+		return none, err
+	}
+	for _, it := range items(out) {
+		if state, gone := dead(it); gone {
+			return it, fmt.Errorf("%s %s is %s: %w", kind, id, state, notFound)
+		}
+		return it, nil
+	}
+	return none, fmt.Errorf("%s %s: %w", kind, id, notFound)
+}

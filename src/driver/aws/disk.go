@@ -118,19 +118,12 @@ func (d *Driver) volume(ctx context.Context, id string) (types.Volume, error) {
 	if err := validCID("disk", id); err != nil {
 		return types.Volume{}, err
 	}
-	out, err := describe(ctx, d, "DescribeVolumes", "volume", id, "InvalidVolume.", driver.ErrDiskNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
+	return describeOne(ctx, d, "DescribeVolumes", "volume", id, "InvalidVolume.", driver.ErrDiskNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeVolumesOutput, error) {
 		return c.DescribeVolumes(ctx, &ec2.DescribeVolumesInput{VolumeIds: []string{id}})
-	})
-	if err != nil {
-		return types.Volume{}, err
-	}
-	for _, v := range out.Volumes {
-		if v.State == types.VolumeStateDeleting || v.State == types.VolumeStateDeleted {
-			return v, fmt.Errorf("volume %s is %s: %w", id, v.State, driver.ErrDiskNotFound)
-		}
-		return v, nil
-	}
-	return types.Volume{}, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound)
+	}, func(out *ec2.DescribeVolumesOutput) []types.Volume { return out.Volumes },
+		func(v types.Volume) (string, bool) {
+			return string(v.State), v.State == types.VolumeStateDeleting || v.State == types.VolumeStateDeleted
+		})
 }
 
 func (d *Driver) waitVolume(ctx context.Context, id string, done func(types.Volume) (bool, error)) error {

@@ -141,18 +141,12 @@ func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[st
 
 // image describes one AMI; unknown or deregistered is ErrStemcellNotFound.
 func (d *Driver) image(ctx context.Context, ami string) (types.Image, error) {
-	out, err := describe(ctx, d, "DescribeImages", "image", ami, "InvalidAMIID.", driver.ErrStemcellNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeImagesOutput, error) {
+	return describeOne(ctx, d, "DescribeImages", "image", ami, "InvalidAMIID.", driver.ErrStemcellNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeImagesOutput, error) {
 		return c.DescribeImages(ctx, &ec2.DescribeImagesInput{ImageIds: []string{ami}})
-	})
-	if err != nil {
-		return types.Image{}, err
-	}
-	for _, img := range out.Images {
-		if img.State == types.ImageStateAvailable || img.State == types.ImageStatePending {
-			return img, nil
-		}
-	}
-	return types.Image{}, fmt.Errorf("image %s: %w", ami, driver.ErrStemcellNotFound)
+	}, func(out *ec2.DescribeImagesOutput) []types.Image { return out.Images },
+		func(img types.Image) (string, bool) {
+			return string(img.State), img.State != types.ImageStateAvailable && img.State != types.ImageStatePending
+		})
 }
 
 // openRaw finds the raw disk in a stemcell image file: a (gzipped) tar

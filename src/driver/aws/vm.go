@@ -48,21 +48,20 @@ func (d *Driver) instance(ctx context.Context, id string) (types.Instance, error
 	if err := validCID("vm", id); err != nil {
 		return types.Instance{}, err
 	}
-	out, err := describe(ctx, d, "DescribeInstances", "instance", id, "InvalidInstanceID.", driver.ErrVMNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstancesOutput, error) {
+	return describeOne(ctx, d, "DescribeInstances", "instance", id, "InvalidInstanceID.", driver.ErrVMNotFound, func(ctx context.Context, c *ec2.Client) (*ec2.DescribeInstancesOutput, error) {
 		return c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
-	})
-	if err != nil {
-		return types.Instance{}, err
-	}
-	for _, r := range out.Reservations {
-		for _, i := range r.Instances {
-			if gone(i) {
-				return i, fmt.Errorf("instance %s is %s: %w", id, i.State.Name, driver.ErrVMNotFound)
-			}
-			return i, nil
+	}, func(out *ec2.DescribeInstancesOutput) []types.Instance {
+		var all []types.Instance
+		for _, r := range out.Reservations {
+			all = append(all, r.Instances...)
 		}
-	}
-	return types.Instance{}, fmt.Errorf("instance %s: %w", id, driver.ErrVMNotFound)
+		return all
+	}, func(i types.Instance) (string, bool) {
+		if !gone(i) {
+			return "", false
+		}
+		return string(i.State.Name), true
+	})
 }
 
 func gone(i types.Instance) bool {
