@@ -71,14 +71,7 @@ spec:
 	sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
 	total := at[99]
 	b.StopTimer()
-	c.waitFor(10*time.Minute, "the 100 jobs completed", func() bool {
-		for _, id := range ids {
-			if gh.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitFor(10*time.Minute, "the 100 jobs completed", func() bool { return gh.Completed(ids...) })
 	b.ReportMetric(total.Seconds(), "s/100-pods")
 	b.ReportMetric(total.Seconds()/100, "s/pod")
 	b.Logf("100 jobs queued → 100 runner pods Running: %s (first %s, median %s); %.2f s a pod; %d pods made",

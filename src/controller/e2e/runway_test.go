@@ -106,14 +106,7 @@ spec:
 	for range 3 {
 		fjJobs = append(fjJobs, fj.AddJob("acme/lib", "build", []string{"linux"}, "queued"))
 	}
-	c.waitFor(120*time.Second, "the Forgejo jobs completed", func() bool {
-		for _, id := range fjJobs {
-			if fj.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitFor(120*time.Second, "the Forgejo jobs completed", func() bool { return fj.Completed(fjJobs...) })
 	if n := fjRegs.Load(); n != 0 {
 		t.Errorf("Forgejo runners registered with a token %d times; they are registered by the REST API", n)
 	}

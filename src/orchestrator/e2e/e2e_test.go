@@ -19,14 +19,7 @@ import (
 )
 
 func completed(e *env, ids ...int64) func() bool {
-	return func() bool {
-		for _, id := range ids {
-			if e.gitea.Job(id).Status != forge.StatusCompleted {
-				return false
-			}
-		}
-		return true
-	}
+	return func() bool { return e.gitea.Completed(ids...) }
 }
 
 // mixedQueue starts the daemon with group linux (org acme, labels

@@ -194,6 +194,12 @@ func (g *Gitea) Job(id int64) GiteaJob {
 	return *g.jobs[id]
 }
 
+// Completed tells whether every job of ids is completed (a test waits
+// for it).
+func (g *Gitea) Completed(ids ...int64) bool {
+	return allCompleted(ids, func(id int64) string { return g.Job(id).Status })
+}
+
 // Runners returns copies of the registered runners.
 func (g *Gitea) Runners() []GiteaRunner {
 	g.mu.Lock()

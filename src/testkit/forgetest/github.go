@@ -145,6 +145,12 @@ func (g *GitHub) Job(id int64) GitHubJob {
 	return *g.jobs[id]
 }
 
+// Completed tells whether every job of ids is completed (a test waits
+// for it).
+func (g *GitHub) Completed(ids ...int64) bool {
+	return allCompleted(ids, func(id int64) string { return g.Job(id).Status })
+}
+
 // RunnerCount is how many runners are registered.
 func (g *GitHub) RunnerCount() int {
 	g.mu.Lock()

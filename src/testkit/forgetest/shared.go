@@ -104,3 +104,13 @@ func randUUID() string {
 	h := randHex(16)
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
+
+// allCompleted tells whether every job of ids has status completed.
+func allCompleted(ids []int64, status func(id int64) string) bool {
+	for _, id := range ids {
+		if status(id) != "completed" {
+			return false
+		}
+	}
+	return true
+}
