@@ -1,0 +1,22 @@
+package forgetest
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// Elsewhere serves, until the test ends, what a forge URL aimed at
+// something else reaches (here a kube-apiserver): every request is
+// refused, 403, with the server's own words holding marker (which no
+// brief error may carry back to the URL's author). It answers its URL.
+func Elsewhere(t testing.TB, marker string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		fmt.Fprintf(w, `{"kind":"Status","message":"forbidden: %s cannot get path /api/v1/orgs"}`, marker)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
