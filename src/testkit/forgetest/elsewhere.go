@@ -2,6 +2,7 @@ package forgetest
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -19,4 +20,18 @@ func Elsewhere(t testing.TB, marker string) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// CanaryURL is a forge URL where nothing listens (every request fails in
+// the transport) with secrets in its user info and query, each holding
+// "canary" (no output may carry it), and a path no redaction may drop:
+// /keep-this-segment (it says where a request went).
+func CanaryURL(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	return "http://canary-user:canary-pass@" + closed + "/keep-this-segment?token=canary-query"
 }
