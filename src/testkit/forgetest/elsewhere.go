@@ -22,10 +22,16 @@ func Elsewhere(t testing.TB, marker string) string {
 	return srv.URL
 }
 
-// CanaryURL is a forge URL where nothing listens (every request fails in
-// the transport) with secrets in its user info and query, each holding
-// "canary" (no output may carry it), and a path no redaction may drop:
-// /keep-this-segment (it says where a request went).
+// CanaryURLAt is a URL of hostport (a forge's, an IaaS endpoint's) with
+// secrets in its user info and query, each holding "canary" (no output
+// may carry it), and a path no redaction may drop: /keep-this-segment
+// (it says where a request went).
+func CanaryURLAt(hostport string) string {
+	return "http://canary-user:canary-pass@" + hostport + "/keep-this-segment?token=canary-query"
+}
+
+// CanaryURL is CanaryURLAt a port where nothing listens: every request
+// fails in the transport.
 func CanaryURL(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -33,5 +39,5 @@ func CanaryURL(t testing.TB) string {
 	}
 	closed := ln.Addr().String()
 	ln.Close()
-	return "http://canary-user:canary-pass@" + closed + "/keep-this-segment?token=canary-query"
+	return CanaryURLAt(closed)
 }
