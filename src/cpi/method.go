@@ -2,8 +2,9 @@ package cpi
 
 import (
 	"context"
+	"maps"
 	"reflect"
-	"sort"
+	"slices"
 
 	"github.com/runway-cpi/runway/src/rpc"
 )
@@ -45,14 +46,7 @@ func Lookup(name string) (*Method, bool) { m, ok := methods[name]; return m, ok 
 func Known(name string) bool { _, ok := methods[name]; return ok }
 
 // Methods lists the implemented method names, sorted.
-func Methods() []string {
-	out := make([]string, 0, len(methods))
-	for m := range methods {
-		out = append(out, m)
-	}
-	sort.Strings(out)
-	return out
-}
+func Methods() []string { return slices.Sorted(maps.Keys(methods)) }
 
 // noArgs is the Args of a method that takes none.
 type noArgs struct{}

@@ -5,24 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/runway-cpi/runway/src/forge"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // What an address answers never comes back in Brief, however the error
 // was wrapped: only the method, the URL and the status.
 func TestBriefKeepsOnlyTheStatus(t *testing.T) {
 	const marker = "kube-apiserver-reply-7f3a"
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusForbidden)
-		fmt.Fprintf(w, `{"kind":"Status","message":"forbidden: %s cannot get path /api/v1/orgs"}`, marker)
-	}))
-	defer srv.Close()
-	err := forge.DoJSON(context.Background(), srv.Client(), "GET", srv.URL+"/api/v1/orgs/acme/actions/jobs", nil, nil)
+	err := forge.DoJSON(context.Background(), http.DefaultClient, "GET", forgetest.Elsewhere(t, marker)+"/api/v1/orgs/acme/actions/jobs", nil, nil)
 	if err == nil || !strings.Contains(err.Error(), marker) {
 		t.Fatalf("the full error should carry the answer (for the operator's log): %v", err)
 	}

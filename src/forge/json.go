@@ -7,7 +7,26 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 )
+
+// GiteaAPI is a Gitea-family instance's REST API (Gitea's and Forgejo's:
+// /api/v1 under the instance URL) over a client carrying its token.
+type GiteaAPI struct {
+	Base string // the instance URL, without /api/v1
+	HTTP *http.Client
+}
+
+// NewGiteaAPI is the API of the instance at baseURL (without /api/v1)
+// over t.
+func NewGiteaAPI(baseURL string, t *Transport) GiteaAPI {
+	return GiteaAPI{Base: strings.TrimRight(baseURL, "/"), HTTP: t.Client()}
+}
+
+// Do is one request of the API (path with its query), by DoJSON.
+func (a GiteaAPI) Do(ctx context.Context, method, path string, in, out any) error {
+	return DoJSON(ctx, a.HTTP, method, a.Base+"/api/v1"+path, in, out)
+}
 
 // maxAnswer caps a forge answer read into memory.
 const maxAnswer = 8 << 20

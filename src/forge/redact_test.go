@@ -3,7 +3,6 @@ package forge_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -12,23 +11,17 @@ import (
 	"github.com/runway-cpi/runway/src/forge/forgejo"
 	"github.com/runway-cpi/runway/src/forge/gitea"
 	"github.com/runway-cpi/runway/src/forge/github"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // Every client's errors name a forge URL without its user info or query
 // values — a transport error carries the whole request URL, go-github's
 // its base URL — and keep the path that says where the request went.
 func TestClientErrorsCarryNoURLSecrets(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close() // nothing listens there: every request fails in the transport
+	withQuery := forgetest.CanaryURL(t) // every request fails in the transport
+	noQuery, _, _ := strings.Cut(withQuery, "?")
 	scope := forge.Scope{Kind: "org", Owner: "acme"}
-	for _, base := range []string{
-		"http://canary-user:canary-pass@" + closed + "/keep-this-segment?token=canary-query",
-		"http://canary-user:canary-pass@" + closed + "/keep-this-segment",
-	} {
+	for _, base := range []string{withQuery, noQuery} {
 		tr := forge.NewTransport(func() string { return "token t" })
 		tr.Retry.Budget = time.Second
 		calls := map[string]func(ctx context.Context) error{

@@ -1,12 +1,11 @@
 package orchestrator
 
 import (
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // A forge URL aimed at something else answers with its own words: the
@@ -15,12 +14,7 @@ import (
 // object): only the request and its HTTP status.
 func TestLastErrorBriefHasNothingTheForgeSaid(t *testing.T) {
 	const marker = "metadata-credentials-6d0e"
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusForbidden)
-		fmt.Fprintf(w, `{"message":"%s"}`, marker)
-	}))
-	defer srv.Close()
-	o, _ := startOnGitea(t, srv.URL, "", `
+	o, _ := startOnGitea(t, forgetest.Elsewhere(t, marker), "", `
   - {name: a, scope: org, org: acme, labels: [linux], max_active_runners: 1, stemcell: {cid: sc-1}, runner: {command: /bin/true}}`,
 		&vmCPI{vms: map[string]map[string]any{}}, nil)
 	eventually(t, 10*time.Second, "the forge's refusal in the status", func() bool {

@@ -142,25 +142,24 @@ func TestPlanSparesBootingRunners(t *testing.T) {
 	cfg.Timeouts.Spawn = config.Duration{Duration: time.Minute}
 	_, jobs := queued()
 	booting := []store.Runner{{Name: "g-b", State: store.Idle, CreatedAt: t0.Add(-59 * time.Second), StateAt: t0.Add(-50 * time.Second)}}
-	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
-		t.Errorf("idle 50 s > idle timeout 1 s, but within its boot timeout: reap %v", d.reap)
-	}
-	// Queued for create_vm long ago, its VM made 50 s ago: still booting.
-	booting[0].CreatedAt = t0.Add(-10 * time.Minute)
-	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
-		t.Errorf("VM made 50 s ago (boot timeout 1 min), spawn queued 10 min ago: reap %v", d.reap)
-	}
-	booting[0].StateAt = t0.Add(-61 * time.Second)
-	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); d.reap["g-b"] != "spawn timeout: never registered" {
-		t.Errorf("past its boot timeout, never online: reap %v", d.reap)
-	}
-	booting[0].OnlineAt = t0.Add(-500 * time.Millisecond)
-	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); len(d.reap) != 0 {
-		t.Errorf("online half a second ago (idle timeout 1 s): reap %v", d.reap)
-	}
-	booting[0].OnlineAt = t0.Add(-2 * time.Second)
-	if d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false); d.reap["g-b"] != "idle timeout" {
-		t.Errorf("online and idle 2 s: reap %v", d.reap)
+	// Each step changes the runner and plans again; want is g-b's reap
+	// reason ("": nothing reaped).
+	for _, step := range []struct {
+		change     func(r *store.Runner)
+		want, what string
+	}{
+		{func(*store.Runner) {}, "", "idle 50 s > idle timeout 1 s, but within its boot timeout"},
+		// Queued for create_vm long ago, its VM made 50 s ago: still booting.
+		{func(r *store.Runner) { r.CreatedAt = t0.Add(-10 * time.Minute) }, "", "VM made 50 s ago (boot timeout 1 min), spawn queued 10 min ago"},
+		{func(r *store.Runner) { r.StateAt = t0.Add(-61 * time.Second) }, "spawn timeout: never registered", "past its boot timeout, never online"},
+		{func(r *store.Runner) { r.OnlineAt = t0.Add(-500 * time.Millisecond) }, "", "online half a second ago (idle timeout 1 s)"},
+		{func(r *store.Runner) { r.OnlineAt = t0.Add(-2 * time.Second) }, "idle timeout", "online and idle 2 s"},
+	} {
+		step.change(&booting[0])
+		d := plan(cfg, t0, lst(jobs), nil, booting, nil, nil, false)
+		if step.want == "" && len(d.reap) != 0 || step.want != "" && d.reap["g-b"] != step.want {
+			t.Errorf("%s: reap %v", step.what, d.reap)
+		}
 	}
 }
 

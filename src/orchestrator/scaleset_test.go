@@ -15,8 +15,12 @@ import (
 )
 
 // scaleSetEngine is an engine with one scale-set group "ss" (org acme,
-// label runway-ss; extra its further keys) against gh, its VMs vmCPI's.
-func scaleSetEngine(t *testing.T, gh *forgetest.GitHub, cpi CPI, extra string) (*Orchestrator, *config.Config) {
+// label runway-ss; extra its further keys) against a contract server
+// gh, its VMs cpi's; it runs from start on until the test ends.
+func scaleSetEngine(t *testing.T, extra string) (o *Orchestrator, cfg *config.Config, gh *forgetest.GitHub, cpi *vmCPI, start func()) {
+	gh = forgetest.NewGitHub("tok")
+	t.Cleanup(gh.Close)
+	cpi = &vmCPI{vms: map[string]map[string]any{}}
 	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`
 state_dir: %s
 sweep_interval: 200ms
@@ -37,12 +41,14 @@ groups:
 				REST: rest, Actions: forge.NewTransport(nil)})
 		}}, err
 	}
-	o, err := New(cfg, Options{CPI: cpi, NewForge: newForge, Logger: logging.Discard()})
+	o, err = New(cfg, Options{CPI: cpi, NewForge: newForge, Logger: logging.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { o.Close() })
-	return o, cfg
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return o, cfg, gh, cpi, func() { go o.Run(ctx) }
 }
 
 // A scale-set group in the engine: drained, it holds no session (a
@@ -52,16 +58,11 @@ groups:
 // retired, its session is deleted, its runner removed and its scale set
 // deleted at the service (GitHub would go on routing jobs to it).
 func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
-	gh := forgetest.NewGitHub("tok")
-	defer gh.Close()
-	cpi := &vmCPI{vms: map[string]map[string]any{}}
-	o, cfg := scaleSetEngine(t, gh, cpi, ", max_active_runners: 2")
+	o, cfg, gh, cpi, start := scaleSetEngine(t, ", max_active_runners: 2")
 	if _, err := o.SetDrained("ss", true); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go o.Run(ctx)
+	start()
 	eventually(t, 10*time.Second, "the drained group holds no session", func() bool {
 		s, _ := statusOf(o, "ss")
 		return s.ScaleSet != nil && s.ScaleSet.Paused
@@ -96,13 +97,8 @@ func TestScaleSetGroupDrainedAndRetired(t *testing.T) {
 // and two jobs waiting, two runners (max(2, 1)), not ARC's min_idle +
 // assigned (3).
 func TestScaleSetDesiredRunnersIsThePlan(t *testing.T) {
-	gh := forgetest.NewGitHub("tok")
-	defer gh.Close()
-	cpi := &vmCPI{vms: map[string]map[string]any{}}
-	o, _ := scaleSetEngine(t, gh, cpi, ", max_active_runners: 4, min_idle: 1")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go o.Run(ctx)
+	o, _, gh, cpi, start := scaleSetEngine(t, ", max_active_runners: 4, min_idle: 1")
+	start()
 	eventually(t, 10*time.Second, "the session", func() bool {
 		s, _ := statusOf(o, "ss")
 		return s.ScaleSet != nil && s.ScaleSet.Session

@@ -25,14 +25,7 @@ func (c *cluster) killLeaderMidSpawn(gitea *forgetest.Gitea, registrations *atom
 	// SIGKILL to the leader's runway process (this host runs the dev
 	// cluster's containers): no goodbye, its Lease left to expire.
 	ids, _ := c.signalLeaderMidSpawn(gitea, made, syscall.SIGKILL, "killed")
-	c.waitFor(120*time.Second, "the four jobs completed after the failover", func() bool {
-		for _, id := range ids {
-			if gitea.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitFor(120*time.Second, "the four jobs completed after the failover", func() bool { return gitea.Completed(ids...) })
 	c.waitFor(120*time.Second, "every runner pod gone", func() bool { return c.runnerPods() == 0 })
 	// One runner per job: a runner whose pod was made before the kill is
 	// adopted or deleted by the new leader, never doubled.
@@ -115,14 +108,7 @@ func (c *cluster) freezeLeaderMidSpawn(gitea *forgetest.Gitea, registrations *at
 		}
 	}
 	defer resume()
-	c.waitFor(120*time.Second, "the four jobs completed with the old leader frozen", func() bool {
-		for _, id := range ids {
-			if gitea.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitFor(120*time.Second, "the four jobs completed with the old leader frozen", func() bool { return gitea.Completed(ids...) })
 	c.waitFor(120*time.Second, "every runner pod gone", func() bool { return c.runnerPods() == 0 })
 	if regs := registrations.Load() - regs0; regs != 4 {
 		t.Errorf("4 jobs across the freeze: %d registrations, want 4 (one runner each)", regs)

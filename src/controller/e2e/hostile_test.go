@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+
+	"github.com/runway-cpi/runway/src/testkit/kubeyaml"
 )
 
 // condition is an object's Ready condition (nil: none yet).
@@ -36,48 +38,31 @@ func (c *cluster) condition(gvr schema.GroupVersionResource, ns, name string) ma
 type hostile struct{ c *cluster }
 
 // hostileSpecs applies, as a namespace's user may: a seed group whose
-// authToken is the store's DSN (runway-postgres, as the chart's default
-// names it); seed groups whose gitea.url is the API server (also the
-// node: its kubelet) and the metadata address; a Forge and a group whose
-// runners would tolerate every taint (their job is queued by the
-// caller: labels [tainted]; token is the forge's).
+// authToken is the store's DSN (the unit test's, from testdata); seed
+// groups whose gitea.url is the API server (also the node: its kubelet)
+// and the metadata address; a Forge and a group whose runners would
+// tolerate every taint (their job is queued by the caller: labels
+// [tainted]; token is the forge's).
 func (c *cluster) hostileSpecs(token string) hostile {
-	c.apply(parseYAML(c.t, fmt.Sprintf(`
-apiVersion: v1
-kind: Secret
-metadata: {name: forge-token}
-stringData: {token: %s}
----
+	c.apply(kubeyaml.Read(c.t, root+"/src/controller/testdata/hostile-steal-dsn.yaml"))
+	for name, url := range map[string]string{"reach-api": os.Getenv("RUNWAY_K8S_API"), "reach-metadata": "http://169.254.169.254"} {
+		c.apply(parseYAML(c.t, fmt.Sprintf(`
 apiVersion: gitea.bpg.pw/v1alpha1
 kind: RunnerGroup
-metadata: {name: steal-dsn}
-spec:
-  scope: org
-  org: acme
-  gitea: {url: "http://gitea.runway.test:3000"}
-  maxActiveRunners: 1
-  registrationToken: {secretRef: {name: gitea-registration-token, key: token}}
-  authToken: {secretRef: {name: runway-postgres, key: dsn}}
----
-apiVersion: gitea.bpg.pw/v1alpha1
-kind: RunnerGroup
-metadata: {name: reach-api}
+metadata: {name: %s}
 spec:
   scope: global
   gitea: {url: %q}
   maxActiveRunners: 1
   registrationToken: {secretRef: {name: gitea-registration-token, key: token}}
   authToken: {secretRef: {name: gitea-auth-token, key: token}}
----
-apiVersion: gitea.bpg.pw/v1alpha1
-kind: RunnerGroup
-metadata: {name: reach-metadata}
-spec:
-  scope: global
-  gitea: {url: "http://169.254.169.254"}
-  maxActiveRunners: 1
-  registrationToken: {secretRef: {name: gitea-registration-token, key: token}}
-  authToken: {secretRef: {name: gitea-auth-token, key: token}}
+`, name, url)))
+	}
+	c.apply(parseYAML(c.t, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: forge-token}
+stringData: {token: %s}
 ---
 apiVersion: runway.io/v1alpha1
 kind: Forge
@@ -96,7 +81,7 @@ spec:
   image: %s
   runner: {command: %s}
   cloudProperties: {tolerations: [{operator: Exists}]}
-`, token, os.Getenv("RUNWAY_K8S_API"), c.runnerImg, runnerCmd)))
+`, token, c.runnerImg, runnerCmd)))
 	return hostile{c}
 }
 

@@ -29,45 +29,17 @@ import (
 // controller's memory.
 func TestRunwayResourcesOnTheChart(t *testing.T) {
 	c := newCluster(t)
-	image := c.pushRunwayImage()
-	c.pushRunnerImage()
 	const token, hook = "e2e-forge-token-0123456789", "e2e-hook-secret-0123456789"
-	gh := forgetest.NewGitHub(token)
-	defer gh.Close()
-	gh.URL = c.serve(0, gh.Config.Handler) // the JIT configs name it
+	gh := c.gitHubOnTheChart(token, hook, "gha", 3, "")
 	fj := forgetest.NewForgejo(token)
 	defer fj.Close()
 	var fjRegs atomic.Int64
 	fjURL := c.serve(0, counting(fj.Config.Handler, &fjRegs))
-	c.install(image, c.postgres(), "secrets.names={forges}")
-	c.watchRunnerPods()
 	c.apply(parseYAML(t, fmt.Sprintf(`
-apiVersion: v1
-kind: Secret
-metadata: {name: forges}
-stringData: {token: %s, hook: %s}
----
-apiVersion: runway.io/v1alpha1
-kind: Forge
-metadata: {name: github}
-spec: {type: github, url: %q, runnerURL: %q, token: {name: forges, key: token}, webhookSecret: {name: forges, key: hook}}
----
 apiVersion: runway.io/v1alpha1
 kind: Forge
 metadata: {name: forgejo}
 spec: {type: forgejo, url: %q, token: {name: forges, key: token}, pollInterval: 500ms}
----
-apiVersion: runway.io/v1alpha1
-kind: RunnerGroup
-metadata: {name: gha}
-spec:
-  forge: github
-  scope: repo
-  repo: acme/app
-  labels: [self-hosted, linux]
-  maxActiveRunners: 3
-  image: %s
-  runner: {command: /usr/local/bin/runner}
 ---
 apiVersion: runway.io/v1alpha1
 kind: RunnerGroup
@@ -80,11 +52,8 @@ spec:
   maxActiveRunners: 3
   image: %s
   runner: {command: /usr/local/bin/runner}
-`, token, hook, gh.URL, gh.URL, fjURL, c.runnerImg, c.runnerImg)))
-	for _, name := range []string{"gha", "fj"} {
-		c.waitFor(90*time.Second, name+" Ready", func() bool { return c.ready(groupGVR, name) })
-	}
-	gh.AddHook(c.webhookURL()+"/webhooks/github", []byte(hook))
+`, fjURL, c.runnerImg)))
+	c.waitFor(90*time.Second, "fj Ready", func() bool { return c.ready(groupGVR, "fj") })
 
 	// Queued (the delivery leaves at once) → the runner pod Running, one
 	// job at a time: measured and logged for docs/benchmarks.md, not
@@ -106,14 +75,7 @@ spec:
 	for range 3 {
 		fjJobs = append(fjJobs, fj.AddJob("acme/lib", "build", []string{"linux"}, "queued"))
 	}
-	c.waitFor(120*time.Second, "the Forgejo jobs completed", func() bool {
-		for _, id := range fjJobs {
-			if fj.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitFor(120*time.Second, "the Forgejo jobs completed", func() bool { return fj.Completed(fjJobs...) })
 	if n := fjRegs.Load(); n != 0 {
 		t.Errorf("Forgejo runners registered with a token %d times; they are registered by the REST API", n)
 	}
@@ -140,6 +102,88 @@ spec:
 	if rs := fj.Runners(); len(rs) != 0 {
 		t.Errorf("Forgejo runners left registered: %+v", rs)
 	}
+}
+
+// BenchmarkHundredJobs: 100 GitHub jobs queued at once (webhooks to the
+// leader) for one RunnerGroup of up to 100 runners on the dev kubelet:
+// the time until 100 runner pods have been Running, and so the cost of
+// one pod (docs/benchmarks.md, beside the driver's create_vm → Running).
+//
+//	go test -run '^$' -bench HundredJobs -benchtime 1x ./src/controller/e2e
+func BenchmarkHundredJobs(b *testing.B) {
+	c := newCluster(b)
+	const token, hook = "bench-forge-token-0123456789", "bench-hook-secret-0123456789"
+	gh := c.gitHubOnTheChart(token, hook, "burst", 100, "spawnConcurrency: 16")
+	b.ResetTimer()
+	start := time.Now()
+	var ids []int64
+	for range 100 {
+		ids = append(ids, gh.AddJob("acme/app", []string{"self-hosted", "linux"}))
+	}
+	c.waitFor(5*time.Minute, "100 runner pods Running", func() bool {
+		c.podsMu.Lock()
+		defer c.podsMu.Unlock()
+		return len(c.running) >= 100
+	})
+	c.podsMu.Lock()
+	var at []time.Duration
+	for _, t := range c.running {
+		at = append(at, t.Sub(start))
+	}
+	c.podsMu.Unlock()
+	sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
+	total := at[99]
+	b.StopTimer()
+	c.waitFor(10*time.Minute, "the 100 jobs completed", func() bool { return gh.Completed(ids...) })
+	b.ReportMetric(total.Seconds(), "s/100-pods")
+	b.ReportMetric(total.Seconds()/100, "s/pod")
+	b.Logf("100 jobs queued → 100 runner pods Running: %s (first %s, median %s); %.2f s a pod; %d pods made",
+		total.Round(10*time.Millisecond), at[0].Round(10*time.Millisecond), at[49].Round(10*time.Millisecond),
+		total.Seconds()/100, c.podsMade())
+}
+
+// gitHubOnTheChart installs the chart (Runway's and the runner's images
+// pushed, its store, Secret forges allowed; runner pods watched) with
+// Forge github, a contract server served where pods reach it (the JIT
+// configs name it), its token and webhook secret in Secret forges, and
+// RunnerGroup group of it (acme/app's self-hosted, linux jobs, up to
+// maxActive runners; extra: one more spec line). Once the group is Ready
+// the server's webhook goes to the leader.
+func (c *cluster) gitHubOnTheChart(token, hook, group string, maxActive int, extra string) *forgetest.GitHub {
+	image := c.pushRunwayImage()
+	c.pushRunnerImage()
+	gh := forgetest.NewGitHub(token)
+	c.t.Cleanup(gh.Close)
+	gh.URL = c.serve(0, gh.Config.Handler)
+	c.install(image, c.postgres(), "secrets.names={forges}")
+	c.watchRunnerPods()
+	c.apply(parseYAML(c.t, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: forges}
+stringData: {token: %s, hook: %s}
+---
+apiVersion: runway.io/v1alpha1
+kind: Forge
+metadata: {name: github}
+spec: {type: github, url: %q, runnerURL: %q, token: {name: forges, key: token}, webhookSecret: {name: forges, key: hook}}
+---
+apiVersion: runway.io/v1alpha1
+kind: RunnerGroup
+metadata: {name: %s}
+spec:
+  forge: github
+  scope: repo
+  repo: acme/app
+  labels: [self-hosted, linux]
+  maxActiveRunners: %d
+  image: %s
+  runner: {command: /usr/local/bin/runner}
+  %s
+`, token, hook, gh.URL, gh.URL, group, maxActive, c.runnerImg, extra)))
+	c.waitFor(90*time.Second, group+" Ready", func() bool { return c.ready(groupGVR, group) })
+	gh.AddHook(c.webhookURL()+"/webhooks/github", []byte(hook))
+	return gh
 }
 
 func parseYAML(t testing.TB, doc string) []*unstructured.Unstructured {

@@ -137,12 +137,7 @@ runners: {deleteGraceSeconds: 1, waitTimeoutSeconds: 60}
 			if n, _ := status(); n > 0 {
 				sawActive = true
 			}
-			for _, id := range ids {
-				if gitea.Job(id).Status != "completed" {
-					return false
-				}
-			}
-			return true
+			return gitea.Completed(ids...)
 		})
 		if most > max {
 			t.Errorf("%s: %d runner pods at once, maxActiveRunners %d", what, most, max)

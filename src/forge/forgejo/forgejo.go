@@ -32,8 +32,7 @@ const PageLimit = 50
 
 // Client talks to one Forgejo instance.
 type Client struct {
-	base string // the instance URL, without /api/v1
-	http *http.Client
+	api forge.GiteaAPI
 
 	mu    sync.Mutex
 	repos map[int64]string // repository id → owner/name (ids never change)
@@ -42,7 +41,7 @@ type Client struct {
 // New returns a client for baseURL (the instance URL, without /api/v1)
 // over t, which carries the token ("token <value>").
 func New(baseURL string, t *forge.Transport) *Client {
-	return &Client{base: strings.TrimRight(baseURL, "/"), http: t.Client(), repos: map[int64]string{}}
+	return &Client{api: forge.NewGiteaAPI(baseURL, t), repos: map[int64]string{}}
 }
 
 // apiJob is structs.ActionRunJob.
@@ -80,7 +79,7 @@ func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
 		return nil, err
 	}
 	var list []apiJob
-	if err := c.do(ctx, "GET", prefix+"/actions/runners/jobs", nil, &list); err != nil {
+	if err := c.api.Do(ctx, "GET", prefix+"/actions/runners/jobs", nil, &list); err != nil {
 		return nil, err
 	}
 	out := make([]forge.Job, 0, len(list))
@@ -112,7 +111,7 @@ func (c *Client) repoName(ctx context.Context, id int64) (string, error) {
 	var repo struct {
 		FullName string `json:"full_name"`
 	}
-	if err := c.do(ctx, "GET", "/repositories/"+strconv.FormatInt(id, 10), nil, &repo); err != nil {
+	if err := c.api.Do(ctx, "GET", "/repositories/"+strconv.FormatInt(id, 10), nil, &repo); err != nil {
 		return "", fmt.Errorf("forgejo: the repository of a job: %w", err)
 	}
 	if !strings.Contains(repo.FullName, "/") {
@@ -157,7 +156,7 @@ func (c *Client) Register(ctx context.Context, s forge.Scope, name string, _ []s
 		Token string `json:"token"`
 	}
 	in := map[string]any{"name": name, "description": "Runway ephemeral runner", "ephemeral": true}
-	if err := c.do(ctx, "POST", prefix+"/actions/runners", in, &out); err != nil {
+	if err := c.api.Do(ctx, "POST", prefix+"/actions/runners", in, &out); err != nil {
 		return forge.Registration{}, err
 	}
 	if out.ID == 0 || out.UUID == "" || out.Token == "" {
@@ -177,7 +176,7 @@ func (c *Client) Runners(ctx context.Context, s forge.Scope) ([]forge.Runner, er
 	for page := 1; page <= 10000; page++ {
 		q := url.Values{"page": {strconv.Itoa(page)}, "limit": {strconv.Itoa(PageLimit)}}
 		var list []apiRunner
-		if err := c.do(ctx, "GET", prefix+"/actions/runners?"+q.Encode(), nil, &list); err != nil {
+		if err := c.api.Do(ctx, "GET", prefix+"/actions/runners?"+q.Encode(), nil, &list); err != nil {
 			return nil, err
 		}
 		for _, r := range list {
@@ -200,7 +199,7 @@ func (c *Client) DeleteRunner(ctx context.Context, s forge.Scope, id int64) erro
 	if err != nil {
 		return err
 	}
-	err = c.do(ctx, "DELETE", prefix+"/actions/runners/"+strconv.FormatInt(id, 10), nil, nil)
+	err = c.api.Do(ctx, "DELETE", prefix+"/actions/runners/"+strconv.FormatInt(id, 10), nil, nil)
 	if errors.Is(err, forge.ErrNotFound) {
 		return nil
 	}
@@ -213,11 +212,6 @@ func (c *Client) DisableRunner(context.Context, forge.Scope, int64) (bool, error
 // VerifyDelivery implements forge.Client: Forgejo sends no workflow_job
 // deliveries, so none is taken.
 func (c *Client) VerifyDelivery(_, _ []byte, _ http.Header) bool { return false }
-
-// do is one API request; path carries its query.
-func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	return forge.DoJSON(ctx, c.http, method, c.base+"/api/v1"+path, in, out)
-}
 
 // Check implements forge.Checker: the read endpoints a group of scope s
 // polls (registering a runner only to check would leave one behind).

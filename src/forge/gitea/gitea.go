@@ -25,8 +25,7 @@ const PageLimit = 50
 
 // Client talks to one Gitea instance.
 type Client struct {
-	base string // the instance URL, without /api/v1
-	http *http.Client
+	api forge.GiteaAPI
 
 	mu     sync.Mutex
 	tokens map[string]cachedToken
@@ -45,14 +44,14 @@ const tokenTTL = 10 * time.Minute
 // New returns a client for baseURL (the instance URL, without /api/v1)
 // over t, which carries the token ("token <value>").
 func New(baseURL string, t *forge.Transport) *Client {
-	return &Client{base: strings.TrimRight(baseURL, "/"), http: t.Client(), tokens: map[string]cachedToken{}}
+	return &Client{api: forge.NewGiteaAPI(baseURL, t), tokens: map[string]cachedToken{}}
 }
 
 // sdk is the SDK's client for one call: its context is per client, so
 // each call has its own (they are cheap; the HTTP client is shared). The
 // server version is not asked: every endpoint used is in Gitea 1.26.
 func (c *Client) sdk(ctx context.Context) *sdk.Client {
-	cl, _ := sdk.NewClient(c.base, sdk.SetHTTPClient(c.http), sdk.SetContext(ctx), sdk.SetGiteaVersion(""))
+	cl, _ := sdk.NewClient(c.api.Base, sdk.SetHTTPClient(c.api.HTTP), sdk.SetContext(ctx), sdk.SetGiteaVersion(""))
 	return cl
 }
 
@@ -130,7 +129,7 @@ func (c *Client) Jobs(ctx context.Context, s forge.Scope) ([]forge.Job, error) {
 
 // get is a GET of the API (path with its query) into out.
 func (c *Client) get(ctx context.Context, path string, out any) error {
-	return forge.DoJSON(ctx, c.http, "GET", c.base+"/api/v1"+path, nil, out)
+	return c.api.Do(ctx, "GET", path, nil, out)
 }
 
 // Job implements forge.Client.

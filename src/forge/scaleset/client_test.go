@@ -60,6 +60,16 @@ func linuxSession(t *testing.T, ctx context.Context, c *Client, name, owner stri
 	return set, sess
 }
 
+// orgSession is a client for org on g, the test's context, and a scale
+// set named name with a session opened for owner (linuxSession).
+func orgSession(t *testing.T, g *forgetest.GitHub, name, owner string) (context.Context, *Client, ScaleSet, *Session) {
+	t.Helper()
+	c := newClient(t, g, org)
+	ctx := ctxT(t)
+	set, sess := linuxSession(t, ctx, c, name, owner)
+	return ctx, c, set, sess
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -165,9 +175,7 @@ func TestAdminTokenRenewedBeforeItExpires(t *testing.T) {
 // conflict, until the first session is deleted.
 func TestOneSessionPerScaleSet(t *testing.T) {
 	g := newServer(t)
-	c := newClient(t, g, org)
-	ctx := ctxT(t)
-	set, first := linuxSession(t, ctx, c, "s", "replica-a")
+	ctx, c, set, first := orgSession(t, g, "s", "replica-a")
 	_, err := c.OpenSession(ctx, set.ID, "replica-b")
 	var e *Error
 	if !errors.Is(err, ErrSessionConflict) || !errors.As(err, &e) || e.Status != 409 || e.Exception != "RunnerScaleSetSessionConflictException" {
@@ -189,9 +197,7 @@ func TestOneSessionPerScaleSet(t *testing.T) {
 func TestLongPollReturnsWhenAJobArrivesAndAJobIsAcquiredOnce(t *testing.T) {
 	g := newGHES(t)
 	g.SetActionsTimes(0, 0, 20*time.Second)
-	c := newClient(t, g, org)
-	ctx := ctxT(t)
-	_, sa := linuxSession(t, ctx, c, "a", "x")
+	ctx, c, _, sa := orgSession(t, g, "a", "x")
 	_, sb := linuxSession(t, ctx, c, "b", "x")
 	got := make(chan *Message, 1)
 	go func() {
@@ -236,9 +242,7 @@ func TestLongPollReturnsWhenAJobArrivesAndAJobIsAcquiredOnce(t *testing.T) {
 // afterwards.
 func TestJITRunnerRunsTheAcquiredJob(t *testing.T) {
 	g := newGHES(t)
-	c := newClient(t, g, org)
-	ctx := ctxT(t)
-	set, sess := linuxSession(t, ctx, c, "s", "x")
+	ctx, c, set, sess := orgSession(t, g, "s", "x")
 	job := g.AddJob("acme/app", []string{"linux"})
 	m, _ := sess.Message(ctx, 0, 1)
 	if _, err := sess.Acquire(ctx, []int64{m.Available[0].RequestID}); err != nil {
@@ -288,9 +292,7 @@ func TestJITRunnerRunsTheAcquiredJob(t *testing.T) {
 func TestExpiredSessionTokenIsRefreshed(t *testing.T) {
 	g := newServer(t)
 	g.SetActionsTimes(0, 0, 200*time.Millisecond)
-	c := newClient(t, g, org)
-	ctx := ctxT(t)
-	_, sess := linuxSession(t, ctx, c, "s", "x")
+	ctx, _, _, sess := orgSession(t, g, "s", "x")
 	g.ExpireSessionTokens()
 	if m, err := sess.Message(ctx, 0, 1); err != nil || m != nil {
 		t.Fatalf("poll with an expired token: %v, %v; want a refresh then 202", m, err)
@@ -303,9 +305,7 @@ func TestExpiredSessionTokenIsRefreshed(t *testing.T) {
 // Errors name what failed, never a token; URLs in them are redacted.
 func TestErrorsCarryNoSecret(t *testing.T) {
 	g := newServer(t)
-	c := newClient(t, g, org)
-	ctx := ctxT(t)
-	set, sess := linuxSession(t, ctx, c, "s", "x")
+	ctx, c, set, sess := orgSession(t, g, "s", "x")
 	_, err := c.OpenSession(ctx, set.ID, "y")
 	g.DeleteScaleSet(set.ID)
 	_, err2 := sess.Message(ctx, 0, 1)

@@ -163,9 +163,7 @@ func acquiresOnlyWhatItCanStart(t *testing.T, g *forgetest.GitHub) {
 // the group's is never touched: the listener says so and waits.
 func TestListenerTakesOverOnlyItsGroupsSession(t *testing.T) {
 	g := newServer(t)
-	other := newClient(t, g, org)
-	ctx := ctxT(t)
-	set, foreign := linuxSession(t, ctx, other, "runway-linux", "someone-else")
+	_, _, set, foreign := orgSession(t, g, "runway-linux", "someone-else")
 	h := newHarness(t, g, 4)
 	h.start()
 	h.until("the conflict reported", func(s State) bool { return strings.Contains(s.LastError, "held by another listener") })

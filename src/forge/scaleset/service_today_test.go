@@ -142,9 +142,7 @@ func TestEmptyPollIsNoMessage(t *testing.T) {
 // takeover opens its session at once (no error, no backoff).
 func TestExpiredSessionTakenOverAtOnce(t *testing.T) {
 	g := newServer(t)
-	dead := newClient(t, g, org)
-	ctx := ctxT(t)
-	set, old := linuxSession(t, ctx, dead, "runway-linux", "replica-dead")
+	_, _, set, old := orgSession(t, g, "runway-linux", "replica-dead")
 	g.ExpireSessions()
 	h := newHarness(t, g, 2)
 	h.rec.SaveSession(set.ID, old.ID())

@@ -84,14 +84,7 @@ func TestGitHubStaysInsideItsRateLimit(t *testing.T) {
 	e.eventually(10*time.Second, "the first (polling) pass", func() bool { return !e.groupStatus("gha").LastCheckTime.IsZero() })
 	gh.AddHook("http://"+e.addr+"/webhooks/github", []byte(webhookSecret))
 	done := func(jobs []int64) func() bool {
-		return func() bool {
-			for _, id := range jobs {
-				if gh.Job(id).Status != "completed" {
-					return false
-				}
-			}
-			return true
-		}
+		return func() bool { return gh.Completed(jobs...) }
 	}
 	var jobs []int64
 	for range 10 {
@@ -161,14 +154,7 @@ func TestGitHubThousandJobsInsideItsRateLimit(t *testing.T) {
 	for i := range jobs {
 		jobs[i] = gh.AddJob("acme/app", []string{"self-hosted", "linux"})
 	}
-	e.eventually(10*time.Minute, "every job completes", func() bool {
-		for _, id := range jobs {
-			if gh.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	e.eventually(10*time.Minute, "every job completes", func() bool { return gh.Completed(jobs...) })
 	took := time.Since(start)
 	e.eventually(2*time.Minute, "the runners are retired", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	used, refused, notModified := gh.RateUsage()

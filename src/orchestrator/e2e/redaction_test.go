@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
 // A Gitea and a GitHub forge configured at URLs with secrets in their
@@ -23,11 +24,7 @@ import (
 // of a serve refusing such a URL — and each keeps the path that says
 // where the request went.
 func TestURLSecretsStayOutOfEveryOutput(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	down := ln.Addr().String()
-	ln.Close()
-	url := fmt.Sprintf("http://canary-user:canary-pass@%s/keep-this-segment?token=canary-query", down)
+	url := forgetest.CanaryURL(t)
 	e := newEnv(t)
 	token := filepath.Join(e.dir, "api-token")
 	e.forgeYML = fmt.Sprintf(`

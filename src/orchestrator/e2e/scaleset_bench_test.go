@@ -104,14 +104,7 @@ func scaleSetBurst(b *testing.B, flow forgetest.ActionsFlow, n int) {
 		for i := range jobs {
 			jobs[i] = gh.AddJob("acme/app", []string{"runway-ss"})
 		}
-		e.eventually(30*time.Minute, "every job completes", func() bool {
-			for _, id := range jobs {
-				if gh.Job(id).Status != "completed" {
-					return false
-				}
-			}
-			return true
-		})
+		e.eventually(30*time.Minute, "every job completes", func() bool { return gh.Completed(jobs...) })
 		done := time.Since(start)
 		cpu, peak := procCPU(e.daemon.Process.Pid)-cpu0, procPeakRSS(e.daemon.Process.Pid)
 		var waits []time.Duration

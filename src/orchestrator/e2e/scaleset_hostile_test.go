@@ -98,14 +98,7 @@ func survivesAHostileService(t *testing.T, flow forgetest.ActionsFlow) {
 	e.eventually(30*time.Second, "a job after the token expired runs", func() bool { return gh.Job(last).Status == "in_progress" })
 	e.releaseJobs()
 	jobs := []int64{first, during, held, last}
-	e.eventually(60*time.Second, "every job completes", func() bool {
-		for _, id := range jobs {
-			if gh.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	e.eventually(60*time.Second, "every job completes", func() bool { return gh.Completed(jobs...) })
 	e.eventually(30*time.Second, "the runners are gone", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	st := gh.ActionsStats()
 	if n := len(e.runners(true)); n != len(jobs) || st.AcquiredTwice != 0 || st.Refreshes == 0 {

@@ -124,14 +124,7 @@ func replicasTakeOver(t *testing.T, flow forgetest.ActionsFlow) {
 		})
 	}
 	e.releaseJobs()
-	e.eventually(120*time.Second, "every job completes", func() bool {
-		for _, id := range jobs {
-			if gh.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	e.eventually(120*time.Second, "every job completes", func() bool { return gh.Completed(jobs...) })
 	e.eventually(60*time.Second, "no VM is left", func() bool { return len(e.vms()) == 0 })
 	b, _ := os.ReadFile(made)
 	runnerOf := map[string]int64{}

@@ -78,14 +78,7 @@ func runsJobsWithNothingInbound(t *testing.T, flow forgetest.ActionsFlow) {
 		jobs = append(jobs, gh.AddJob("acme/app", []string{"runway-ss"}))
 	}
 	hooked := gh.AddJob("acme/web", []string{"linux"})
-	e.eventually(60*time.Second, "every job completes", func() bool {
-		for _, id := range append(jobs, hooked) {
-			if gh.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
-	})
+	e.eventually(60*time.Second, "every job completes", func() bool { return gh.Completed(append(jobs, hooked)...) })
 	e.eventually(30*time.Second, "the runners are gone", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	sets := gh.ScaleSets()
 	if len(sets) != 1 || sets[0].Name != "runway-ss-set" || strings.Join(sets[0].Labels, ",") != "runway-ss-set,runway-ss" {
@@ -221,12 +214,7 @@ func acquiresOnlyWhatItCanStart(t *testing.T, flow forgetest.ActionsFlow) {
 	most := 0
 	e.eventually(60*time.Second, "every job completes", func() bool {
 		most = max(most, len(e.vms()))
-		for _, id := range jobs {
-			if gh.Job(id).Status != "completed" {
-				return false
-			}
-		}
-		return true
+		return gh.Completed(jobs...)
 	})
 	e.eventually(30*time.Second, "the runners are gone", func() bool { return len(e.vms()) == 0 && len(e.runners(false)) == 0 })
 	if most > 2 {

@@ -86,15 +86,22 @@ func serveOn(t *testing.T, d *daemon, ln net.Listener) string {
 	return ln.Addr().String()
 }
 
+// dial connects to addr; the connection is closed when the test ends.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // A client that sends its request one byte at a time is cut off at the
 // read timeout, and no more than max_connections are served at once.
 func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 	addr := serve(t, testDaemon(t, "http: {read_header_timeout: 300ms, read_timeout: 500ms}"))
-	slow, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
+	slow := dial(t, addr)
 	start := time.Now()
 	go func() {
 		for _, b := range []byte("POST /webhooks/gitea HTTP/1.1\r\nHost: x\r\n") {
@@ -120,12 +127,7 @@ func TestHTTPTimeoutsAndConnectionCap(t *testing.T) {
 	addr = serve(t, testDaemon(t, "http: {max_connections: 2, read_header_timeout: 30s}"))
 	began := time.Now()
 	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.Write([]byte("G"))
+		dial(t, addr).Write([]byte("G"))
 	}
 	client := &http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Get("http://" + addr + "/healthz")

@@ -311,7 +311,7 @@ func TestCPIErrorsAreKeptRedacted(t *testing.T) {
 	srv := forgetest.NewGitea("tok")
 	defer srv.Close()
 	srv.AddJob("acme/app", "j", []string{"linux"}, forge.StatusQueued)
-	cpi := &recordingCPI{created: make(chan time.Time, 100000), failWith: `POST "` + canaryURL("nova.example") + `": 500`}
+	cpi := &recordingCPI{created: make(chan time.Time, 100000), failWith: `POST "` + forgetest.CanaryURLAt("nova.example") + `": 500`}
 	o, _, _, stop := benchOrchestrator(t, srv, 50*time.Millisecond, 50*time.Millisecond, cpi)
 	defer stop()
 	var rows []store.Runner

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,16 +12,11 @@ import (
 
 	"github.com/runway-cpi/runway/src/orchestrator"
 	"github.com/runway-cpi/runway/src/orchestrator/store"
+	"github.com/runway-cpi/runway/src/testkit/forgetest"
 )
 
-// canaryURL is a URL (a forge's, an IaaS endpoint's) with secrets in its
-// user info and its query, and a path segment that is no secret (it must
-// survive redaction).
-func canaryURL(hostport string) string {
-	return "http://canary-user:canary-pass@" + hostport + "/keep-this-segment?token=canary-query"
-}
-
-// noCanary fails t when text carries any of canaryURL's secrets.
+// noCanary fails t when text carries any of forgetest.CanaryURLAt's
+// secrets.
 func noCanary(t *testing.T, what, text string) {
 	t.Helper()
 	if strings.Contains(text, "canary") {
@@ -36,14 +30,8 @@ func noCanary(t *testing.T, what, text string) {
 // daemon), the status page, /metrics and /healthz. The path segment
 // stays, so the error still says where.
 func TestURLSecretsRedactedInEveryAnswer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close() // the forge is down: every pass fails naming its URL
-	d := testDaemonAt(t, canaryURL(closed), "")
-	raw := `create_vm: Post "` + canaryURL("nova.example") + `": 500`
+	d := testDaemonAt(t, forgetest.CanaryURL(t), "") // the forge is down: every pass fails naming its URL
+	raw := `create_vm: Post "` + forgetest.CanaryURLAt("nova.example") + `": 500`
 	if err := d.o.Store().Save(store.Runner{Name: "g-abc", Group: "g", AgentID: "g-abc", State: store.Busy, LastError: raw,
 		CreatedAt: time.Now(), StateAt: time.Now()}); err != nil {
 		t.Fatal(err)

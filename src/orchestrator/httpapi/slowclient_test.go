@@ -283,11 +283,7 @@ func TestOneClientCannotKeepEverySlot(t *testing.T) {
 // off at read_body_timeout — answered 408 — long before read_timeout.
 func TestTricklingBodyIsCutAtItsDeadline(t *testing.T) {
 	addr := serve(t, testDaemon(t, "http: {read_body_timeout: 300ms, read_timeout: 1m}"))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 	start := time.Now()
 	fmt.Fprintf(c, "POST /webhooks/gitea HTTP/1.1\r\nHost: runway\r\nX-Gitea-Event: workflow_job\r\nContent-Length: 1000\r\n\r\n{")
 	stop, done := make(chan struct{}), make(chan struct{})

@@ -15,13 +15,10 @@ package forgetest
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net/http"
-	"net/http/httptest"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
@@ -76,7 +73,7 @@ type GiteaRunner struct {
 
 // Gitea is the contract server.
 type Gitea struct {
-	*httptest.Server
+	server[GiteaJob]
 	APIToken string
 	User     string // the API token's user (for /user/... scope)
 	// TokenScopes are the API token's scopes as Gitea enforces them (an
@@ -84,11 +81,8 @@ type Gitea struct {
 	// allows everything. Set before requests are made.
 	TokenScopes []string
 
-	mu        sync.Mutex
-	jobs      map[int64]*GiteaJob
 	runners   map[int64]*GiteaRunner
 	regTokens map[string]string // scope prefix → token
-	hooks     []hook
 	nextID    int64
 	// tasksVersions grow when a job becomes runnable: the instance's
 	// (""), its owner's ("owner:o") and its repository's ("repo:o/r").
@@ -96,8 +90,6 @@ type Gitea struct {
 	// own scope's counter is another (Gitea: action_tasks_version).
 	tasksVersions map[string]int64
 	down          bool
-	requests      map[string]int
-	deliveries    *deliveries
 	// removedRunning: runners whose registration was removed while they
 	// ran a task.
 	removedRunning []string
@@ -109,10 +101,9 @@ type Gitea struct {
 
 // NewGitea starts a server on 127.0.0.1.
 func NewGitea(apiToken string) *Gitea {
-	g := &Gitea{APIToken: apiToken, User: "tester", jobs: map[int64]*GiteaJob{}, runners: map[int64]*GiteaRunner{},
-		regTokens: map[string]string{}, nextID: 100, requests: map[string]int{}, tasksVersions: map[string]int64{},
-		deliveries: giteaDeliveries()}
-	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
+	g := &Gitea{APIToken: apiToken, User: "tester", runners: map[int64]*GiteaRunner{},
+		regTokens: map[string]string{}, nextID: 100, tasksVersions: map[string]int64{}}
+	g.start(g.serve, giteaDeliveries())
 	return g
 }
 
@@ -121,20 +112,6 @@ func (g *Gitea) SetDown(down bool) {
 	g.mu.Lock()
 	g.down = down
 	g.mu.Unlock()
-}
-
-// AddHook registers a workflow_job webhook (system hook: every repo).
-func (g *Gitea) AddHook(u string, secret []byte) {
-	g.mu.Lock()
-	g.hooks = append(g.hooks, hook{u, secret})
-	g.mu.Unlock()
-}
-
-// Requests counts API requests by "METHOD /path" (query dropped).
-func (g *Gitea) Requests() map[string]int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return maps.Clone(g.requests)
 }
 
 // AddJob queues a job (status queued or waiting) in repo owner/name.
@@ -187,11 +164,10 @@ func (g *Gitea) tasksVersionKey(scope string) string {
 	return ""
 }
 
-// Job returns a copy of a job.
-func (g *Gitea) Job(id int64) GiteaJob {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return *g.jobs[id]
+// Completed tells whether every job of ids is completed (a test waits
+// for it).
+func (g *Gitea) Completed(ids ...int64) bool {
+	return allCompleted(ids, func(id int64) string { return g.Job(id).Status })
 }
 
 // Runners returns copies of the registered runners.
@@ -228,12 +204,6 @@ func (g *Gitea) RegistrationToken(scope string) string {
 	}
 	return t
 }
-
-// WaitDeliveries waits for webhook deliveries in flight.
-func (g *Gitea) WaitDeliveries() { g.deliveries.Wait() }
-
-// FailedDeliveries lists the webhook deliveries that failed.
-func (g *Gitea) FailedDeliveries() []string { return g.deliveries.Failed() }
 
 func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
@@ -279,18 +249,7 @@ func (g *Gitea) serve(w http.ResponseWriter, r *http.Request) {
 		g.listJobs(w, r, scope)
 	case strings.HasPrefix(rest, "/actions/jobs/") && r.Method == "GET" && strings.HasPrefix(scope, "/repos/"):
 		id, _ := strconv.ParseInt(strings.TrimPrefix(rest, "/actions/jobs/"), 10, 64)
-		g.mu.Lock()
-		j, ok := g.jobs[id]
-		var body map[string]any
-		if ok && scopeCovers(scope, j.Repo, g.User) {
-			body = g.jobJSON(j)
-		}
-		g.mu.Unlock()
-		if body == nil {
-			writeJSON(w, 404, map[string]string{"message": "job not found"})
-			return
-		}
-		writeJSON(w, 200, body)
+		g.serveJob(w, id, func(j *GiteaJob) bool { return scopeCovers(scope, j.Repo, g.User) }, g.jobJSON, "job not found")
 	case rest == "/actions/runs" && r.Method == "GET" && strings.HasPrefix(scope, "/repos/"):
 		g.listRuns(w, scope)
 	case rest == "/actions/runners/registration-token":

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"net/http/httptest"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/runway-cpi/runway/src/forge"
@@ -65,7 +63,7 @@ type ghRunner struct {
 // and jobs listings, JIT configs, registration tokens, runners, and
 // `workflow_job` deliveries signed with X-Hub-Signature-256.
 type GitHub struct {
-	*httptest.Server
+	server[GitHubJob]
 	APIToken string
 	// JITDisabled makes generate-jitconfig answer 404, as on servers
 	// without JIT support, so clients fall back to registration tokens.
@@ -73,33 +71,20 @@ type GitHub struct {
 	// Archived repositories are listed with archived: true.
 	Archived map[string]bool
 
-	mu       sync.Mutex
-	jobs     map[int64]*GitHubJob
-	runners  map[int64]*ghRunner
-	hooks    []hook
-	nextID   int64
-	requests map[string]int
-	hooksOut *deliveries
-	rate     rateLimit
-	actions  actionsService
-	apps     appService
-	agents   map[string]int // User-Agent → requests
+	runners map[int64]*ghRunner
+	nextID  int64
+	rate    rateLimit
+	actions actionsService
+	apps    appService
+	agents  map[string]int // User-Agent → requests
 }
 
 // NewGitHub starts a server on 127.0.0.1.
 func NewGitHub(apiToken string) *GitHub {
-	g := &GitHub{APIToken: apiToken, jobs: map[int64]*GitHubJob{}, runners: map[int64]*ghRunner{}, nextID: 5000,
-		requests: map[string]int{}, Archived: map[string]bool{}, hooksOut: gitHubDeliveries(), actions: newActionsService(),
-		apps: newAppService(), agents: map[string]int{}}
-	g.Server = httptest.NewServer(http.HandlerFunc(g.serve))
+	g := &GitHub{APIToken: apiToken, runners: map[int64]*ghRunner{}, nextID: 5000,
+		Archived: map[string]bool{}, actions: newActionsService(), apps: newAppService(), agents: map[string]int{}}
+	g.start(g.serve, gitHubDeliveries())
 	return g
-}
-
-// AddHook registers a webhook receiving every repository's workflow_job.
-func (g *GitHub) AddHook(u string, secret []byte) {
-	g.mu.Lock()
-	g.hooks = append(g.hooks, hook{u, secret})
-	g.mu.Unlock()
 }
 
 // AddJob queues a job in a run of its own and delivers its `queued`
@@ -138,11 +123,10 @@ func (g *GitHub) SetJobStatus(id int64, status string) {
 	g.deliver(j, status)
 }
 
-// Job returns a copy of a job.
-func (g *GitHub) Job(id int64) GitHubJob {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return *g.jobs[id]
+// Completed tells whether every job of ids is completed (a test waits
+// for it).
+func (g *GitHub) Completed(ids ...int64) bool {
+	return allCompleted(ids, func(id int64) string { return g.Job(id).Status })
 }
 
 // RunnerCount is how many runners are registered.
@@ -152,13 +136,6 @@ func (g *GitHub) RunnerCount() int {
 	return len(g.runners)
 }
 
-// Requests counts API requests by "METHOD /path".
-func (g *GitHub) Requests() map[string]int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return maps.Clone(g.requests)
-}
-
 // UserAgents counts the requests to the REST API and the Actions service
 // by User-Agent.
 func (g *GitHub) UserAgents() map[string]int {
@@ -166,12 +143,6 @@ func (g *GitHub) UserAgents() map[string]int {
 	defer g.mu.Unlock()
 	return maps.Clone(g.agents)
 }
-
-// WaitDeliveries waits for webhook deliveries in flight.
-func (g *GitHub) WaitDeliveries() { g.hooksOut.Wait() }
-
-// FailedDeliveries lists the webhook deliveries that failed.
-func (g *GitHub) FailedDeliveries() []string { return g.hooksOut.Failed() }
 
 func (g *GitHub) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
@@ -240,18 +211,7 @@ func (g *GitHub) api(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, map[string]any{"total_count": len(out), "jobs": g.page(w, r, out)})
 	case len(rest) == 3 && rest[0] == "actions" && rest[1] == "jobs":
 		id, _ := strconv.ParseInt(rest[2], 10, 64)
-		g.mu.Lock()
-		j, ok := g.jobs[id]
-		var body map[string]any
-		if ok && "repos/"+j.Repo == scope {
-			body = g.jobJSON(j)
-		}
-		g.mu.Unlock()
-		if body == nil {
-			writeJSON(w, 404, map[string]string{"message": "Not Found"})
-			return
-		}
-		writeJSON(w, 200, body)
+		g.serveJob(w, id, func(j *GitHubJob) bool { return "repos/"+j.Repo == scope }, g.jobJSON, "Not Found")
 	case route == "actions/runners/generate-jitconfig" && r.Method == "POST":
 		g.jit(w, r, scope)
 	case route == "actions/runners/registration-token" && r.Method == "POST":
@@ -443,7 +403,7 @@ func (g *GitHub) deliver(j *GitHubJob, action string) {
 	hooks := append([]hook(nil), g.hooks...)
 	g.mu.Unlock()
 	for _, h := range hooks {
-		g.hooksOut.send(h, body, map[string]string{"X-GitHub-Event": "workflow_job", "X-GitHub-Delivery": randUUID(),
+		g.deliveries.send(h, body, map[string]string{"X-GitHub-Event": "workflow_job", "X-GitHub-Delivery": randUUID(),
 			"X-Hub-Signature-256": "sha256=" + forge.Sign(h.secret, body)})
 	}
 }

@@ -1,6 +1,7 @@
 package forgetest
 
-// What both contract servers share: webhook deliveries and JSON answers.
+// What both contract servers share: the server, its webhook deliveries
+// and JSON answers.
 
 import (
 	"bytes"
@@ -9,11 +10,76 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"sync"
 	"time"
 )
+
+// server is what both contract servers are: an HTTP server on 127.0.0.1
+// counting its requests and sending webhook deliveries, holding its
+// jobs (J: the forge's job record). mu guards the forge's own state too.
+type server[J any] struct {
+	*httptest.Server
+	mu         sync.Mutex
+	jobs       map[int64]*J
+	hooks      []hook
+	requests   map[string]int // "METHOD /path" → requests
+	deliveries *deliveries
+}
+
+// start serves h, its webhooks sent by d.
+func (s *server[J]) start(h http.HandlerFunc, d *deliveries) {
+	s.jobs, s.requests, s.deliveries = map[int64]*J{}, map[string]int{}, d
+	s.Server = httptest.NewServer(h)
+}
+
+// AddHook registers a workflow_job webhook (a system hook: every
+// repository's jobs).
+func (s *server[J]) AddHook(u string, secret []byte) {
+	s.mu.Lock()
+	s.hooks = append(s.hooks, hook{u, secret})
+	s.mu.Unlock()
+}
+
+// Requests counts API requests by "METHOD /path" (query dropped).
+func (s *server[J]) Requests() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.requests)
+}
+
+// Job returns a copy of a job.
+func (s *server[J]) Job(id int64) J {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return *s.jobs[id]
+}
+
+// serveJob answers job id as render writes it (under mu), or 404 with
+// notFound where there is no such job or in says it is not the scope's.
+func (s *server[J]) serveJob(w http.ResponseWriter, id int64, in func(*J) bool, render func(*J) map[string]any, notFound string) {
+	s.mu.Lock()
+	j, ok := s.jobs[id]
+	var body map[string]any
+	if ok && in(j) {
+		body = render(j)
+	}
+	s.mu.Unlock()
+	if body == nil {
+		writeJSON(w, 404, map[string]string{"message": notFound})
+		return
+	}
+	writeJSON(w, 200, body)
+}
+
+// WaitDeliveries waits for webhook deliveries in flight.
+func (s *server[J]) WaitDeliveries() { s.deliveries.Wait() }
+
+// FailedDeliveries lists the webhook deliveries that failed.
+func (s *server[J]) FailedDeliveries() []string { return s.deliveries.Failed() }
 
 // hook is a webhook: where deliveries go and the secret signing them.
 type hook struct {
@@ -103,4 +169,14 @@ func randHex(n int) string {
 func randUUID() string {
 	h := randHex(16)
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// allCompleted tells whether every job of ids has status completed.
+func allCompleted(ids []int64, status func(id int64) string) bool {
+	for _, id := range ids {
+		if status(id) != "completed" {
+			return false
+		}
+	}
+	return true
 }
