@@ -72,7 +72,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		d.sweepToken(context.WithoutCancel(ctx), d.volumes(), token, "")
 		return "", err
 	}
-	d.log.Info("volume created", "volume", id, "gib", *in.Size, "type", in.VolumeType, "zone", az)
+	d.Log.Info("volume created", "volume", id, "gib", *in.Size, "type", in.VolumeType, "zone", az)
 	return id, nil
 }
 
@@ -154,7 +154,7 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 		case err == nil, strings.HasPrefix(code, "InvalidVolume."):
 			return true, nil
 		case code == "VolumeInUse":
-			d.log.Info("volume still in use; waiting", "volume", id)
+			d.Log.Info("volume still in use; waiting", "volume", id)
 			return false, nil
 		default:
 			return false, d.cloudErr("DeleteVolume "+id, err)
@@ -247,7 +247,7 @@ func (d *Driver) modifyVolume(ctx context.Context, cid string, sizeMiB int, p *v
 			return "", err
 		}
 	}
-	d.log.Info("volume modified", "volume", cid)
+	d.Log.Info("volume modified", "volume", cid)
 	return cid, nil
 }
 

@@ -90,7 +90,7 @@ func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any)
 	}
 	b, _ := json.Marshal(cfg)
 	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
-	d, err := New(b, lk, log, p, nil)
+	d, err := New(b, driver.Deps{Locker: lk, Logger: log, Retry: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +537,7 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 	url, stop := p.Start()
 	defer stop()
 	d, logs := newTestDriver(t, url, "", map[string]any{"max_attempts": 2})
-	d.retry.Budget = 2 * time.Second
+	d.Retry.Budget = 2 * time.Second
 	start := time.Now()
 	_, err := d.HasVM(context.Background(), "i-0123456789abcdef0")
 	took := time.Since(start)
@@ -552,10 +552,10 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 	if n := p.Requests(); n != int64(waits+1) {
 		t.Errorf("%d requests for %d logged waits: a hidden retry layer sent more", n, waits)
 	}
-	if took > d.retry.Budget+time.Second {
-		t.Errorf("the call took %s with a %s budget", took, d.retry.Budget)
+	if took > d.Retry.Budget+time.Second {
+		t.Errorf("the call took %s with a %s budget", took, d.Retry.Budget)
 	}
-	t.Logf("%d requests, %d waits, %s for a %s budget", p.Requests(), waits, took.Round(time.Millisecond), d.retry.Budget)
+	t.Logf("%d requests, %d waits, %s for a %s budget", p.Requests(), waits, took.Round(time.Millisecond), d.Retry.Budget)
 }
 
 // TestUnreachableEndpoint fails at once, naming the endpoint.
@@ -663,7 +663,7 @@ func TestDefaultCredentialChain(t *testing.T) {
 		t.Setenv("AWS_ACCESS_KEY_ID", c.envKey)
 		t.Setenv("AWS_SECRET_ACCESS_KEY", map[bool]string{true: "envsecret", false: ""}[c.envKey != ""])
 		b, _ := json.Marshal(map[string]any{"region": region, "endpoint": url})
-		d, err := New(b, nil, nil, retry.Policy{}, nil)
+		d, err := New(b, driver.Deps{})
 		if err != nil {
 			t.Fatal(err)
 		}

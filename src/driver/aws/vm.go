@@ -129,7 +129,7 @@ func (d *Driver) associateVIP(ctx context.Context, id, ip string) error {
 func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 	defer func() {
 		if err == nil || errors.Is(err, driver.ErrVMNotFound) {
-			_ = d.locks.Forget(ctx, vmLock(cid)) // its attach lock, if it ever had one
+			_ = d.Locks.Forget(ctx, vmLock(cid)) // its attach lock, if it ever had one
 		}
 	}()
 	i, err := d.instance(ctx, cid)
@@ -281,11 +281,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	if err := validCID("disk", diskCID); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	unlock, err := d.Locks.Lock(ctx, vmLock(vmCID))
 	if err != nil {
 		return nil, err
 	}
-	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	inst, err := d.instance(ctx, vmCID)
 	if err != nil {
 		return nil, err
@@ -334,7 +334,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
 		return nil, err
 	}
-	d.log.Info("attached", "volume", diskCID, "instance", vmCID, "device", device)
+	d.Log.Info("attached", "volume", diskCID, "instance", vmCID, "device", device)
 	return d.deviceHint(ctx, inst, diskCID, device), nil
 }
 
@@ -355,7 +355,7 @@ func (d *Driver) deviceHint(ctx context.Context, inst types.Instance, volume, de
 	})
 	if err != nil {
 		// The hint is a hint: the agent also searches; say what happened.
-		d.log.Warn("DescribeInstanceTypes failed (for the NVMe device hint)", "type", inst.InstanceType, "err", err)
+		d.Log.Warn("DescribeInstanceTypes failed (for the NVMe device hint)", "type", inst.InstanceType, "err", err)
 		return device
 	}
 	if len(out.InstanceTypes) > 0 && out.InstanceTypes[0].EbsInfo != nil && out.InstanceTypes[0].EbsInfo.NvmeSupport == types.EbsNvmeSupportRequired {
@@ -383,11 +383,11 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	if err := validCID("disk", diskCID); err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	unlock, err := d.Locks.Lock(ctx, vmLock(vmCID))
 	if err != nil {
 		return err
 	}
-	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	if _, err := d.instance(ctx, vmCID); err != nil {
 		return err
 	}
@@ -414,7 +414,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	if err := d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) { return attachmentTo(v, vmCID) == nil, nil }); err != nil {
 		return err
 	}
-	d.log.Info("detached", "volume", diskCID, "instance", vmCID)
+	d.Log.Info("detached", "volume", diskCID, "instance", vmCID)
 	return nil
 }
 

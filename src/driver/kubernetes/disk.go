@@ -98,7 +98,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if _, err := d.claim(ctx, cid); err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, diskLock(cid))
+	unlock, err := d.Locks.Lock(ctx, diskLock(cid))
 	if err != nil {
 		return err
 	}

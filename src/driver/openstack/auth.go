@@ -88,7 +88,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 		}
 	} else {
 		d.redact(tok.ID)
-		d.log.Debug("using the cached Keystone token", "expires", tok.ExpiresAt.Format(time.RFC3339))
+		d.Log.Debug("using the cached Keystone token", "expires", tok.ExpiresAt.Format(time.RFC3339))
 	}
 	pc.SetToken(tok.ID)
 	s := &session{pc: pc, endpoints: tok.Endpoints}
@@ -144,7 +144,7 @@ func (d *Driver) writeCache(kind, what string, v any) {
 	}
 	b, _ := json.Marshal(v)
 	if err := writeAtomic(d.stateDir, d.cacheFile(kind), b); err != nil {
-		d.log.Warn("cannot write the "+what+" cache", "err", err)
+		d.Log.Warn("cannot write the "+what+" cache", "err", err)
 	}
 }
 
@@ -152,8 +152,8 @@ func (d *Driver) writeCache(kind, what string, v any) {
 // process fetched meanwhile (and that is not the one that just failed,
 // stale) is taken instead, so concurrent bin/cpi processes log in once.
 func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) {
-	if d.cfg.tokenCache() && d.stateDir != "" && d.locks != nil {
-		unlock, err := d.locks.Lock(ctx, "openstack-token")
+	if d.cfg.tokenCache() && d.stateDir != "" && d.Locks != nil {
+		unlock, err := d.Locks.Lock(ctx, "openstack-token")
 		if err != nil {
 			return nil, err
 		}
@@ -172,7 +172,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 	pc.UserAgent.Prepend("runway-cpi")
 	identity := &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: d.cfg.AuthURL + "/"}
 	var res tokens.CreateResult
-	err = d.retry.Do(ctx, "openstack keystone login", func(ctx context.Context) error {
+	err = d.Retry.Do(ctx, "openstack keystone login", func(ctx context.Context) error {
 		res = tokens.Create(ctx, identity, d.authOptions())
 		return res.Err
 	})
@@ -196,7 +196,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 		return nil, fmt.Errorf("openstack: Keystone at %s: the catalog has no compute endpoint for region %q, interface %s",
 			d.cfg.AuthURL, d.cfg.Region, d.cfg.Interface)
 	}
-	d.log.Info("logged in to Keystone", "auth_url", d.cfg.AuthURL, "expires", t.ExpiresAt.Format(time.RFC3339))
+	d.Log.Info("logged in to Keystone", "auth_url", d.cfg.AuthURL, "expires", t.ExpiresAt.Format(time.RFC3339))
 	d.writeCache("token", "token", t)
 	return t, nil
 }

@@ -67,7 +67,7 @@ func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[st
 	}
 	b, _ := json.Marshal(cfg)
 	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
-	d, err := New(b, stateDir, lk, log, p, nil)
+	d, err := New(b, driver.Deps{StateDir: stateDir, Locker: lk, Logger: log, Retry: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +391,7 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 		return faultproxy.Pass
 	})
 	d, _ := newTestDriver(t, c, authURL, "", nil)
-	d.retry.Budget = 2 * time.Second
+	d.Retry.Budget = 2 * time.Second
 	_, err := d.HasVM(context.Background(), uuid.NewString())
 	if err == nil || !strings.Contains(err.Error(), "rate limited") || !errors.Is(err, retry.ErrBudgetExhausted) {
 		t.Fatalf("has_vm throttled past the budget: %v", err)

@@ -63,7 +63,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		d.sweepVolumes(context.WithoutCancel(ctx), token, "")
 		return "", err
 	}
-	d.log.Info("volume created", "volume", v.ID, "gib", opts.Size, "zone", az)
+	d.Log.Info("volume created", "volume", v.ID, "gib", opts.Size, "zone", az)
 	return v.ID, nil
 }
 

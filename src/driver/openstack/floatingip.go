@@ -54,7 +54,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 		return nil // a retried create: done already
 	}
 	if fip.PortID != "" {
-		d.log.Info("moving a floating IP", "ip", ip, "from_port", fip.PortID, "server", srv.ID)
+		d.Log.Info("moving a floating IP", "ip", ip, "from_port", fip.PortID, "server", srv.ID)
 	}
 	_, err = d.do(ctx, "network", "associate floating IP "+ip, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := floatingips.Update(ctx, sc, fip.ID, floatingips.UpdateOpts{PortID: &port}).Extract()
@@ -63,7 +63,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 	if err != nil {
 		return d.cloudErr(fmt.Sprintf("associate floating IP %s with port %s", ip, port), err)
 	}
-	d.log.Info("floating IP associated", "ip", ip, "server", srv.ID, "port", port)
+	d.Log.Info("floating IP associated", "ip", ip, "server", srv.ID, "port", port)
 	return nil
 }
 

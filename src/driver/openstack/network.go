@@ -156,7 +156,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			// The earlier POST's outcome is unknown: adopt what it made.
 			if p, err := portNamed(ctx, sc, n.props.NetID, c.name); err != nil || p != nil {
 				if p != nil {
-					d.log.Info("an earlier attempt made it; adopting it", "op", "create port", "port", p.ID)
+					d.Log.Info("an earlier attempt made it; adopting it", "op", "create port", "port", p.ID)
 				}
 				port = p
 				return err
@@ -180,7 +180,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			// A create_vm killed between its port and its server left
 			// this port holding the address: remove it and try again.
 			reclaimed = true
-			d.log.Info("deleting a port held for a server that was never created", "port", holder.ID, "ip", n.net.IP, "server_name", holder.Name)
+			d.Log.Info("deleting a port held for a server that was never created", "port", holder.ID, "ip", n.net.IP, "server_name", holder.Name)
 			if derr := ports.Delete(ctx, sc, holder.ID).ExtractErr(); derr != nil && !isNotFound(derr) {
 				return derr
 			}
@@ -253,12 +253,12 @@ const orphanAge = time.Hour
 // wait for the age too.
 func (d *Driver) createOver(p *ports.Port) bool {
 	name := createLock(p.Name)
-	if _, err := os.Stat(filepath.Join(d.locks.Dir, name+".lock")); err == nil {
-		release, free, err := d.locks.TryLock(name)
+	if _, err := os.Stat(filepath.Join(d.Locks.Dir, name+".lock")); err == nil {
+		release, free, err := d.Locks.TryLock(name)
 		if err != nil || !free {
 			return false
 		}
-		d.locks.Release(name, release, true)
+		d.Locks.Release(name, release, true)
 		return true
 	}
 	return !p.CreatedAt.IsZero() && time.Since(p.CreatedAt) > orphanAge
@@ -317,7 +317,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 			return err
 		})
 		if err != nil {
-			d.log.Warn("listing the server's ports failed", "server", s.ID, "err", err)
+			d.Log.Warn("listing the server's ports failed", "server", s.ID, "err", err)
 			return
 		}
 	}
@@ -337,7 +337,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 			}
 			return err
 		}); err != nil {
-			d.log.Warn("deleting a port failed", "port", p.ID, "server", s.ID, "err", err)
+			d.Log.Warn("deleting a port failed", "port", p.ID, "server", s.ID, "err", err)
 		}
 	}
 }

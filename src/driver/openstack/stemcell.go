@@ -84,7 +84,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		d.deleteImage(context.WithoutCancel(ctx), id)
 		return "", err
 	}
-	d.log.Info("stemcell image uploaded", "image", id, "name", name)
+	d.Log.Info("stemcell image uploaded", "image", id, "name", name)
 	return id, nil
 }
 
@@ -172,6 +172,6 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 
 func (d *Driver) deleteImage(ctx context.Context, id string) {
 	if err := d.DeleteStemcell(ctx, id); err != nil {
-		d.log.Warn("deleting the image after a failed upload failed", "image", id, "err", err)
+		d.Log.Warn("deleting the image after a failed upload failed", "image", id, "err", err)
 	}
 }

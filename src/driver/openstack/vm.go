@@ -36,7 +36,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 	}
 	defer func() {
 		if err == nil || errors.Is(err, driver.ErrVMNotFound) {
-			_ = d.locks.Forget(ctx, vmLock(id)) // its attach lock, if it ever had one
+			_ = d.Locks.Forget(ctx, vmLock(id)) // its attach lock, if it ever had one
 		}
 	}()
 	s, err := d.server(ctx, id)
@@ -63,7 +63,7 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	}
 	err := d.awaitServerGone(ctx, id)
 	if err == nil {
-		d.log.Info("server deleted", "server", id)
+		d.Log.Info("server deleted", "server", id)
 	}
 	return err
 }
@@ -98,7 +98,7 @@ func (d *Driver) awaitServerGone(ctx context.Context, id string) error {
 			return false, err
 		}
 		resends++
-		d.log.Info("the server's delete failed in Nova; sending it again", "server", id, "fault", s.Fault.Message, "resend", resends)
+		d.Log.Info("the server's delete failed in Nova; sending it again", "server", id, "fault", s.Fault.Message, "resend", resends)
 		err = d.sendDelete(ctx, id)
 		return errors.Is(err, driver.ErrVMNotFound), ignore(err, driver.ErrVMNotFound)
 	})
@@ -188,11 +188,11 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(id))
+	unlock, err := d.Locks.Lock(ctx, vmLock(id))
 	if err != nil {
 		return err
 	}
-	defer func() { d.locks.Release(vmLock(id), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(id), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	clean := metadata(md)
 	for _, k := range []string{mdVM, mdToken, mdPorts, mdNetworks} {
 		delete(clean, k) // the driver's own keys are not the caller's to change

@@ -53,7 +53,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 	sc.Client.Transport = &countingTransport{base: sc.DefaultTransport(), n: &d.requests}
 	s := &session{d: d, sc: sc}
 	var raw *vim25.Client
-	err = d.retry.Do(ctx, "vsphere connect", func(ctx context.Context) error {
+	err = d.Retry.Do(ctx, "vsphere connect", func(ctx context.Context) error {
 		var err error
 		raw, err = vim25.NewClient(ctx, sc)
 		return err
@@ -66,7 +66,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 	c.RoundTripper = s
 	s.client = &c
 	if d.cfg.sessionCache() && s.restore() {
-		d.log.Debug("reusing the cached vCenter session", "host", d.cfg.hostName())
+		d.Log.Debug("reusing the cached vCenter session", "host", d.cfg.hostName())
 		return s, nil
 	}
 	if err := s.login(ctx); err != nil {
@@ -86,7 +86,7 @@ func (d *Driver) connectErr(err error) error {
 // login opens a session and keeps its cookie for the next process.
 func (s *session) login(ctx context.Context) error {
 	d := s.d
-	err := d.retry.Do(ctx, "vsphere login", func(ctx context.Context) error {
+	err := d.Retry.Do(ctx, "vsphere login", func(ctx context.Context) error {
 		return govsession.NewManager(s.raw).Login(ctx, url.UserPassword(d.cfg.User, d.cfg.Password))
 	})
 	if err != nil {
@@ -95,7 +95,7 @@ func (s *session) login(ctx context.Context) error {
 		}
 		return d.connectErr(err)
 	}
-	d.log.Debug("logged in to vCenter", "host", d.cfg.hostName(), "user", d.cfg.User)
+	d.Log.Debug("logged in to vCenter", "host", d.cfg.hostName(), "user", d.cfg.User)
 	if d.cfg.sessionCache() {
 		s.save()
 	}
@@ -106,7 +106,7 @@ func (s *session) login(ctx context.Context) error {
 // renewed and the call sent again, once.
 func (s *session) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	method := methodName(req)
-	err := s.d.retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
+	err := s.d.Retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
 		resetFault(res)
 		err := s.sc.RoundTrip(ctx, req, res)
 		if err == nil {
@@ -127,8 +127,8 @@ func (s *session) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	if lerr != nil {
 		return fmt.Errorf("%w (renewing the session: %v)", err, lerr)
 	}
-	s.d.log.Info("vCenter session had expired: logged in again", "method", method)
-	return s.d.retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
+	s.d.Log.Info("vCenter session had expired: logged in again", "method", method)
+	return s.d.Retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
 		resetFault(res)
 		if err := s.sc.RoundTrip(ctx, req, res); err != nil {
 			return err
@@ -312,7 +312,7 @@ func (s *session) save() {
 	b, _ := json.Marshal(cachedSession{Cookie: cookie})
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		s.d.log.Warn("cannot keep the vCenter session", "err", err)
+		s.d.Log.Warn("cannot keep the vCenter session", "err", err)
 		return
 	}
 	if err := os.Rename(tmp, p); err != nil {

@@ -98,7 +98,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 	if err != nil && !notFound(err) {
 		return d.cloudErr("delete vm "+cid, err)
 	}
-	d.log.Info("vm deleted", "vm", cid)
+	d.Log.Info("vm deleted", "vm", cid)
 	return nil
 }
 
@@ -124,7 +124,7 @@ func (d *Driver) RebootVM(ctx context.Context, cid string) error {
 	if err := vm.RebootGuest(ctx); err == nil {
 		return nil
 	} else {
-		d.log.Info("soft reboot failed: powering off and on", "vm", cid, "err", err)
+		d.Log.Info("soft reboot failed: powering off and on", "vm", cid, "err", err)
 	}
 	if err := d.powerOff(ctx, vm); err != nil {
 		return err
@@ -147,7 +147,7 @@ func (d *Driver) lockedVM(ctx context.Context, cid string, more ...string) (*vce
 		}
 	}
 	for _, name := range append([]string{"vm-" + cid}, more...) {
-		unlock, err := d.locks.Lock(ctx, name)
+		unlock, err := d.Locks.Lock(ctx, name)
 		if err != nil {
 			release()
 			return nil, nil, nil, err
@@ -250,7 +250,7 @@ func (d *Driver) setMetadata(ctx context.Context, vc *vcenter, ref types.Managed
 					key, ok = fieldKey(defs, k)
 				}
 			case fault.Is(err, &types.NoPermission{}):
-				d.log.Warn("no permission to define a custom field: skipped", "field", k)
+				d.Log.Warn("no permission to define a custom field: skipped", "field", k)
 				continue
 			case err == nil:
 				key, ok = def.Key, true
@@ -261,7 +261,7 @@ func (d *Driver) setMetadata(ctx context.Context, vc *vcenter, ref types.Managed
 		}
 		if err := cfm.Set(ctx, ref, key, md[k]); err != nil {
 			if fault.Is(err, &types.NoPermission{}) {
-				d.log.Warn("no permission to set a custom field: skipped", "field", k)
+				d.Log.Warn("no permission to set a custom field: skipped", "field", k)
 				continue
 			}
 			return d.cloudErr("set custom field "+k, err)
