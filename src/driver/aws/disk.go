@@ -13,6 +13,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 // CreateDisk makes a gp3 (by default) volume in the VM's availability
@@ -175,10 +176,7 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 // HasDisk: deleting and deleted volumes count as gone.
 func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
 	_, err := d.volume(ctx, cid)
-	if errors.Is(err, driver.ErrDiskNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrDiskNotFound)
 }
 
 // ResizeDisk grows a volume in place (ModifyVolume); EBS cannot shrink.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 var liveStates = []string{"pending", "running", "stopping", "stopped"}
@@ -151,10 +152,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 // HasVM: terminated and shutting-down instances count as gone.
 func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 	_, err := d.instance(ctx, cid)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrVMNotFound)
 }
 
 func (d *Driver) RebootVM(ctx context.Context, cid string) error {

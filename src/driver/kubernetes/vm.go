@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 // Where a warden stemcell's agent reads what the CPI gives it (the same
@@ -241,10 +242,7 @@ func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 		return false, err
 	}
 	_, err := d.pod(ctx, cid)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrVMNotFound)
 }
 
 func (d *Driver) pod(ctx context.Context, cid string) (*corev1.Pod, error) {

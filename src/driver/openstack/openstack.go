@@ -22,6 +22,7 @@ import (
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
 	"github.com/runway-cpi/runway/src/driver/clouddeps"
+	"github.com/runway-cpi/runway/src/driver/found"
 	"github.com/runway-cpi/runway/src/driver/poll"
 )
 
@@ -206,10 +207,7 @@ func exists[T any](ctx context.Context, kind, cid string, gone error, read func(
 		return false, err
 	}
 	_, err = read(ctx, id)
-	if errors.Is(err, gone) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, gone)
 }
 
 // validCID refuses anything but an OpenStack UUID (a stemcell may end

@@ -2,7 +2,6 @@ package vsphere
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 // findVM finds a VM by its cid: at its place in vm_folder first (one
@@ -63,10 +63,7 @@ func (d *Driver) vmFor(ctx context.Context, cid string) (*vcenter, *object.Virtu
 // HasVM reports whether the VM exists.
 func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 	_, _, err := d.vmFor(ctx, cid)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrVMNotFound)
 }
 
 // DeleteVM powers the VM off, detaches its persistent disks (they
