@@ -25,11 +25,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
-	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/drivertest"
-	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
@@ -77,20 +75,10 @@ func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any)
 	if lockDir == "" {
 		lockDir = t.TempDir()
 	}
-	logs := testlog.ShownOnFailure(t, "driver log")
-	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
-	lk, err := lock.New(lockDir, time.Minute, log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deps, logs := drivertest.Deps(t, lockDir)
 	cfg := map[string]any{"region": region, "endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing-secret",
 		"poll_max_ms": 500, "wait_timeout_seconds": 30}
-	for k, v := range extra {
-		cfg[k] = v
-	}
-	b, _ := json.Marshal(cfg)
-	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
-	d, err := New(b, driver.Deps{Locker: lk, Logger: log, Retry: p})
+	d, err := New(drivertest.Section(cfg, extra), deps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,11 +7,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 // Fixture tells the suite how to exercise one driver.
@@ -29,6 +36,29 @@ type Fixture struct {
 	DiskProps driver.Props
 	// UnknownVM/UnknownDisk are well-formed CIDs that do not exist.
 	UnknownVM, UnknownDisk string
+}
+
+// Deps are what a cloud driver's tests build it with: its locks in
+// lockDir (drivers given one dir share them, as bin/cpi processes do), a
+// debug log shown when the test fails, and short waits within a
+// two-minute budget.
+func Deps(t *testing.T, lockDir string) (driver.Deps, *testlog.Buffer) {
+	t.Helper()
+	logs := testlog.ShownOnFailure(t, "driver log")
+	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
+	lk, err := lock.New(lockDir, time.Minute, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
+	return driver.Deps{Locker: lk, Logger: log, Retry: p}, logs
+}
+
+// Section is a driver's config section: cfg with extra's keys over it.
+func Section(cfg, extra map[string]any) json.RawMessage {
+	maps.Copy(cfg, extra)
+	b, _ := json.Marshal(cfg)
+	return b
 }
 
 // Run runs the whole suite: the core every driver has, and the optional
