@@ -220,13 +220,21 @@ func (s *suite) unknownVM(t *testing.T) {
 		calls["stop_vm"] = func() error { return power.StopVM(ctx, f.UnknownVM) }
 		calls["start_vm"] = func() error { return power.StartVM(ctx, f.UnknownVM) }
 	}
+	s.allNotFound(t, "vm", driver.ErrVMNotFound, calls, d.HasVM, f.UnknownVM)
+}
+
+// allNotFound: every call on an unknown resource of kind fails with
+// notFound, and has (has_vm, has_disk) answers false with no error.
+func (s *suite) allNotFound(t *testing.T, kind string, notFound error, calls map[string]func() error,
+	has func(ctx context.Context, cid string) (bool, error), cid string) {
+	t.Helper()
 	for name, call := range calls {
-		if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
-			t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
+		if err := call(); !errors.Is(err, notFound) {
+			t.Errorf("%s on unknown %s: %v; want %v", name, kind, err, notFound)
 		}
 	}
-	if ok, err := d.HasVM(ctx, f.UnknownVM); err != nil || ok {
-		t.Errorf("has_vm on unknown vm = %v, %v; want false, nil", ok, err)
+	if ok, err := has(s.ctx, cid); err != nil || ok {
+		t.Errorf("has_%s on unknown %s = %v, %v; want false, nil", kind, kind, ok, err)
 	}
 }
 
@@ -357,14 +365,7 @@ func (s *suite) unknownDisk(t *testing.T) {
 	if snapping {
 		calls["snapshot_disk"] = func() error { _, err := snapper.SnapshotDisk(ctx, f.UnknownDisk, nil); return err }
 	}
-	for name, call := range calls {
-		if err := call(); !errors.Is(err, driver.ErrDiskNotFound) {
-			t.Errorf("%s on unknown disk: %v; want ErrDiskNotFound", name, err)
-		}
-	}
-	if ok, err := d.HasDisk(ctx, f.UnknownDisk); err != nil || ok {
-		t.Errorf("has_disk on unknown disk = %v, %v", ok, err)
-	}
+	s.allNotFound(t, "disk", driver.ErrDiskNotFound, calls, d.HasDisk, f.UnknownDisk)
 }
 
 func (s *suite) pathLikeCIDs(t *testing.T) {
