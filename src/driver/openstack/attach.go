@@ -172,22 +172,18 @@ func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	_, err = d.do(ctx, "compute", "list attachments of "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, volumeattach.List(sc, vm), volumeattach.ExtractVolumeAttachments)
-		out = out[:0]
-		for _, a := range list {
-			if !rootDevice(a.Device) {
-				out = append(out, a.VolumeID)
-			}
-		}
-		return err
-	})
-	if isNotFound(err) {
-		return nil, fmt.Errorf("server %s: %w", vm, driver.ErrVMNotFound)
-	}
+	list, err := read(ctx, d, "compute", "list attachments of "+vm, fmt.Errorf("server %s: %w", vm, driver.ErrVMNotFound),
+		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]volumeattach.VolumeAttachment, error) {
+			return all(ctx, volumeattach.List(sc, vm), volumeattach.ExtractVolumeAttachments)
+		})
 	if err != nil {
-		return nil, d.cloudErr("list attachments of "+vm, err)
+		return nil, err
+	}
+	var out []string
+	for _, a := range list {
+		if !rootDevice(a.Device) {
+			out = append(out, a.VolumeID)
+		}
 	}
 	return out, nil
 }

@@ -77,7 +77,7 @@ func (d *Driver) sweepVolumes(ctx context.Context, token, keep string) {
 
 // volume reads one volume; gone (404, deleting) is ErrDiskNotFound.
 func (d *Driver) volume(ctx context.Context, id string) (*volumes.Volume, error) {
-	v, err := get(ctx, d, "volume", "volume "+id, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound),
+	v, err := read(ctx, d, "volume", "get volume "+id, fmt.Errorf("volume %s: %w", id, driver.ErrDiskNotFound),
 		func(ctx context.Context, sc *gophercloud.ServiceClient) (*volumes.Volume, error) {
 			return volumes.Get(ctx, sc, id).Extract()
 		})

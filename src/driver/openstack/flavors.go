@@ -77,17 +77,15 @@ func findFlavor(list []flavorEntry, nameOrID string) *flavorEntry {
 
 // listFlavors reads every flavor the project may use and refreshes the cache.
 func (d *Driver) listFlavors(ctx context.Context) ([]flavorEntry, error) {
-	var out []flavorEntry
-	_, err := d.do(ctx, "compute", "list flavors", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}), flavors.ExtractFlavors)
-		out = out[:0]
-		for _, f := range list {
-			out = append(out, flavorEntry{ID: f.ID, Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: f.Disk, Ephemeral: f.Ephemeral})
-		}
-		return err
+	list, err := read(ctx, d, "compute", "list flavors", nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]flavors.Flavor, error) {
+		return all(ctx, flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}), flavors.ExtractFlavors)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list flavors", err)
+		return nil, err
+	}
+	var out []flavorEntry
+	for _, f := range list {
+		out = append(out, flavorEntry{ID: f.ID, Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: f.Disk, Ephemeral: f.Ephemeral})
 	}
 	d.writeCache("flavors", "flavor", &flavorCache{Fetched: time.Now(), Flavors: out})
 	return out, nil

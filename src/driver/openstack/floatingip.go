@@ -69,19 +69,14 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 
 // serverPort is the server's port on network.
 func (d *Driver) serverPort(ctx context.Context, server, network string) (string, error) {
-	var id string
-	_, err := d.do(ctx, "network", "find the port of server "+server, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, ports.List(sc, ports.ListOpts{DeviceID: server, NetworkID: network}), ports.ExtractPorts)
-		if len(list) > 0 {
-			id = list[0].ID
-		}
-		return err
+	list, err := read(ctx, d, "network", "find the port of server "+server, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]ports.Port, error) {
+		return all(ctx, ports.List(sc, ports.ListOpts{DeviceID: server, NetworkID: network}), ports.ExtractPorts)
 	})
 	if err != nil {
-		return "", d.cloudErr("find the port of server "+server, err)
+		return "", err
 	}
-	if id == "" {
+	if len(list) == 0 {
 		return "", fmt.Errorf("openstack: server %s has no port on network %s", server, network)
 	}
-	return id, nil
+	return list[0].ID, nil
 }

@@ -225,19 +225,18 @@ func (d *Driver) findMember(ctx context.Context, sc *gophercloud.ServiceClient, 
 
 // subnetFor is the subnet of network whose range holds ip.
 func (d *Driver) subnetFor(ctx context.Context, network, ip string) (string, error) {
-	var id string
-	addr := net.ParseIP(ip)
-	_, err := d.do(ctx, "network", "list subnets of "+network, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, subnets.List(sc, subnets.ListOpts{NetworkID: network}), subnets.ExtractSubnets)
-		for _, s := range list {
-			if _, cidr, perr := net.ParseCIDR(s.CIDR); perr == nil && addr != nil && cidr.Contains(addr) {
-				id = s.ID
-			}
-		}
-		return err
+	list, err := read(ctx, d, "network", "list subnets of "+network, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]subnets.Subnet, error) {
+		return all(ctx, subnets.List(sc, subnets.ListOpts{NetworkID: network}), subnets.ExtractSubnets)
 	})
 	if err != nil {
-		return "", d.cloudErr("list subnets of "+network, err)
+		return "", err
+	}
+	addr := net.ParseIP(ip)
+	id := ""
+	for _, s := range list {
+		if _, cidr, perr := net.ParseCIDR(s.CIDR); perr == nil && addr != nil && cidr.Contains(addr) {
+			id = s.ID
+		}
 	}
 	if id == "" {
 		return "", fmt.Errorf("openstack: no subnet of network %s holds %s", network, ip)

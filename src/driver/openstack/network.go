@@ -407,34 +407,32 @@ func fixedAddress(srv *servers.Server, network string) string {
 
 // networkNames maps Neutron network ids to names.
 func (d *Driver) networkNames(ctx context.Context) (map[string]string, error) {
-	out := map[string]string{}
-	_, err := d.do(ctx, "network", "list networks", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, networks.List(sc, networks.ListOpts{}), networks.ExtractNetworks)
-		for _, n := range list {
-			out[n.ID] = n.Name
-		}
-		return err
+	list, err := read(ctx, d, "network", "list networks", nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]networks.Network, error) {
+		return all(ctx, networks.List(sc, networks.ListOpts{}), networks.ExtractNetworks)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list networks", err)
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range list {
+		out[n.ID] = n.Name
 	}
 	return out, nil
 }
 
 // portAddresses maps network id → first fixed IP of the server's ports.
 func (d *Driver) portAddresses(ctx context.Context, serverID string) (map[string]string, error) {
-	out := map[string]string{}
-	_, err := d.do(ctx, "network", "list ports of "+serverID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, ports.List(sc, ports.ListOpts{DeviceID: serverID}), ports.ExtractPorts)
-		for _, p := range list {
-			if len(p.FixedIPs) > 0 && out[p.NetworkID] == "" {
-				out[p.NetworkID] = p.FixedIPs[0].IPAddress
-			}
-		}
-		return err
+	list, err := read(ctx, d, "network", "list ports of "+serverID, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]ports.Port, error) {
+		return all(ctx, ports.List(sc, ports.ListOpts{DeviceID: serverID}), ports.ExtractPorts)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list ports of "+serverID, err)
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, p := range list {
+		if len(p.FixedIPs) > 0 && out[p.NetworkID] == "" {
+			out[p.NetworkID] = p.FixedIPs[0].IPAddress
+		}
 	}
 	return out, nil
 }
@@ -447,14 +445,11 @@ func (d *Driver) securityGroupIDs(ctx context.Context, names []string) ([]string
 			out = append(out, g)
 			continue
 		}
-		var found []groups.SecGroup
-		_, err := d.do(ctx, "network", "find security group "+g, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-			var err error
-			found, err = all(ctx, groups.List(sc, groups.ListOpts{Name: g}), groups.ExtractGroups)
-			return err
+		found, err := read(ctx, d, "network", "find security group "+g, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]groups.SecGroup, error) {
+			return all(ctx, groups.List(sc, groups.ListOpts{Name: g}), groups.ExtractGroups)
 		})
 		if err != nil {
-			return nil, d.cloudErr("find security group "+g, err)
+			return nil, err
 		}
 		if len(found) != 1 {
 			return nil, driver.Invalid("security group %q: %d groups have that name", g, len(found))

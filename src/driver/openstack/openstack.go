@@ -134,19 +134,21 @@ func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx contex
 	return d.cfg.WaitFor(ctx, how, what, d.Log.Debug, check)
 }
 
-// get reads one resource of a service; a 404 answers gone.
-func get[T any](ctx context.Context, d *Driver, kind, what string, gone error, fetch func(ctx context.Context, sc *gophercloud.ServiceClient) (T, error)) (T, error) {
+// read runs one read (a get or a list) of a service inside the retry
+// budget; a 404 answers gone when gone is not nil, any other failure is
+// the cloud's error for op.
+func read[T any](ctx context.Context, d *Driver, kind, op string, gone error, fetch func(ctx context.Context, sc *gophercloud.ServiceClient) (T, error)) (T, error) {
 	var out, none T
-	_, err := d.do(ctx, kind, "get "+what, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	_, err := d.do(ctx, kind, op, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
 		out, err = fetch(ctx, sc)
 		return err
 	})
-	if isNotFound(err) {
+	if gone != nil && isNotFound(err) {
 		return none, gone
 	}
 	if err != nil {
-		return none, d.cloudErr("get "+what, err)
+		return none, d.cloudErr(op, err)
 	}
 	return out, nil
 }

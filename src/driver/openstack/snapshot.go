@@ -76,7 +76,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 }
 
 func (d *Driver) snapshot(ctx context.Context, id string) (*snapshots.Snapshot, error) {
-	return get(ctx, d, "volume", "snapshot "+id, fmt.Errorf("snapshot %s: %w", id, errSnapshotGone),
+	return read(ctx, d, "volume", "get snapshot "+id, fmt.Errorf("snapshot %s: %w", id, errSnapshotGone),
 		func(ctx context.Context, sc *gophercloud.ServiceClient) (*snapshots.Snapshot, error) {
 			return snapshots.Get(ctx, sc, id).Extract()
 		})

@@ -145,7 +145,7 @@ func openImage(path string) (io.Reader, func(), error) {
 }
 
 func (d *Driver) image(ctx context.Context, id string) (*images.Image, error) {
-	return get(ctx, d, "image", "image "+id, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound),
+	return read(ctx, d, "image", "get image "+id, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound),
 		func(ctx context.Context, sc *gophercloud.ServiceClient) (*images.Image, error) {
 			return images.Get(ctx, sc, id).Extract()
 		})

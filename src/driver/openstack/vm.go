@@ -135,7 +135,7 @@ func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 
 // server reads one server; gone (404, DELETED, SOFT_DELETED) is ErrVMNotFound.
 func (d *Driver) server(ctx context.Context, id string) (*servers.Server, error) {
-	s, err := get(ctx, d, "compute", "server "+id, fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound),
+	s, err := read(ctx, d, "compute", "get server "+id, fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound),
 		func(ctx context.Context, sc *gophercloud.ServiceClient) (*servers.Server, error) {
 			return servers.Get(ctx, sc, id).Extract()
 		})
@@ -229,16 +229,13 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 // ListVMs finds servers carrying every tag in match (Nova's tag filter),
 // with their addresses under the BOSH network names create_vm was given.
 func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver.VMInfo, error) {
-	var list []servers.Server
 	tags := serverTags(match)
 	sort.Strings(tags)
-	_, err := d.do(ctx, "compute", "list servers", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		list, err = all(ctx, servers.List(sc, servers.ListOpts{Tags: strings.Join(tags, ",")}), servers.ExtractServers)
-		return err
+	list, err := read(ctx, d, "compute", "list servers", nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]servers.Server, error) {
+		return all(ctx, servers.List(sc, servers.ListOpts{Tags: strings.Join(tags, ",")}), servers.ExtractServers)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list servers", err)
+		return nil, err
 	}
 	var netNames map[string]string // Neutron id → name, read once when needed
 	var out []driver.VMInfo

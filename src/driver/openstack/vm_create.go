@@ -180,16 +180,13 @@ func (d *Driver) planPair(ctx context.Context, pl *vmPlan) error {
 	if !check {
 		return nil
 	}
-	var found bool
-	_, err := d.do(ctx, "network", "find the VRRP port of "+pl.pair, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}), ports.ExtractPorts)
-		found = len(list) > 0
-		return err
+	list, err := read(ctx, d, "network", "find the VRRP port of "+pl.pair, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]ports.Port, error) {
+		return all(ctx, ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}), ports.ExtractPorts)
 	})
 	if err != nil {
-		return d.creationError(d.cloudErr("find the VRRP port of "+pl.pair, err))
+		return d.creationError(err)
 	}
-	if !found {
+	if len(list) == 0 {
 		return &driver.CreationError{Err: driver.Invalid("cloud_properties.allowed_address_pairs: no port holds %s (the VRRP address); create that port first, or set vrrp_port_check: false", pl.pair)}
 	}
 	return nil
