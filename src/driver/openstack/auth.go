@@ -2,18 +2,16 @@ package openstack
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
+
+	"github.com/runway-cpi/runway/src/driver/statecache"
 )
 
 // tokenMargin: a cached token is not used this close to its expiry (a
@@ -111,10 +109,10 @@ func (d *Driver) cachePath() string { return d.cacheFile("token") }
 // token or a flavor list.
 func (d *Driver) cacheFile(kind string) string {
 	c := d.cfg
-	h := sha256.Sum256([]byte(strings.Join([]string{c.AuthURL, c.Region, c.Interface, c.Username, c.UserID,
+	id := statecache.Name(8, c.AuthURL, c.Region, c.Interface, c.Username, c.UserID,
 		c.UserDomainName, c.UserDomainID, c.ProjectName, c.ProjectID, c.ProjectDomainName, c.ProjectDomainID,
-		c.ApplicationCredentialID, c.ApplicationCredentialName}, "\x00")))
-	return filepath.Join(d.stateDir, "openstack-"+kind+"-"+hex.EncodeToString(h[:8])+".json")
+		c.ApplicationCredentialID, c.ApplicationCredentialName)
+	return filepath.Join(d.stateDir, "openstack-"+kind+"-"+id+".json")
 }
 
 func (d *Driver) readTokenCache() *cachedToken { return readCache[cachedToken](d, "token") }
@@ -125,15 +123,7 @@ func readCache[T any](d *Driver, kind string) *T {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return nil
 	}
-	b, err := os.ReadFile(d.cacheFile(kind))
-	if err != nil {
-		return nil
-	}
-	var v T
-	if json.Unmarshal(b, &v) != nil {
-		return nil
-	}
-	return &v
+	return statecache.Read[T](d.cacheFile(kind))
 }
 
 // writeCache replaces the cache file of kind atomically, readable by us
@@ -142,8 +132,7 @@ func (d *Driver) writeCache(kind, what string, v any) {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return
 	}
-	b, _ := json.Marshal(v)
-	if err := writeAtomic(d.stateDir, d.cacheFile(kind), b); err != nil {
+	if err := statecache.Write(d.cacheFile(kind), v); err != nil {
 		d.Log.Warn("cannot write the "+what+" cache", "err", err)
 	}
 }

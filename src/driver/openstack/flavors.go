@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -97,25 +95,6 @@ func (d *Driver) readFlavorCache() *flavorCache {
 		return nil
 	}
 	return c
-}
-
-// writeAtomic replaces path with data through a temp file (0600).
-func writeAtomic(dir, path string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
 }
 
 // CalculateVMCloudProperties picks the smallest flavor (RAM, then vCPUs,

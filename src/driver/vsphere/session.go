@@ -2,9 +2,6 @@ package vsphere
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +21,7 @@ import (
 	"github.com/vmware/govmomi/vim25/soap"
 	"github.com/vmware/govmomi/vim25/types"
 
+	"github.com/runway-cpi/runway/src/driver/statecache"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -272,20 +270,15 @@ type cachedSession struct {
 }
 
 func (s *session) cachePath() string {
-	h := sha256.Sum256([]byte(s.d.cfg.Host + "\x00" + s.d.cfg.User + "\x00" + s.d.cfg.Password))
-	return filepath.Join(s.d.stateDir, "vsphere", "session-"+hex.EncodeToString(h[:12])+".json")
+	return filepath.Join(s.d.stateDir, "vsphere", "session-"+statecache.Name(12, s.d.cfg.Host, s.d.cfg.User, s.d.cfg.Password)+".json")
 }
 
 func (s *session) restore() bool {
 	if s.d.stateDir == "" {
 		return false
 	}
-	b, err := os.ReadFile(s.cachePath())
-	if err != nil {
-		return false
-	}
-	var cs cachedSession
-	if json.Unmarshal(b, &cs) != nil || cs.Cookie == "" {
+	cs := statecache.Read[cachedSession](s.cachePath())
+	if cs == nil || cs.Cookie == "" {
 		return false
 	}
 	s.sc.Jar.SetCookies(s.d.cfg.sdkURL(), []*http.Cookie{{Name: sessionCookie, Value: cs.Cookie}})
@@ -309,13 +302,7 @@ func (s *session) save() {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return
 	}
-	b, _ := json.Marshal(cachedSession{Cookie: cookie})
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	if err := statecache.Write(p, cachedSession{Cookie: cookie}); err != nil {
 		s.d.Log.Warn("cannot keep the vCenter session", "err", err)
-		return
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		_ = os.Remove(tmp)
 	}
 }
