@@ -212,6 +212,15 @@ func exists[T any](ctx context.Context, kind, cid string, gone error, read func(
 	return found.Answer(err, gone)
 }
 
+// byID runs act on the id of a CID of kind, once validCID accepts it.
+func byID(ctx context.Context, kind, cid string, act func(ctx context.Context, id string) error) error {
+	id, err := validCID(kind, cid)
+	if err != nil {
+		return err
+	}
+	return act(ctx, id)
+}
+
 // validCID refuses anything but an OpenStack UUID (a stemcell may end
 // " light"), so a path-like or foreign CID never reaches the cloud.
 func validCID(kind, cid string) (string, error) {
