@@ -23,18 +23,14 @@ import (
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
+	"github.com/runway-cpi/runway/src/driver/clouddeps"
 	"github.com/runway-cpi/runway/src/driver/poll"
-	"github.com/runway-cpi/runway/src/lock"
-	"github.com/runway-cpi/runway/src/logging"
-	"github.com/runway-cpi/runway/src/retry"
 )
 
 // Driver implements driver.Driver on EC2.
 type Driver struct {
-	cfg   Config
-	locks *lock.Locker
-	log   logging.Fields
-	retry retry.Policy
+	clouddeps.Base
+	cfg Config
 
 	once    sync.Once
 	ec2     *ec2.Client
@@ -51,20 +47,17 @@ var _ driver.Complete = (*Driver)(nil)
 
 // New builds the driver from its config section. No network I/O happens
 // until a method needs AWS.
-func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy retry.Policy, redact func(...string)) (*Driver, error) {
+func New(section json.RawMessage, deps driver.Deps) (*Driver, error) {
 	c, err := parseConfig(section)
 	if err != nil {
 		return nil, err
 	}
-	if redact != nil {
-		redact(c.SecretAccessKey, c.SessionToken)
+	if deps.Redact != nil {
+		deps.Redact(c.SecretAccessKey, c.SessionToken)
 	}
-	if log == nil {
-		log = logging.Discard()
-	}
-	policy = policy.For(classify, logging.Fields{Logger: log, Tag: "aws"}.Info)
-	policy.MaxFaults = c.MaxAttempts
-	return &Driver{cfg: c, locks: locks, log: logging.Fields{Logger: log, Tag: "aws"}, retry: policy}, nil
+	b := clouddeps.New("aws", deps.Locker, deps.Logger, deps.Retry, classify)
+	b.Retry.MaxFaults = c.MaxAttempts
+	return &Driver{Base: b, cfg: c}, nil
 }
 
 // Tag keys the driver owns.
@@ -91,7 +84,7 @@ func call[T any](ctx context.Context, d *Driver, op string, fn func(ctx context.
 	if err != nil {
 		return out, err
 	}
-	err = d.retry.Do(ctx, "aws "+op, func(ctx context.Context) error {
+	err = d.Retry.Do(ctx, "aws "+op, func(ctx context.Context) error {
 		var err error
 		out, err = fn(ctx, c)
 		return err
@@ -113,7 +106,7 @@ func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx contex
 			found, ok, err := find(ctx, c)
 			if err != nil || ok {
 				if ok {
-					d.log.Info("an earlier attempt made it; adopting it", "op", op)
+					d.Log.Info("an earlier attempt made it; adopting it", "op", op)
 				}
 				return found, err
 			}
@@ -128,7 +121,7 @@ func create[T any](ctx context.Context, d *Driver, op string, fn func(ctx contex
 // after 250 ms, 1.5× longer each time up to poll_max_ms.
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
 	how := poll.Poll{Name: "aws", First: firstPoll, Factor: 15, CheckFirst: true}
-	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
+	return d.cfg.WaitFor(ctx, how, what, d.Log.Debug, check)
 }
 
 // cidKinds: the EC2 id prefix of each kind of CID.
@@ -237,14 +230,14 @@ func (d *Driver) sweepToken(ctx context.Context, k tagged, token, keep string) {
 		return k.list(ctx, c, token)
 	})
 	if err != nil {
-		d.log.Warn("listing for cleanup failed", "op", k.listOp, "token", token, "err", err)
+		d.Log.Warn("listing for cleanup failed", "op", k.listOp, "token", token, "err", err)
 		return
 	}
 	for _, id := range ids {
 		if id != keep {
-			d.log.Info("deleting what this create left", "id", id)
+			d.Log.Info("deleting what this create left", "id", id)
 			if err := k.del(ctx, id); err != nil {
-				d.log.Warn("deleting failed", "id", id, "err", err)
+				d.Log.Warn("deleting failed", "id", id, "err", err)
 			}
 		}
 	}

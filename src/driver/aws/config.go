@@ -92,7 +92,7 @@ func init() {
 	// may set each (docs/configuration.md, "Request context").
 	driver.Register(driver.Registration{Section: config.Section{Name: "aws", Config: &Config{}, ContextKeys: contextKeys, Aliases: aliases},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
-			return New(section, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
+			return New(section, deps)
 		},
 	})
 }

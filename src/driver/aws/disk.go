@@ -13,6 +13,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 // CreateDisk makes a gp3 (by default) volume in the VM's availability
@@ -72,7 +73,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 		d.sweepToken(context.WithoutCancel(ctx), d.volumes(), token, "")
 		return "", err
 	}
-	d.log.Info("volume created", "volume", id, "gib", *in.Size, "type", in.VolumeType, "zone", az)
+	d.Log.Info("volume created", "volume", id, "gib", *in.Size, "type", in.VolumeType, "zone", az)
 	return id, nil
 }
 
@@ -154,7 +155,7 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 		case err == nil, strings.HasPrefix(code, "InvalidVolume."):
 			return true, nil
 		case code == "VolumeInUse":
-			d.log.Info("volume still in use; waiting", "volume", id)
+			d.Log.Info("volume still in use; waiting", "volume", id)
 			return false, nil
 		default:
 			return false, d.cloudErr("DeleteVolume "+id, err)
@@ -175,10 +176,7 @@ func (d *Driver) deleteVolume(ctx context.Context, id string) error {
 // HasDisk: deleting and deleted volumes count as gone.
 func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
 	_, err := d.volume(ctx, cid)
-	if errors.Is(err, driver.ErrDiskNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrDiskNotFound)
 }
 
 // ResizeDisk grows a volume in place (ModifyVolume); EBS cannot shrink.
@@ -247,7 +245,7 @@ func (d *Driver) modifyVolume(ctx context.Context, cid string, sizeMiB int, p *v
 			return "", err
 		}
 	}
-	d.log.Info("volume modified", "volume", cid)
+	d.Log.Info("volume modified", "volume", cid)
 	return cid, nil
 }
 

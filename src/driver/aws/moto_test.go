@@ -25,11 +25,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ebs"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
-	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/drivertest"
-	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
@@ -77,20 +75,10 @@ func newTestDriver(t *testing.T, endpoint, lockDir string, extra map[string]any)
 	if lockDir == "" {
 		lockDir = t.TempDir()
 	}
-	logs := testlog.ShownOnFailure(t, "driver log")
-	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
-	lk, err := lock.New(lockDir, time.Minute, log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deps, logs := drivertest.Deps(t, lockDir)
 	cfg := map[string]any{"region": region, "endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing-secret",
 		"poll_max_ms": 500, "wait_timeout_seconds": 30}
-	for k, v := range extra {
-		cfg[k] = v
-	}
-	b, _ := json.Marshal(cfg)
-	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
-	d, err := New(b, lk, log, p, nil)
+	d, err := New(drivertest.Section(cfg, extra), deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +525,7 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 	url, stop := p.Start()
 	defer stop()
 	d, logs := newTestDriver(t, url, "", map[string]any{"max_attempts": 2})
-	d.retry.Budget = 2 * time.Second
+	d.Retry.Budget = 2 * time.Second
 	start := time.Now()
 	_, err := d.HasVM(context.Background(), "i-0123456789abcdef0")
 	took := time.Since(start)
@@ -552,10 +540,10 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 	if n := p.Requests(); n != int64(waits+1) {
 		t.Errorf("%d requests for %d logged waits: a hidden retry layer sent more", n, waits)
 	}
-	if took > d.retry.Budget+time.Second {
-		t.Errorf("the call took %s with a %s budget", took, d.retry.Budget)
+	if took > d.Retry.Budget+time.Second {
+		t.Errorf("the call took %s with a %s budget", took, d.Retry.Budget)
 	}
-	t.Logf("%d requests, %d waits, %s for a %s budget", p.Requests(), waits, took.Round(time.Millisecond), d.retry.Budget)
+	t.Logf("%d requests, %d waits, %s for a %s budget", p.Requests(), waits, took.Round(time.Millisecond), d.Retry.Budget)
 }
 
 // TestUnreachableEndpoint fails at once, naming the endpoint.
@@ -663,7 +651,7 @@ func TestDefaultCredentialChain(t *testing.T) {
 		t.Setenv("AWS_ACCESS_KEY_ID", c.envKey)
 		t.Setenv("AWS_SECRET_ACCESS_KEY", map[bool]string{true: "envsecret", false: ""}[c.envKey != ""])
 		b, _ := json.Marshal(map[string]any{"region": region, "endpoint": url})
-		d, err := New(b, nil, nil, retry.Policy{}, nil)
+		d, err := New(b, driver.Deps{})
 		if err != nil {
 			t.Fatal(err)
 		}

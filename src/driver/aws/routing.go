@@ -42,7 +42,7 @@ func (d *Driver) configureInstance(ctx context.Context, inst types.Instance, p v
 		return err
 	}
 	for _, name := range p.ELBs {
-		err := d.retry.Do(ctx, "aws RegisterInstancesWithLoadBalancer", func(ctx context.Context) error {
+		err := d.Retry.Do(ctx, "aws RegisterInstancesWithLoadBalancer", func(ctx context.Context) error {
 			_, err := lb1.RegisterInstancesWithLoadBalancer(ctx, &elb.RegisterInstancesWithLoadBalancerInput{
 				LoadBalancerName: aws.String(name), Instances: []elbtypes.Instance{{InstanceId: aws.String(id)}}})
 			return err
@@ -50,11 +50,11 @@ func (d *Driver) configureInstance(ctx context.Context, inst types.Instance, p v
 		if err != nil {
 			return d.cloudErr("RegisterInstancesWithLoadBalancer "+name, err)
 		}
-		d.log.Info("registered with a load balancer", "instance", id, "elb", name)
+		d.Log.Info("registered with a load balancer", "instance", id, "elb", name)
 	}
 	for _, name := range p.LBTargetGroups {
 		var arn string
-		err := d.retry.Do(ctx, "aws DescribeTargetGroups", func(ctx context.Context) error {
+		err := d.Retry.Do(ctx, "aws DescribeTargetGroups", func(ctx context.Context) error {
 			out, err := lb2.DescribeTargetGroups(ctx, &elbv2.DescribeTargetGroupsInput{Names: []string{name}})
 			if err == nil && len(out.TargetGroups) > 0 {
 				arn = aws.ToString(out.TargetGroups[0].TargetGroupArn)
@@ -64,7 +64,7 @@ func (d *Driver) configureInstance(ctx context.Context, inst types.Instance, p v
 		if err != nil || arn == "" {
 			return fmt.Errorf("lb_target_groups: target group %q: %w", name, d.cloudErr("DescribeTargetGroups", orNotFound(err)))
 		}
-		err = d.retry.Do(ctx, "aws RegisterTargets", func(ctx context.Context) error {
+		err = d.Retry.Do(ctx, "aws RegisterTargets", func(ctx context.Context) error {
 			_, err := lb2.RegisterTargets(ctx, &elbv2.RegisterTargetsInput{TargetGroupArn: aws.String(arn),
 				Targets: []elbv2types.TargetDescription{{Id: aws.String(id)}}})
 			return err
@@ -72,7 +72,7 @@ func (d *Driver) configureInstance(ctx context.Context, inst types.Instance, p v
 		if err != nil {
 			return d.cloudErr("RegisterTargets "+name, err)
 		}
-		d.log.Info("registered in a target group", "instance", id, "target_group", name)
+		d.Log.Info("registered in a target group", "instance", id, "target_group", name)
 	}
 	return nil
 }
@@ -119,7 +119,7 @@ func (d *Driver) advertise(ctx context.Context, id string, r route) error {
 	if err != nil {
 		return d.cloudErr(op+" "+r.Destination+" in "+r.TableID, err)
 	}
-	d.log.Info("route set", "destination", r.Destination, "route_table", r.TableID, "instance", id)
+	d.Log.Info("route set", "destination", r.Destination, "route_table", r.TableID, "instance", id)
 	return nil
 }
 

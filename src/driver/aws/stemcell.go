@@ -79,9 +79,9 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	}
 	ami, err := d.registerImage(ctx, snap, p, tags)
 	if err != nil {
-		d.log.Info("deleting the failed stemcell's snapshot", "snapshot", snap)
+		d.Log.Info("deleting the failed stemcell's snapshot", "snapshot", snap)
 		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
-			d.log.Warn("deleting failed", "snapshot", snap, "err", derr)
+			d.Log.Warn("deleting failed", "snapshot", snap, "err", derr)
 		}
 		return "", err
 	}
@@ -91,7 +91,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 	copied, err := d.copyEncrypted(ctx, ami, kms, tags)
 	// The unencrypted original is not kept, whatever the copy did.
 	if derr := d.DeleteStemcell(context.WithoutCancel(ctx), ami); derr != nil {
-		d.log.Warn("deleting the unencrypted image failed", "ami", ami, "err", derr)
+		d.Log.Warn("deleting the unencrypted image failed", "ami", ami, "err", derr)
 	}
 	return copied, err
 }
@@ -117,7 +117,7 @@ func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[st
 	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
 		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{copied}, Tags: ec2Tags(tags)})
 	}); err != nil {
-		d.log.Warn("tagging failed", "ami", copied, "err", err)
+		d.Log.Warn("tagging failed", "ami", copied, "err", err)
 	}
 	err = d.waitFor(ctx, "image "+copied+" available", func(ctx context.Context) (bool, error) {
 		img, err := d.image(ctx, copied)
@@ -131,11 +131,11 @@ func (d *Driver) copyEncrypted(ctx context.Context, ami, kms string, tags map[st
 	})
 	if err != nil {
 		if derr := d.DeleteStemcell(context.WithoutCancel(ctx), copied); derr != nil {
-			d.log.Warn("deleting the failed copy failed", "ami", copied, "err", derr)
+			d.Log.Warn("deleting the failed copy failed", "ami", copied, "err", derr)
 		}
 		return "", err
 	}
-	d.log.Info("encrypted copy made", "ami", copied, "of", ami)
+	d.Log.Info("encrypted copy made", "ami", copied, "of", ami)
 	return copied, nil
 }
 
@@ -205,7 +205,7 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	}
 	fail := func(err error) (string, error) {
 		if derr := d.DeleteSnapshot(context.WithoutCancel(ctx), snap); derr != nil {
-			d.log.Warn("deleting a partial snapshot failed", "snapshot", snap, "err", derr)
+			d.Log.Warn("deleting a partial snapshot failed", "snapshot", snap, "err", derr)
 		}
 		return "", err
 	}
@@ -213,7 +213,7 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	if err != nil {
 		return fail(err)
 	}
-	if err := d.retry.Do(ctx, "aws CompleteSnapshot", func(ctx context.Context) error {
+	if err := d.Retry.Do(ctx, "aws CompleteSnapshot", func(ctx context.Context) error {
 		_, err := eb.CompleteSnapshot(ctx, &ebs.CompleteSnapshotInput{SnapshotId: aws.String(snap), ChangedBlocksCount: aws.Int32(int32(blocks))})
 		return err
 	}); err != nil {
@@ -222,7 +222,7 @@ func (d *Driver) uploadImage(ctx context.Context, path string, diskMiB int, tags
 	if err := d.waitSnapshot(ctx, snap); err != nil {
 		return fail(err)
 	}
-	d.log.Info("stemcell uploaded", "snapshot", snap, "gib", gib, "blocks_written", blocks)
+	d.Log.Info("stemcell uploaded", "snapshot", snap, "gib", gib, "blocks_written", blocks)
 	return snap, nil
 }
 
@@ -242,7 +242,7 @@ func (d *Driver) putBlocks(ctx context.Context, eb *ebs.Client, snap string, r i
 			defer wg.Done()
 			for b := range work {
 				sum := sha256.Sum256(b.data)
-				err := d.retry.Do(ctx, "aws PutSnapshotBlock", func(ctx context.Context) error {
+				err := d.Retry.Do(ctx, "aws PutSnapshotBlock", func(ctx context.Context) error {
 					_, err := eb.PutSnapshotBlock(ctx, &ebs.PutSnapshotBlockInput{SnapshotId: aws.String(snap),
 						BlockIndex: aws.Int32(b.idx), BlockData: bytes.NewReader(b.data), DataLength: aws.Int32(ebsBlock),
 						Checksum: aws.String(base64.StdEncoding.EncodeToString(sum[:])), ChecksumAlgorithm: ebstypes.ChecksumAlgorithmChecksumAlgorithmSha256})
@@ -348,9 +348,9 @@ func (d *Driver) registerImage(ctx context.Context, snap string, p stemcellProps
 	if _, err := call(ctx, d, "CreateTags", func(ctx context.Context, c *ec2.Client) (*ec2.CreateTagsOutput, error) {
 		return c.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{ami}, Tags: ec2Tags(itags)})
 	}); err != nil {
-		d.log.Warn("tagging failed", "ami", ami, "err", err)
+		d.Log.Warn("tagging failed", "ami", ami, "err", err)
 	}
-	d.log.Info("image registered", "ami", ami, "name", *in.Name, "snapshot", snap)
+	d.Log.Info("image registered", "ami", ami, "name", *in.Name, "snapshot", snap)
 	return ami, nil
 }
 
@@ -361,7 +361,7 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 		return err
 	}
 	if strings.HasSuffix(cid, " light") {
-		d.log.Info("light stemcell: the AMI is not ours to delete", "stemcell", cid)
+		d.Log.Info("light stemcell: the AMI is not ours to delete", "stemcell", cid)
 		return nil
 	}
 	img, err := d.image(ctx, cid)

@@ -41,12 +41,12 @@ func TestConfigErrors(t *testing.T) {
 		`{"region":"us-east-1","regoin":"x"}`:                                  "regoin",
 		`{"region":"us-east-1","access_key_id":"a","secret_access_key":["x"]}`: "secret_access_key",
 	} {
-		_, err := New([]byte(cfg), nil, nil, retry.Policy{}, nil)
+		_, err := New([]byte(cfg), driver.Deps{})
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("config %s: error %v; want it to mention %q", cfg, err, want)
 		}
 	}
-	d, err := New([]byte(`{"region":"eu-west-1","access_key_id":"AK","secret_access_key":"SK"}`), nil, nil, retry.Policy{}, nil)
+	d, err := New([]byte(`{"region":"eu-west-1","access_key_id":"AK","secret_access_key":"SK"}`), driver.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestConfigErrors(t *testing.T) {
 func TestSecretsAreRedacted(t *testing.T) {
 	var got []string
 	_, err := New([]byte(`{"region":"eu-west-1","access_key_id":"AK","secret_access_key":"s3cr3t","session_token":"t0k3n"}`),
-		nil, nil, retry.Policy{}, func(v ...string) { got = append(got, v...) })
+		driver.Deps{Redact: func(v ...string) { got = append(got, v...) }})
 	if err != nil {
 		t.Fatal(err)
 	}

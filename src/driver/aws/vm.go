@@ -12,6 +12,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 var liveStates = []string{"pending", "running", "stopping", "stopped"}
@@ -129,7 +130,7 @@ func (d *Driver) associateVIP(ctx context.Context, id, ip string) error {
 func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 	defer func() {
 		if err == nil || errors.Is(err, driver.ErrVMNotFound) {
-			_ = d.locks.Forget(ctx, vmLock(cid)) // its attach lock, if it ever had one
+			_ = d.Locks.Forget(ctx, vmLock(cid)) // its attach lock, if it ever had one
 		}
 	}()
 	i, err := d.instance(ctx, cid)
@@ -151,10 +152,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 // HasVM: terminated and shutting-down instances count as gone.
 func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 	_, err := d.instance(ctx, cid)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrVMNotFound)
 }
 
 func (d *Driver) RebootVM(ctx context.Context, cid string) error {
@@ -281,11 +279,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	if err := validCID("disk", diskCID); err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	unlock, err := d.Locks.Lock(ctx, vmLock(vmCID))
 	if err != nil {
 		return nil, err
 	}
-	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	inst, err := d.instance(ctx, vmCID)
 	if err != nil {
 		return nil, err
@@ -334,7 +332,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	if err := d.waitAttached(ctx, vmCID, diskCID); err != nil {
 		return nil, err
 	}
-	d.log.Info("attached", "volume", diskCID, "instance", vmCID, "device", device)
+	d.Log.Info("attached", "volume", diskCID, "instance", vmCID, "device", device)
 	return d.deviceHint(ctx, inst, diskCID, device), nil
 }
 
@@ -355,7 +353,7 @@ func (d *Driver) deviceHint(ctx context.Context, inst types.Instance, volume, de
 	})
 	if err != nil {
 		// The hint is a hint: the agent also searches; say what happened.
-		d.log.Warn("DescribeInstanceTypes failed (for the NVMe device hint)", "type", inst.InstanceType, "err", err)
+		d.Log.Warn("DescribeInstanceTypes failed (for the NVMe device hint)", "type", inst.InstanceType, "err", err)
 		return device
 	}
 	if len(out.InstanceTypes) > 0 && out.InstanceTypes[0].EbsInfo != nil && out.InstanceTypes[0].EbsInfo.NvmeSupport == types.EbsNvmeSupportRequired {
@@ -383,11 +381,11 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	if err := validCID("disk", diskCID); err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(vmCID))
+	unlock, err := d.Locks.Lock(ctx, vmLock(vmCID))
 	if err != nil {
 		return err
 	}
-	defer func() { d.locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(vmCID), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	if _, err := d.instance(ctx, vmCID); err != nil {
 		return err
 	}
@@ -414,7 +412,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	if err := d.waitVolume(ctx, diskCID, func(v types.Volume) (bool, error) { return attachmentTo(v, vmCID) == nil, nil }); err != nil {
 		return err
 	}
-	d.log.Info("detached", "volume", diskCID, "instance", vmCID)
+	d.Log.Info("detached", "volume", diskCID, "instance", vmCID)
 	return nil
 }
 

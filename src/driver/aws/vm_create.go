@@ -199,7 +199,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 	if err != nil && p.SpotBidPrice != nil && p.SpotOnDemandFallback && !errors.Is(err, driver.ErrInvalidInput) {
 		// The official CPI's spot_ondemand_fallback: no spot capacity at
 		// this price, so an on-demand instance instead.
-		d.log.Warn("spot request failed; launching on demand", "bid", *p.SpotBidPrice, "err", err)
+		d.Log.Warn("spot request failed; launching on demand", "bid", *p.SpotBidPrice, "err", err)
 		d.sweepInstances(ctx, pl.token, "")
 		in.InstanceMarketOptions = nil
 		out, sent, err = launch(in)
@@ -214,7 +214,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) (driver.VM, error) {
 		return driver.VM{}, d.creationError("RunInstances", err)
 	}
 	id := aws.ToString(out.Instances[0].InstanceId)
-	d.log.Info("launched", "instance", id, "type", p.InstanceType, "ami", pl.ami, "agent", pl.spec.AgentID)
+	d.Log.Info("launched", "instance", id, "type", p.InstanceType, "ami", pl.ami, "agent", pl.spec.AgentID)
 	if sent > 1 {
 		// Sent more than once: EC2 honours the ClientToken, emulators
 		// may not. Either way at most one instance survives.
@@ -347,7 +347,7 @@ var errLaunchFailed = errors.New("instance stopped before it ran")
 func (d *Driver) sweepInstances(ctx context.Context, token, keep string) {
 	ids, err := d.instanceIDs(ctx, map[string]string{tagToken: token})
 	if err != nil {
-		d.log.Warn("listing for cleanup failed", "op", "DescribeInstances", "token", token, "err", err)
+		d.Log.Warn("listing for cleanup failed", "op", "DescribeInstances", "token", token, "err", err)
 		return
 	}
 	var kill []string
@@ -359,11 +359,11 @@ func (d *Driver) sweepInstances(ctx context.Context, token, keep string) {
 	if len(kill) == 0 {
 		return
 	}
-	d.log.Info("terminating what this create left", "instances", kill)
+	d.Log.Info("terminating what this create left", "instances", kill)
 	if _, err := call(ctx, d, "TerminateInstances", func(ctx context.Context, c *ec2.Client) (*ec2.TerminateInstancesOutput, error) {
 		return c.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: kill})
 	}); err != nil {
-		d.log.Warn("terminating failed", "instances", kill, "err", err)
+		d.Log.Warn("terminating failed", "instances", kill, "err", err)
 	}
 }
 

@@ -69,7 +69,7 @@ func TestTableIsTheDrivers(t *testing.T) {
 		name := filepath.Base(dir)
 		// Support code the drivers share: the table, the conformance
 		// suite, the tarball checks, the helpers that are no driver's.
-		support := []string{"catalog", "drivertest", "tarcheck", "poll", "cloudtags", "stemcellmf", "stemcellimage", "agentprofile", "netprefix"}
+		support := []string{"catalog", "drivertest", "tarcheck", "poll", "cloudtags", "stemcellmf", "stemcellimage", "agentprofile", "netprefix", "clouddeps", "found", "statecache"}
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || slices.Contains(support, name) {
 			continue
 		}

@@ -7,11 +7,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/lock"
+	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/testkit/testlog"
 )
 
 // Fixture tells the suite how to exercise one driver.
@@ -29,6 +36,29 @@ type Fixture struct {
 	DiskProps driver.Props
 	// UnknownVM/UnknownDisk are well-formed CIDs that do not exist.
 	UnknownVM, UnknownDisk string
+}
+
+// Deps are what a cloud driver's tests build it with: its locks in
+// lockDir (drivers given one dir share them, as bin/cpi processes do), a
+// debug log shown when the test fails, and short waits within a
+// two-minute budget.
+func Deps(t *testing.T, lockDir string) (driver.Deps, *testlog.Buffer) {
+	t.Helper()
+	logs := testlog.ShownOnFailure(t, "driver log")
+	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
+	lk, err := lock.New(lockDir, time.Minute, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
+	return driver.Deps{Locker: lk, Logger: log, Retry: p}, logs
+}
+
+// Section is a driver's config section: cfg with extra's keys over it.
+func Section(cfg, extra map[string]any) json.RawMessage {
+	maps.Copy(cfg, extra)
+	b, _ := json.Marshal(cfg)
+	return b
 }
 
 // Run runs the whole suite: the core every driver has, and the optional
@@ -190,13 +220,21 @@ func (s *suite) unknownVM(t *testing.T) {
 		calls["stop_vm"] = func() error { return power.StopVM(ctx, f.UnknownVM) }
 		calls["start_vm"] = func() error { return power.StartVM(ctx, f.UnknownVM) }
 	}
+	s.allNotFound(t, "vm", driver.ErrVMNotFound, calls, d.HasVM, f.UnknownVM)
+}
+
+// allNotFound: every call on an unknown resource of kind fails with
+// notFound, and has (has_vm, has_disk) answers false with no error.
+func (s *suite) allNotFound(t *testing.T, kind string, notFound error, calls map[string]func() error,
+	has func(ctx context.Context, cid string) (bool, error), cid string) {
+	t.Helper()
 	for name, call := range calls {
-		if err := call(); !errors.Is(err, driver.ErrVMNotFound) {
-			t.Errorf("%s on unknown vm: %v; want ErrVMNotFound", name, err)
+		if err := call(); !errors.Is(err, notFound) {
+			t.Errorf("%s on unknown %s: %v; want %v", name, kind, err, notFound)
 		}
 	}
-	if ok, err := d.HasVM(ctx, f.UnknownVM); err != nil || ok {
-		t.Errorf("has_vm on unknown vm = %v, %v; want false, nil", ok, err)
+	if ok, err := has(s.ctx, cid); err != nil || ok {
+		t.Errorf("has_%s on unknown %s = %v, %v; want false, nil", kind, kind, ok, err)
 	}
 }
 
@@ -327,14 +365,7 @@ func (s *suite) unknownDisk(t *testing.T) {
 	if snapping {
 		calls["snapshot_disk"] = func() error { _, err := snapper.SnapshotDisk(ctx, f.UnknownDisk, nil); return err }
 	}
-	for name, call := range calls {
-		if err := call(); !errors.Is(err, driver.ErrDiskNotFound) {
-			t.Errorf("%s on unknown disk: %v; want ErrDiskNotFound", name, err)
-		}
-	}
-	if ok, err := d.HasDisk(ctx, f.UnknownDisk); err != nil || ok {
-		t.Errorf("has_disk on unknown disk = %v, %v", ok, err)
-	}
+	s.allNotFound(t, "disk", driver.ErrDiskNotFound, calls, d.HasDisk, f.UnknownDisk)
 }
 
 func (s *suite) pathLikeCIDs(t *testing.T) {

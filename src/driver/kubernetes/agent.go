@@ -38,7 +38,7 @@ func (d *Driver) watchFatalEvents(ctx context.Context, pod *corev1.Pod, fatal co
 			return // the wait is over
 		}
 		if err != nil {
-			d.log.Info("pod events cannot be listed: waiting on the pod alone", "vm", pod.Name, "err", err)
+			d.Log.Info("pod events cannot be listed: waiting on the pod alone", "vm", pod.Name, "err", err)
 			return
 		}
 		for i := range list.Items {
@@ -54,7 +54,7 @@ func (d *Driver) watchFatalEvents(ctx context.Context, pod *corev1.Pod, fatal co
 			return
 		}
 		if err != nil {
-			d.log.Info("pod events cannot be watched: waiting on the pod alone", "vm", pod.Name, "err", err)
+			d.Log.Info("pod events cannot be watched: waiting on the pod alone", "vm", pod.Name, "err", err)
 			return
 		}
 		for ev := range w.ResultChan() {

@@ -19,6 +19,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 const diskPrefix = "disk-"
@@ -86,10 +87,7 @@ func (d *Driver) claim(ctx context.Context, cid string) (*corev1.PersistentVolum
 // HasDisk implements driver.Driver.
 func (d *Driver) HasDisk(ctx context.Context, cid string) (bool, error) {
 	_, err := d.claim(ctx, cid)
-	if errors.Is(err, driver.ErrDiskNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrDiskNotFound)
 }
 
 // DeleteDisk implements driver.Driver. A claim still mounted by a pod is
@@ -98,7 +96,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if _, err := d.claim(ctx, cid); err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, diskLock(cid))
+	unlock, err := d.Locks.Lock(ctx, diskLock(cid))
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/config"
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/clouddeps"
 	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/logging"
 	"github.com/runway-cpi/runway/src/retry"
@@ -38,13 +39,11 @@ func init() {
 
 // Driver talks to one namespace of one cluster.
 type Driver struct {
-	cfg   Config
-	cs    k8s.Interface
-	dyn   dynamic.Interface // VolumeSnapshots (nil: snapshots not implemented)
-	ns    string
-	locks *lock.Locker
-	log   logging.Fields
-	retry retry.Policy
+	cfg Config
+	cs  k8s.Interface
+	dyn dynamic.Interface // VolumeSnapshots (nil: snapshots not implemented)
+	ns  string
+	clouddeps.Base
 }
 
 var (
@@ -58,9 +57,6 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 	if err != nil {
 		return nil, err
 	}
-	if log == nil {
-		log = logging.Discard()
-	}
 	rc, err := restConfig(c)
 	if err != nil {
 		return nil, err
@@ -73,8 +69,7 @@ func New(section json.RawMessage, locks *lock.Locker, log logging.Logger, policy
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	f := logging.Fields{Logger: log, Tag: "kubernetes"}
-	return &Driver{cfg: c, cs: cs, dyn: dyn, ns: c.Namespace, locks: locks, log: f, retry: policy.For(classify, f.Info)}, nil
+	return &Driver{cfg: c, cs: cs, dyn: dyn, ns: c.Namespace, Base: clouddeps.New("kubernetes", locks, log, policy, classify)}, nil
 }
 
 // NewWithClient is New over a given clientset (tests).
@@ -83,11 +78,7 @@ func NewWithClient(section json.RawMessage, cs k8s.Interface, locks *lock.Locker
 	if err != nil {
 		return nil, err
 	}
-	if log == nil {
-		log = logging.Discard()
-	}
-	f := logging.Fields{Logger: log, Tag: "kubernetes"}
-	return &Driver{cfg: c, cs: cs, ns: c.Namespace, locks: locks, log: f, retry: policy.For(classify, f.Info)}, nil
+	return &Driver{cfg: c, cs: cs, ns: c.Namespace, Base: clouddeps.New("kubernetes", locks, log, policy, classify)}, nil
 }
 
 func restConfig(c Config) (*rest.Config, error) {
@@ -134,7 +125,7 @@ func classify(err error) retry.Verdict {
 
 // do runs one API call within the retry budget.
 func (d *Driver) do(ctx context.Context, op string, fn func(context.Context) error) error {
-	return d.retry.Do(ctx, op, fn)
+	return d.Retry.Do(ctx, op, fn)
 }
 
 // Labels and annotations the driver owns.

@@ -106,7 +106,7 @@ func (d *Driver) pushStemcell(ctx context.Context, spec driver.StemcellSpec, m s
 		return "", registryErr("pushing the stemcell", err)
 	}
 	ref := repo.Digest(digest.String()).String()
-	d.log.Info("stemcell pushed", "image", ref, "tag", tag.TagStr())
+	d.Log.Info("stemcell pushed", "image", ref, "tag", tag.TagStr())
 	return ref, nil
 }
 
@@ -134,7 +134,7 @@ func (d *Driver) deletePushed(ctx context.Context, cid, ref string) error {
 	if err != nil {
 		return registryErr("deleting the stemcell", err)
 	}
-	d.log.Info("stemcell deleted from the registry", "image", ref)
+	d.Log.Info("stemcell deleted from the registry", "image", ref)
 	return nil
 }
 

@@ -79,7 +79,7 @@ func (d *Driver) SnapshotDisk(ctx context.Context, cid string, md map[string]str
 	if err != nil {
 		return "", d.apiErr("create snapshot "+name, err)
 	}
-	d.log.Info("snapshot requested", "snapshot", name, "disk", cid)
+	d.Log.Info("snapshot requested", "snapshot", name, "disk", cid)
 	return name, nil
 }
 

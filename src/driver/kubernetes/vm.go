@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/runway-cpi/runway/src/driver"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 // Where a warden stemcell's agent reads what the CPI gives it (the same
@@ -82,7 +83,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		}
 		disks = append(disks, dc)
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(cid))
+	unlock, err := d.Locks.Lock(ctx, vmLock(cid))
 	if err != nil {
 		return driver.VM{}, err
 	}
@@ -114,7 +115,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		}
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
-	d.log.Info("pod running", "vm", cid, "node", running.Spec.NodeName, "took", time.Since(started).Round(time.Millisecond))
+	d.Log.Info("pod running", "vm", cid, "node", running.Spec.NodeName, "took", time.Since(started).Round(time.Millisecond))
 	nets := driver.Networks{}
 	for name, n := range spec.Networks {
 		n.IP = running.Status.PodIP
@@ -130,7 +131,7 @@ func (d *Driver) lockVM(ctx context.Context, cid string) (func(), error) {
 	if _, err := validName("vm", vmPrefix, cid); err != nil {
 		return nil, err
 	}
-	return d.locks.Lock(ctx, vmLock(cid))
+	return d.Locks.Lock(ctx, vmLock(cid))
 }
 
 func (d *Driver) createPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
@@ -179,7 +180,7 @@ func (d *Driver) cleanupVM(cid string) {
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.waitTimeout())
 	defer cancel()
 	if err := d.deletePod(ctx, cid); err != nil && !errors.Is(err, driver.ErrVMNotFound) {
-		d.log.Info("cleaning up a pod that did not start", "vm", cid, "err", err)
+		d.Log.Info("cleaning up a pod that did not start", "vm", cid, "err", err)
 	}
 	d.deleteSettings(ctx, cid)
 }
@@ -202,7 +203,7 @@ func (d *Driver) deleteSettings(ctx context.Context, cid string) {
 		return d.cs.CoreV1().Secrets(d.ns).Delete(ctx, settingsName(cid), metav1.DeleteOptions{})
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
-		d.log.Info("deleting a vm's settings", "vm", cid, "err", err)
+		d.Log.Info("deleting a vm's settings", "vm", cid, "err", err)
 	}
 }
 
@@ -241,10 +242,7 @@ func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 		return false, err
 	}
 	_, err := d.pod(ctx, cid)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrVMNotFound)
 }
 
 func (d *Driver) pod(ctx context.Context, cid string) (*corev1.Pod, error) {

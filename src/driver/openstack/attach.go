@@ -24,11 +24,11 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(vm))
+	unlock, err := d.Locks.Lock(ctx, vmLock(vm))
 	if err != nil {
 		return nil, err
 	}
-	defer func() { d.locks.Release(vmLock(vm), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(vm), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	var a *volumeattach.VolumeAttachment
 	_, err = d.do(ctx, "compute", "attach "+disk+" to "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
@@ -82,7 +82,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (_ any, 
 	}); err != nil {
 		return nil, err
 	}
-	d.log.Info("attached", "volume", disk, "server", vm, "device", device)
+	d.Log.Info("attached", "volume", disk, "server", vm, "device", device)
 	if device == "" {
 		return map[string]any{"id": disk}, nil
 	}
@@ -109,11 +109,11 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	if err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(vm))
+	unlock, err := d.Locks.Lock(ctx, vmLock(vm))
 	if err != nil {
 		return err
 	}
-	defer func() { d.locks.Release(vmLock(vm), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(vm), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	// Read first: a 404 from a resent detach is then known to mean done.
 	v, err := d.volume(ctx, disk)
 	if err != nil {
@@ -162,7 +162,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) (err err
 	}); err != nil {
 		return err
 	}
-	d.log.Info("detached", "volume", disk, "server", vm)
+	d.Log.Info("detached", "volume", disk, "server", vm)
 	return nil
 }
 
@@ -172,22 +172,18 @@ func (d *Driver) GetDisks(ctx context.Context, vmCID string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	_, err = d.do(ctx, "compute", "list attachments of "+vm, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, volumeattach.List(sc, vm), volumeattach.ExtractVolumeAttachments)
-		out = out[:0]
-		for _, a := range list {
-			if !rootDevice(a.Device) {
-				out = append(out, a.VolumeID)
-			}
-		}
-		return err
-	})
-	if isNotFound(err) {
-		return nil, fmt.Errorf("server %s: %w", vm, driver.ErrVMNotFound)
-	}
+	list, err := read(ctx, d, "compute", "list attachments of "+vm, fmt.Errorf("server %s: %w", vm, driver.ErrVMNotFound),
+		func(ctx context.Context, sc *gophercloud.ServiceClient) ([]volumeattach.VolumeAttachment, error) {
+			return all(ctx, volumeattach.List(sc, vm), volumeattach.ExtractVolumeAttachments)
+		})
 	if err != nil {
-		return nil, d.cloudErr("list attachments of "+vm, err)
+		return nil, err
+	}
+	var out []string
+	for _, a := range list {
+		if !rootDevice(a.Device) {
+			out = append(out, a.VolumeID)
+		}
 	}
 	return out, nil
 }

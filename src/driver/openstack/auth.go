@@ -2,18 +2,16 @@ package openstack
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
+
+	"github.com/runway-cpi/runway/src/driver/statecache"
 )
 
 // tokenMargin: a cached token is not used this close to its expiry (a
@@ -88,7 +86,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 		}
 	} else {
 		d.redact(tok.ID)
-		d.log.Debug("using the cached Keystone token", "expires", tok.ExpiresAt.Format(time.RFC3339))
+		d.Log.Debug("using the cached Keystone token", "expires", tok.ExpiresAt.Format(time.RFC3339))
 	}
 	pc.SetToken(tok.ID)
 	s := &session{pc: pc, endpoints: tok.Endpoints}
@@ -111,10 +109,10 @@ func (d *Driver) cachePath() string { return d.cacheFile("token") }
 // token or a flavor list.
 func (d *Driver) cacheFile(kind string) string {
 	c := d.cfg
-	h := sha256.Sum256([]byte(strings.Join([]string{c.AuthURL, c.Region, c.Interface, c.Username, c.UserID,
+	id := statecache.Name(8, c.AuthURL, c.Region, c.Interface, c.Username, c.UserID,
 		c.UserDomainName, c.UserDomainID, c.ProjectName, c.ProjectID, c.ProjectDomainName, c.ProjectDomainID,
-		c.ApplicationCredentialID, c.ApplicationCredentialName}, "\x00")))
-	return filepath.Join(d.stateDir, "openstack-"+kind+"-"+hex.EncodeToString(h[:8])+".json")
+		c.ApplicationCredentialID, c.ApplicationCredentialName)
+	return filepath.Join(d.stateDir, "openstack-"+kind+"-"+id+".json")
 }
 
 func (d *Driver) readTokenCache() *cachedToken { return readCache[cachedToken](d, "token") }
@@ -125,15 +123,7 @@ func readCache[T any](d *Driver, kind string) *T {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return nil
 	}
-	b, err := os.ReadFile(d.cacheFile(kind))
-	if err != nil {
-		return nil
-	}
-	var v T
-	if json.Unmarshal(b, &v) != nil {
-		return nil
-	}
-	return &v
+	return statecache.Read[T](d.cacheFile(kind))
 }
 
 // writeCache replaces the cache file of kind atomically, readable by us
@@ -142,9 +132,8 @@ func (d *Driver) writeCache(kind, what string, v any) {
 	if !d.cfg.tokenCache() || d.stateDir == "" {
 		return
 	}
-	b, _ := json.Marshal(v)
-	if err := writeAtomic(d.stateDir, d.cacheFile(kind), b); err != nil {
-		d.log.Warn("cannot write the "+what+" cache", "err", err)
+	if err := statecache.Write(d.cacheFile(kind), v); err != nil {
+		d.Log.Warn("cannot write the "+what+" cache", "err", err)
 	}
 }
 
@@ -152,8 +141,8 @@ func (d *Driver) writeCache(kind, what string, v any) {
 // process fetched meanwhile (and that is not the one that just failed,
 // stale) is taken instead, so concurrent bin/cpi processes log in once.
 func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) {
-	if d.cfg.tokenCache() && d.stateDir != "" && d.locks != nil {
-		unlock, err := d.locks.Lock(ctx, "openstack-token")
+	if d.cfg.tokenCache() && d.stateDir != "" && d.Locks != nil {
+		unlock, err := d.Locks.Lock(ctx, "openstack-token")
 		if err != nil {
 			return nil, err
 		}
@@ -172,7 +161,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 	pc.UserAgent.Prepend("runway-cpi")
 	identity := &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: d.cfg.AuthURL + "/"}
 	var res tokens.CreateResult
-	err = d.retry.Do(ctx, "openstack keystone login", func(ctx context.Context) error {
+	err = d.Retry.Do(ctx, "openstack keystone login", func(ctx context.Context) error {
 		res = tokens.Create(ctx, identity, d.authOptions())
 		return res.Err
 	})
@@ -196,7 +185,7 @@ func (d *Driver) login(ctx context.Context, stale string) (*cachedToken, error) 
 		return nil, fmt.Errorf("openstack: Keystone at %s: the catalog has no compute endpoint for region %q, interface %s",
 			d.cfg.AuthURL, d.cfg.Region, d.cfg.Interface)
 	}
-	d.log.Info("logged in to Keystone", "auth_url", d.cfg.AuthURL, "expires", t.ExpiresAt.Format(time.RFC3339))
+	d.Log.Info("logged in to Keystone", "auth_url", d.cfg.AuthURL, "expires", t.ExpiresAt.Format(time.RFC3339))
 	d.writeCache("token", "token", t)
 	return t, nil
 }

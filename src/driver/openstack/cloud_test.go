@@ -8,7 +8,6 @@ package openstack
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"net/url"
 	"os"
@@ -20,13 +19,11 @@ import (
 	"testing"
 	"time"
 
-	boshlog "github.com/cloudfoundry/bosh-utils/logger"
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/drivertest"
-	"github.com/runway-cpi/runway/src/lock"
 	"github.com/runway-cpi/runway/src/retry"
 	"github.com/runway-cpi/runway/src/testkit/faultproxy"
 	"github.com/runway-cpi/runway/src/testkit/testenv"
@@ -54,20 +51,11 @@ func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[st
 	if authURL == "" {
 		authURL = c.authURL
 	}
-	logs := testlog.ShownOnFailure(t, "driver log")
-	log := boshlog.NewWriterLogger(boshlog.LevelDebug, logs)
-	lk, err := lock.New(filepath.Join(stateDir, "locks"), time.Minute, log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deps, logs := drivertest.Deps(t, filepath.Join(stateDir, "locks"))
+	deps.StateDir = stateDir
 	cfg := map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project,
 		"region": c.region, "poll_max_ms": 500, "wait_timeout_seconds": 60}
-	for k, v := range extra {
-		cfg[k] = v
-	}
-	b, _ := json.Marshal(cfg)
-	p := retry.Policy{Base: 50 * time.Millisecond, MaxSleep: time.Second, Budget: 2 * time.Minute}
-	d, err := New(b, stateDir, lk, log, p, nil)
+	d, err := New(drivertest.Section(cfg, extra), deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +379,7 @@ func TestThrottleOutlastingTheBudget(t *testing.T) {
 		return faultproxy.Pass
 	})
 	d, _ := newTestDriver(t, c, authURL, "", nil)
-	d.retry.Budget = 2 * time.Second
+	d.Retry.Budget = 2 * time.Second
 	_, err := d.HasVM(context.Background(), uuid.NewString())
 	if err == nil || !strings.Contains(err.Error(), "rate limited") || !errors.Is(err, retry.ErrBudgetExhausted) {
 		t.Fatalf("has_vm throttled past the budget: %v", err)

@@ -111,7 +111,7 @@ func (c ConfigDrive) Enabled() bool { return c != "" }
 func init() {
 	driver.Register(driver.Registration{Section: config.Section{Name: "openstack", Config: &Config{}, ContextKeys: contextKeys, Aliases: aliases},
 		New: func(section json.RawMessage, deps driver.Deps) (driver.Driver, error) {
-			return New(section, deps.StateDir, deps.Locker, deps.Logger, deps.Retry, deps.Redact)
+			return New(section, deps)
 		},
 	})
 }

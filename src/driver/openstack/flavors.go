@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -77,17 +75,15 @@ func findFlavor(list []flavorEntry, nameOrID string) *flavorEntry {
 
 // listFlavors reads every flavor the project may use and refreshes the cache.
 func (d *Driver) listFlavors(ctx context.Context) ([]flavorEntry, error) {
-	var out []flavorEntry
-	_, err := d.do(ctx, "compute", "list flavors", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}), flavors.ExtractFlavors)
-		out = out[:0]
-		for _, f := range list {
-			out = append(out, flavorEntry{ID: f.ID, Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: f.Disk, Ephemeral: f.Ephemeral})
-		}
-		return err
+	list, err := read(ctx, d, "compute", "list flavors", nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]flavors.Flavor, error) {
+		return all(ctx, flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}), flavors.ExtractFlavors)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list flavors", err)
+		return nil, err
+	}
+	var out []flavorEntry
+	for _, f := range list {
+		out = append(out, flavorEntry{ID: f.ID, Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: f.Disk, Ephemeral: f.Ephemeral})
 	}
 	d.writeCache("flavors", "flavor", &flavorCache{Fetched: time.Now(), Flavors: out})
 	return out, nil
@@ -99,25 +95,6 @@ func (d *Driver) readFlavorCache() *flavorCache {
 		return nil
 	}
 	return c
-}
-
-// writeAtomic replaces path with data through a temp file (0600).
-func writeAtomic(dir, path string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
 }
 
 // CalculateVMCloudProperties picks the smallest flavor (RAM, then vCPUs,

@@ -54,7 +54,7 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 		return nil // a retried create: done already
 	}
 	if fip.PortID != "" {
-		d.log.Info("moving a floating IP", "ip", ip, "from_port", fip.PortID, "server", srv.ID)
+		d.Log.Info("moving a floating IP", "ip", ip, "from_port", fip.PortID, "server", srv.ID)
 	}
 	_, err = d.do(ctx, "network", "associate floating IP "+ip, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := floatingips.Update(ctx, sc, fip.ID, floatingips.UpdateOpts{PortID: &port}).Extract()
@@ -63,25 +63,20 @@ func (d *Driver) associateFloatingIP(ctx context.Context, srv *servers.Server, p
 	if err != nil {
 		return d.cloudErr(fmt.Sprintf("associate floating IP %s with port %s", ip, port), err)
 	}
-	d.log.Info("floating IP associated", "ip", ip, "server", srv.ID, "port", port)
+	d.Log.Info("floating IP associated", "ip", ip, "server", srv.ID, "port", port)
 	return nil
 }
 
 // serverPort is the server's port on network.
 func (d *Driver) serverPort(ctx context.Context, server, network string) (string, error) {
-	var id string
-	_, err := d.do(ctx, "network", "find the port of server "+server, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, ports.List(sc, ports.ListOpts{DeviceID: server, NetworkID: network}), ports.ExtractPorts)
-		if len(list) > 0 {
-			id = list[0].ID
-		}
-		return err
+	list, err := read(ctx, d, "network", "find the port of server "+server, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]ports.Port, error) {
+		return all(ctx, ports.List(sc, ports.ListOpts{DeviceID: server, NetworkID: network}), ports.ExtractPorts)
 	})
 	if err != nil {
-		return "", d.cloudErr("find the port of server "+server, err)
+		return "", err
 	}
-	if id == "" {
+	if len(list) == 0 {
 		return "", fmt.Errorf("openstack: server %s has no port on network %s", server, network)
 	}
-	return id, nil
+	return list[0].ID, nil
 }

@@ -105,7 +105,7 @@ func (d *Driver) joinPools(ctx context.Context, c *creation, srv *servers.Server
 		}
 		c.members = append(c.members, [3]string{p.id, member.ID, p.lb})
 		md[fmt.Sprintf("%s%d", mdPoolPrefix, i+1)] = p.id + "/" + member.ID
-		d.log.Info("joined a pool", "server", srv.ID, "pool", p.Name, "pool_id", p.id, "member", member.ID, "address", fmt.Sprintf("%s:%d", ip, p.Port))
+		d.Log.Info("joined a pool", "server", srv.ID, "pool", p.Name, "pool_id", p.id, "member", member.ID, "address", fmt.Sprintf("%s:%d", ip, p.Port))
 	}
 	_, err = d.do(ctx, "compute", "record pool memberships of "+srv.ID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		_, err := servers.UpdateMetadata(ctx, sc, srv.ID, servers.MetadataOpts(md)).Extract()
@@ -167,7 +167,7 @@ func (d *Driver) leavePool(ctx context.Context, pool, member, lb string) error {
 	if err != nil {
 		return d.cloudErr("remove member "+member+" from pool "+pool, err)
 	}
-	d.log.Info("left a pool", "member", member, "pool", pool)
+	d.Log.Info("left a pool", "member", member, "pool", pool)
 	return nil
 }
 
@@ -225,19 +225,18 @@ func (d *Driver) findMember(ctx context.Context, sc *gophercloud.ServiceClient, 
 
 // subnetFor is the subnet of network whose range holds ip.
 func (d *Driver) subnetFor(ctx context.Context, network, ip string) (string, error) {
-	var id string
-	addr := net.ParseIP(ip)
-	_, err := d.do(ctx, "network", "list subnets of "+network, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, subnets.List(sc, subnets.ListOpts{NetworkID: network}), subnets.ExtractSubnets)
-		for _, s := range list {
-			if _, cidr, perr := net.ParseCIDR(s.CIDR); perr == nil && addr != nil && cidr.Contains(addr) {
-				id = s.ID
-			}
-		}
-		return err
+	list, err := read(ctx, d, "network", "list subnets of "+network, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]subnets.Subnet, error) {
+		return all(ctx, subnets.List(sc, subnets.ListOpts{NetworkID: network}), subnets.ExtractSubnets)
 	})
 	if err != nil {
-		return "", d.cloudErr("list subnets of "+network, err)
+		return "", err
+	}
+	addr := net.ParseIP(ip)
+	id := ""
+	for _, s := range list {
+		if _, cidr, perr := net.ParseCIDR(s.CIDR); perr == nil && addr != nil && cidr.Contains(addr) {
+			id = s.ID
+		}
 	}
 	if id == "" {
 		return "", fmt.Errorf("openstack: no subnet of network %s holds %s", network, ip)

@@ -156,7 +156,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			// The earlier POST's outcome is unknown: adopt what it made.
 			if p, err := portNamed(ctx, sc, n.props.NetID, c.name); err != nil || p != nil {
 				if p != nil {
-					d.log.Info("an earlier attempt made it; adopting it", "op", "create port", "port", p.ID)
+					d.Log.Info("an earlier attempt made it; adopting it", "op", "create port", "port", p.ID)
 				}
 				port = p
 				return err
@@ -180,7 +180,7 @@ func (d *Driver) createPort(ctx context.Context, c *creation, n *plannedNet, cre
 			// A create_vm killed between its port and its server left
 			// this port holding the address: remove it and try again.
 			reclaimed = true
-			d.log.Info("deleting a port held for a server that was never created", "port", holder.ID, "ip", n.net.IP, "server_name", holder.Name)
+			d.Log.Info("deleting a port held for a server that was never created", "port", holder.ID, "ip", n.net.IP, "server_name", holder.Name)
 			if derr := ports.Delete(ctx, sc, holder.ID).ExtractErr(); derr != nil && !isNotFound(derr) {
 				return derr
 			}
@@ -253,12 +253,12 @@ const orphanAge = time.Hour
 // wait for the age too.
 func (d *Driver) createOver(p *ports.Port) bool {
 	name := createLock(p.Name)
-	if _, err := os.Stat(filepath.Join(d.locks.Dir, name+".lock")); err == nil {
-		release, free, err := d.locks.TryLock(name)
+	if _, err := os.Stat(filepath.Join(d.Locks.Dir, name+".lock")); err == nil {
+		release, free, err := d.Locks.TryLock(name)
 		if err != nil || !free {
 			return false
 		}
-		d.locks.Release(name, release, true)
+		d.Locks.Release(name, release, true)
 		return true
 	}
 	return !p.CreatedAt.IsZero() && time.Since(p.CreatedAt) > orphanAge
@@ -317,7 +317,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 			return err
 		})
 		if err != nil {
-			d.log.Warn("listing the server's ports failed", "server", s.ID, "err", err)
+			d.Log.Warn("listing the server's ports failed", "server", s.ID, "err", err)
 			return
 		}
 	}
@@ -337,7 +337,7 @@ func (d *Driver) deletePorts(ctx context.Context, s *servers.Server) {
 			}
 			return err
 		}); err != nil {
-			d.log.Warn("deleting a port failed", "port", p.ID, "server", s.ID, "err", err)
+			d.Log.Warn("deleting a port failed", "port", p.ID, "server", s.ID, "err", err)
 		}
 	}
 }
@@ -407,34 +407,32 @@ func fixedAddress(srv *servers.Server, network string) string {
 
 // networkNames maps Neutron network ids to names.
 func (d *Driver) networkNames(ctx context.Context) (map[string]string, error) {
-	out := map[string]string{}
-	_, err := d.do(ctx, "network", "list networks", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, networks.List(sc, networks.ListOpts{}), networks.ExtractNetworks)
-		for _, n := range list {
-			out[n.ID] = n.Name
-		}
-		return err
+	list, err := read(ctx, d, "network", "list networks", nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]networks.Network, error) {
+		return all(ctx, networks.List(sc, networks.ListOpts{}), networks.ExtractNetworks)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list networks", err)
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range list {
+		out[n.ID] = n.Name
 	}
 	return out, nil
 }
 
 // portAddresses maps network id → first fixed IP of the server's ports.
 func (d *Driver) portAddresses(ctx context.Context, serverID string) (map[string]string, error) {
-	out := map[string]string{}
-	_, err := d.do(ctx, "network", "list ports of "+serverID, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, ports.List(sc, ports.ListOpts{DeviceID: serverID}), ports.ExtractPorts)
-		for _, p := range list {
-			if len(p.FixedIPs) > 0 && out[p.NetworkID] == "" {
-				out[p.NetworkID] = p.FixedIPs[0].IPAddress
-			}
-		}
-		return err
+	list, err := read(ctx, d, "network", "list ports of "+serverID, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]ports.Port, error) {
+		return all(ctx, ports.List(sc, ports.ListOpts{DeviceID: serverID}), ports.ExtractPorts)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list ports of "+serverID, err)
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, p := range list {
+		if len(p.FixedIPs) > 0 && out[p.NetworkID] == "" {
+			out[p.NetworkID] = p.FixedIPs[0].IPAddress
+		}
 	}
 	return out, nil
 }
@@ -447,14 +445,11 @@ func (d *Driver) securityGroupIDs(ctx context.Context, names []string) ([]string
 			out = append(out, g)
 			continue
 		}
-		var found []groups.SecGroup
-		_, err := d.do(ctx, "network", "find security group "+g, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-			var err error
-			found, err = all(ctx, groups.List(sc, groups.ListOpts{Name: g}), groups.ExtractGroups)
-			return err
+		found, err := read(ctx, d, "network", "find security group "+g, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]groups.SecGroup, error) {
+			return all(ctx, groups.List(sc, groups.ListOpts{Name: g}), groups.ExtractGroups)
 		})
 		if err != nil {
-			return nil, d.cloudErr("find security group "+g, err)
+			return nil, err
 		}
 		if len(found) != 1 {
 			return nil, driver.Invalid("security group %q: %d groups have that name", g, len(found))

@@ -21,19 +21,16 @@ import (
 	"github.com/runway-cpi/runway/src/clip"
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
+	"github.com/runway-cpi/runway/src/driver/clouddeps"
+	"github.com/runway-cpi/runway/src/driver/found"
 	"github.com/runway-cpi/runway/src/driver/poll"
-	"github.com/runway-cpi/runway/src/lock"
-	"github.com/runway-cpi/runway/src/logging"
-	"github.com/runway-cpi/runway/src/retry"
 )
 
 // Driver implements driver.Driver on OpenStack.
 type Driver struct {
+	clouddeps.Base
 	cfg      Config
 	stateDir string
-	locks    *lock.Locker
-	log      logging.Fields
-	retry    retry.Policy
 	redact   func(...string)
 
 	once    sync.Once
@@ -45,20 +42,17 @@ var _ driver.Complete = (*Driver)(nil)
 
 // New builds the driver from its config section. No network I/O happens
 // until a method needs OpenStack.
-func New(section json.RawMessage, stateDir string, locks *lock.Locker, log logging.Logger, policy retry.Policy, redact func(...string)) (*Driver, error) {
+func New(section json.RawMessage, deps driver.Deps) (*Driver, error) {
 	c, err := parseConfig(section)
 	if err != nil {
 		return nil, err
 	}
+	redact := deps.Redact
 	if redact == nil {
 		redact = func(...string) {}
 	}
 	redact(c.Password, c.ApplicationCredentialSecret)
-	if log == nil {
-		log = logging.Discard()
-	}
-	policy = policy.For(classify, logging.Fields{Logger: log, Tag: "openstack"}.Info)
-	return &Driver{cfg: c, stateDir: stateDir, locks: locks, log: logging.Fields{Logger: log, Tag: "openstack"}, retry: policy, redact: redact}, nil
+	return &Driver{Base: clouddeps.New("openstack", deps.Locker, deps.Logger, deps.Retry, classify), cfg: c, stateDir: deps.StateDir, redact: redact}, nil
 }
 
 // StemcellFormats: images Glance stores (qcow2, raw) and light stemcells
@@ -81,7 +75,7 @@ func (d *Driver) do(ctx context.Context, kind, op string, fn func(ctx context.Co
 	if err != nil {
 		return 0, err
 	}
-	err = d.retry.Do(ctx, "openstack "+op, func(ctx context.Context) error {
+	err = d.Retry.Do(ctx, "openstack "+op, func(ctx context.Context) error {
 		attempts++
 		return fn(ctx, c)
 	})
@@ -98,7 +92,7 @@ func (d *Driver) doOnce(ctx context.Context, kind, op string, fn func(ctx contex
 		n++
 		err := fn(ctx, c)
 		if err != nil && n > 1 && alreadyDone(err) {
-			d.log.Info("an earlier attempt took effect", "op", op, "status", status(err))
+			d.Log.Info("an earlier attempt took effect", "op", op, "status", status(err))
 			return nil
 		}
 		return err
@@ -120,7 +114,7 @@ func (d *Driver) doCreate(ctx context.Context, kind, op string, post func(ctx co
 				return err
 			}
 			if found {
-				d.log.Info("an earlier attempt made it; adopting it", "op", op)
+				d.Log.Info("an earlier attempt made it; adopting it", "op", op)
 				return nil
 			}
 		}
@@ -137,22 +131,24 @@ func is409(err error) bool { return status(err) == 409 }
 // the 4th poll instead of the 5th; measured in docs/benchmarks.md).
 func (d *Driver) waitFor(ctx context.Context, what string, check func(ctx context.Context) (bool, error)) error {
 	how := poll.Poll{Name: "openstack", First: firstPoll, Factor: 14}
-	return d.cfg.WaitFor(ctx, how, what, d.log.Debug, check)
+	return d.cfg.WaitFor(ctx, how, what, d.Log.Debug, check)
 }
 
-// get reads one resource of a service; a 404 answers gone.
-func get[T any](ctx context.Context, d *Driver, kind, what string, gone error, fetch func(ctx context.Context, sc *gophercloud.ServiceClient) (T, error)) (T, error) {
+// read runs one read (a get or a list) of a service inside the retry
+// budget; a 404 answers gone when gone is not nil, any other failure is
+// the cloud's error for op.
+func read[T any](ctx context.Context, d *Driver, kind, op string, gone error, fetch func(ctx context.Context, sc *gophercloud.ServiceClient) (T, error)) (T, error) {
 	var out, none T
-	_, err := d.do(ctx, kind, "get "+what, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
+	_, err := d.do(ctx, kind, op, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
 		var err error
 		out, err = fetch(ctx, sc)
 		return err
 	})
-	if isNotFound(err) {
+	if gone != nil && isNotFound(err) {
 		return none, gone
 	}
 	if err != nil {
-		return none, d.cloudErr("get "+what, err)
+		return none, d.cloudErr(op, err)
 	}
 	return out, nil
 }
@@ -170,7 +166,7 @@ func sweep[T any](ctx context.Context, d *Driver, kind, op, noun, token, keep st
 		return err
 	})
 	if err != nil {
-		d.log.Warn("listing "+noun+"s for cleanup failed", "token", token, "err", err)
+		d.Log.Warn("listing "+noun+"s for cleanup failed", "token", token, "err", err)
 		return
 	}
 	for _, it := range items {
@@ -178,9 +174,9 @@ func sweep[T any](ctx context.Context, d *Driver, kind, op, noun, token, keep st
 		if id == keep || md[mdToken] != token {
 			continue
 		}
-		d.log.Info("deleting what this create left", noun, id)
+		d.Log.Info("deleting what this create left", noun, id)
 		if err := del(ctx, id); err != nil && !errors.Is(err, gone) {
-			d.log.Warn("deleting failed", noun, id, "err", err)
+			d.Log.Warn("deleting failed", noun, id, "err", err)
 		}
 	}
 }
@@ -213,10 +209,16 @@ func exists[T any](ctx context.Context, kind, cid string, gone error, read func(
 		return false, err
 	}
 	_, err = read(ctx, id)
-	if errors.Is(err, gone) {
-		return false, nil
+	return found.Answer(err, gone)
+}
+
+// byID runs act on the id of a CID of kind, once validCID accepts it.
+func byID(ctx context.Context, kind, cid string, act func(ctx context.Context, id string) error) error {
+	id, err := validCID(kind, cid)
+	if err != nil {
+		return err
 	}
-	return err == nil, err
+	return act(ctx, id)
 }
 
 // validCID refuses anything but an OpenStack UUID (a stemcell may end

@@ -34,7 +34,7 @@ func (d *Driver) RebootVM(ctx context.Context, cid string) error {
 	if errors.Is(err, driver.ErrVMNotFound) || ctx.Err() != nil {
 		return err
 	}
-	d.log.Warn("soft reboot did not complete; rebooting hard", "server", id, "err", err)
+	d.Log.Warn("soft reboot did not complete; rebooting hard", "server", id, "err", err)
 	if err := d.reboot(ctx, id, servers.HardReboot); err != nil {
 		return err
 	}

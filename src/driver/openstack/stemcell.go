@@ -84,7 +84,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		d.deleteImage(context.WithoutCancel(ctx), id)
 		return "", err
 	}
-	d.log.Info("stemcell image uploaded", "image", id, "name", name)
+	d.Log.Info("stemcell image uploaded", "image", id, "name", name)
 	return id, nil
 }
 
@@ -145,7 +145,7 @@ func openImage(path string) (io.Reader, func(), error) {
 }
 
 func (d *Driver) image(ctx context.Context, id string) (*images.Image, error) {
-	return get(ctx, d, "image", "image "+id, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound),
+	return read(ctx, d, "image", "get image "+id, fmt.Errorf("openstack (%s): image %s not found: %w", d.cfg.AuthURL, id, driver.ErrStemcellNotFound),
 		func(ctx context.Context, sc *gophercloud.ServiceClient) (*images.Image, error) {
 			return images.Get(ctx, sc, id).Extract()
 		})
@@ -172,6 +172,6 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 
 func (d *Driver) deleteImage(ctx context.Context, id string) {
 	if err := d.DeleteStemcell(ctx, id); err != nil {
-		d.log.Warn("deleting the image after a failed upload failed", "image", id, "err", err)
+		d.Log.Warn("deleting the image after a failed upload failed", "image", id, "err", err)
 	}
 }

@@ -178,7 +178,7 @@ func TestOpenImage(t *testing.T) {
 func TestSecretsAreRedacted(t *testing.T) {
 	var got []string
 	_, err := New([]byte(`{"auth_url": "http://k:5000", "username": "u", "password": "hunter2", "project_name": "p"}`),
-		t.TempDir(), nil, nil, retry.Policy{}, func(v ...string) { got = append(got, v...) })
+		driver.Deps{StateDir: t.TempDir(), Redact: func(v ...string) { got = append(got, v...) }})
 	if err != nil {
 		t.Fatal(err)
 	}

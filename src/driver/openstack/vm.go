@@ -36,7 +36,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) (err error) {
 	}
 	defer func() {
 		if err == nil || errors.Is(err, driver.ErrVMNotFound) {
-			_ = d.locks.Forget(ctx, vmLock(id)) // its attach lock, if it ever had one
+			_ = d.Locks.Forget(ctx, vmLock(id)) // its attach lock, if it ever had one
 		}
 	}()
 	s, err := d.server(ctx, id)
@@ -63,7 +63,7 @@ func (d *Driver) deleteServer(ctx context.Context, id string) error {
 	}
 	err := d.awaitServerGone(ctx, id)
 	if err == nil {
-		d.log.Info("server deleted", "server", id)
+		d.Log.Info("server deleted", "server", id)
 	}
 	return err
 }
@@ -98,7 +98,7 @@ func (d *Driver) awaitServerGone(ctx context.Context, id string) error {
 			return false, err
 		}
 		resends++
-		d.log.Info("the server's delete failed in Nova; sending it again", "server", id, "fault", s.Fault.Message, "resend", resends)
+		d.Log.Info("the server's delete failed in Nova; sending it again", "server", id, "fault", s.Fault.Message, "resend", resends)
 		err = d.sendDelete(ctx, id)
 		return errors.Is(err, driver.ErrVMNotFound), ignore(err, driver.ErrVMNotFound)
 	})
@@ -135,7 +135,7 @@ func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 
 // server reads one server; gone (404, DELETED, SOFT_DELETED) is ErrVMNotFound.
 func (d *Driver) server(ctx context.Context, id string) (*servers.Server, error) {
-	s, err := get(ctx, d, "compute", "server "+id, fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound),
+	s, err := read(ctx, d, "compute", "get server "+id, fmt.Errorf("server %s: %w", id, driver.ErrVMNotFound),
 		func(ctx context.Context, sc *gophercloud.ServiceClient) (*servers.Server, error) {
 			return servers.Get(ctx, sc, id).Extract()
 		})
@@ -188,11 +188,11 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 	if err != nil {
 		return err
 	}
-	unlock, err := d.locks.Lock(ctx, vmLock(id))
+	unlock, err := d.Locks.Lock(ctx, vmLock(id))
 	if err != nil {
 		return err
 	}
-	defer func() { d.locks.Release(vmLock(id), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
+	defer func() { d.Locks.Release(vmLock(id), unlock, errors.Is(err, driver.ErrVMNotFound)) }()
 	clean := metadata(md)
 	for _, k := range []string{mdVM, mdToken, mdPorts, mdNetworks} {
 		delete(clean, k) // the driver's own keys are not the caller's to change
@@ -229,16 +229,13 @@ func (d *Driver) SetVMMetadata(ctx context.Context, cid string, md map[string]st
 // ListVMs finds servers carrying every tag in match (Nova's tag filter),
 // with their addresses under the BOSH network names create_vm was given.
 func (d *Driver) ListVMs(ctx context.Context, match map[string]string) ([]driver.VMInfo, error) {
-	var list []servers.Server
 	tags := serverTags(match)
 	sort.Strings(tags)
-	_, err := d.do(ctx, "compute", "list servers", func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		var err error
-		list, err = all(ctx, servers.List(sc, servers.ListOpts{Tags: strings.Join(tags, ",")}), servers.ExtractServers)
-		return err
+	list, err := read(ctx, d, "compute", "list servers", nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]servers.Server, error) {
+		return all(ctx, servers.List(sc, servers.ListOpts{Tags: strings.Join(tags, ",")}), servers.ExtractServers)
 	})
 	if err != nil {
-		return nil, d.cloudErr("list servers", err)
+		return nil, err
 	}
 	var netNames map[string]string // Neutron id → name, read once when needed
 	var out []driver.VMInfo

@@ -31,11 +31,11 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	// The create's lock is held while its ports may be unbound: a port
 	// another process finds unbound is reclaimed only when this lock (on
 	// this host) is free, or the port is older than any create lasts.
-	unlock, err := d.locks.Lock(ctx, createLock(pl.name))
+	unlock, err := d.Locks.Lock(ctx, createLock(pl.name))
 	if err != nil {
 		return driver.VM{}, d.creationError(err)
 	}
-	defer d.locks.Release(createLock(pl.name), unlock, true)
+	defer d.Locks.Release(createLock(pl.name), unlock, true)
 
 	// From here on, whatever exists is removed if the call fails.
 	c := &creation{d: d, name: pl.name, token: pl.md[mdToken]}
@@ -180,16 +180,13 @@ func (d *Driver) planPair(ctx context.Context, pl *vmPlan) error {
 	if !check {
 		return nil
 	}
-	var found bool
-	_, err := d.do(ctx, "network", "find the VRRP port of "+pl.pair, func(ctx context.Context, sc *gophercloud.ServiceClient) error {
-		list, err := all(ctx, ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}), ports.ExtractPorts)
-		found = len(list) > 0
-		return err
+	list, err := read(ctx, d, "network", "find the VRRP port of "+pl.pair, nil, func(ctx context.Context, sc *gophercloud.ServiceClient) ([]ports.Port, error) {
+		return all(ctx, ports.List(sc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: pl.pair}}}), ports.ExtractPorts)
 	})
 	if err != nil {
-		return d.creationError(d.cloudErr("find the VRRP port of "+pl.pair, err))
+		return d.creationError(err)
 	}
-	if !found {
+	if len(list) == 0 {
 		return &driver.CreationError{Err: driver.Invalid("cloud_properties.allowed_address_pairs: no port holds %s (the VRRP address); create that port first, or set vrrp_port_check: false", pl.pair)}
 	}
 	return nil
@@ -264,7 +261,7 @@ func (d *Driver) createServer(ctx context.Context, c *creation, pl *vmPlan) (dri
 			break
 		}
 		// The official CPI's availability_zones: another zone may have room.
-		d.log.Warn("create failed in a zone; trying the next", "vm", c.name, "zone", zone, "next_zone", pl.zones[i+1], "err", err)
+		d.Log.Warn("create failed in a zone; trying the next", "vm", c.name, "zone", zone, "next_zone", pl.zones[i+1], "err", err)
 		c.d.sweepServers(context.WithoutCancel(ctx), c.name, c.token, "")
 		c.server, c.sent = "", 0
 	}
@@ -297,7 +294,7 @@ func (d *Driver) bootInZone(ctx context.Context, c *creation, pl *vmPlan, nics [
 	if err != nil {
 		return nil, d.creationError(err)
 	}
-	d.log.Info("creating server", "server", srv.ID, "name", c.name, "agent", pl.agent, "zone", zone)
+	d.Log.Info("creating server", "server", srv.ID, "name", c.name, "agent", pl.agent, "zone", zone)
 	srv, err = d.waitServer(ctx, srv.ID, "ACTIVE")
 	if err != nil {
 		return nil, d.creationError(err)
@@ -405,7 +402,7 @@ func (c *creation) undo(ctx context.Context) {
 	}
 	for _, m := range c.members {
 		if err := c.d.leavePool(ctx, m[0], m[1], m[2]); err != nil {
-			c.d.log.Warn("removing a pool member after a failed create failed", "member", m[1], "pool", m[0], "err", err)
+			c.d.Log.Warn("removing a pool member after a failed create failed", "member", m[1], "pool", m[0], "err", err)
 		}
 	}
 	if c.server != "" || c.sent > 0 {
@@ -419,7 +416,7 @@ func (c *creation) undo(ctx context.Context) {
 			}
 			return err
 		}); err != nil {
-			c.d.log.Warn("deleting a port after a failed create failed", "port", p, "err", err)
+			c.d.Log.Warn("deleting a port after a failed create failed", "port", p, "err", err)
 		}
 	}
 }

@@ -44,7 +44,7 @@ func (d *Driver) writeEnv(ctx context.Context, pl *vmPlan, vm *object.VirtualMac
 	ds := d.datastoreObject(pl.vc, pl.ds)
 	for name, body := range map[string][]byte{envJSON: settings, envISO: iso} {
 		p := pl.name + "/" + name
-		err := d.retry.Do(ctx, "vsphere upload "+name, func(ctx context.Context) error {
+		err := d.Retry.Do(ctx, "vsphere upload "+name, func(ctx context.Context) error {
 			up := soap.DefaultUpload
 			up.ContentLength = int64(len(body))
 			return ds.Upload(ctx, bytes.NewReader(body), p, &up)
@@ -271,7 +271,7 @@ func (d *Driver) cleanEnv(ctx context.Context, vc *vcenter, vm *object.VirtualMa
 		t, err := fm.DeleteDatastoreFile(ctx, dir+f, vc.dc)
 		err = waitTask(ctx, t, err)
 		if err != nil && !notFound(err) {
-			d.log.Info("could not delete the VM's env file", "file", dir+f, "err", err)
+			d.Log.Info("could not delete the VM's env file", "file", dir+f, "err", err)
 		}
 	}
 }

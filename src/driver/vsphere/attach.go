@@ -70,7 +70,7 @@ func (d *Driver) AttachDisk(ctx context.Context, vmCID, diskCID string) (any, er
 	if attached == nil {
 		return nil, fmt.Errorf("vsphere: %s does not show %s after attaching it", vmCID, loc.name)
 	}
-	d.log.Info("disk attached", "disk", loc.name, "vm", vmCID, "datastore", loc.ds.name)
+	d.Log.Info("disk attached", "disk", loc.name, "vm", vmCID, "datastore", loc.ds.name)
 	return diskHint(m.Config.ExtraConfig, attached), nil
 }
 
@@ -104,7 +104,7 @@ func (d *Driver) placeForVM(ctx context.Context, vc *vcenter, vm *object.Virtual
 	if err := d.mkdir(ctx, vc, dsPath(dst.name, d.cfg.dc().DiskPath)); err != nil {
 		return nil, err
 	}
-	d.log.Info("moving disk where the VM can reach it", "disk", loc.name, "from", loc.ds.name, "to", dst.name)
+	d.Log.Info("moving disk where the VM can reach it", "disk", loc.name, "from", loc.ds.name, "to", dst.name)
 	// Not retried blindly: moving persistent data twice is not safe.
 	t, err := object.NewVirtualDiskManager(vc.c).MoveVirtualDisk(ctx, loc.path, vc.dc, to, vc.dc, false)
 	err = waitTask(ctx, t, err)
@@ -120,7 +120,7 @@ func (d *Driver) placeForVM(ctx context.Context, vc *vcenter, vm *object.Virtual
 func (d *Driver) diskBytes(ctx context.Context, vc *vcenter, loc *diskLoc) (int64, error) {
 	_, rel, _ := splitDSPath(loc.path)
 	var size int64
-	err := d.retry.Do(ctx, "vsphere read "+loc.name, func(ctx context.Context) error {
+	err := d.Retry.Do(ctx, "vsphere read "+loc.name, func(ctx context.Context) error {
 		r, _, err := d.datastoreObject(vc, loc.ds).Download(ctx, rel, nil)
 		if err != nil {
 			return err
@@ -164,7 +164,7 @@ func (d *Driver) DetachDisk(ctx context.Context, vmCID, diskCID string) error {
 	if err := d.detach(ctx, vm, []types.BaseVirtualDevice{disk}); err != nil {
 		return err
 	}
-	d.log.Info("disk detached", "disk", name, "vm", vmCID)
+	d.Log.Info("disk detached", "disk", name, "vm", vmCID)
 	return nil
 }
 
@@ -192,7 +192,7 @@ func (d *Driver) ResizeDisk(ctx context.Context, cid string, sizeMiB int) error 
 	if err != nil {
 		return d.cloudErr("resize disk "+loc.name, err)
 	}
-	d.log.Info("disk resized", "disk", loc.name, "mib", sizeMiB)
+	d.Log.Info("disk resized", "disk", loc.name, "mib", sizeMiB)
 	return nil
 }
 

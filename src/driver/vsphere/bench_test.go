@@ -45,7 +45,7 @@ func BenchmarkMethods(b *testing.B) {
 		}
 	}
 	run("connect", func(int) {
-		fresh, err := New(sim.section(nil), driver.Deps{StateDir: d.stateDir, Locker: d.locks, Retry: d.retry})
+		fresh, err := New(sim.section(nil), driver.Deps{StateDir: d.stateDir, Locker: d.Locks, Retry: d.Retry})
 		check(err)
 		_, err = fresh.client(bg)
 		check(err)

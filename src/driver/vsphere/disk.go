@@ -174,7 +174,7 @@ func (d *Driver) CreateDisk(ctx context.Context, spec driver.DiskSpec) (string, 
 	if err != nil {
 		return "", d.cloudErr("create disk on "+ds.name, err)
 	}
-	d.log.Info("disk created", "disk", name, "datastore", ds.name, "mib", spec.SizeMiB, "type", kind)
+	d.Log.Info("disk created", "disk", name, "datastore", ds.name, "mib", spec.SizeMiB, "type", kind)
 	return name, nil
 }
 
@@ -212,7 +212,7 @@ func (d *Driver) DeleteDisk(ctx context.Context, cid string) error {
 	if err != nil && !notFound(err) {
 		return d.cloudErr("delete disk "+loc.name, err)
 	}
-	d.log.Info("disk deleted", "disk", loc.name)
+	d.Log.Info("disk deleted", "disk", loc.name)
 	return nil
 }
 
@@ -238,7 +238,7 @@ func (d *Driver) lockedDisk(ctx context.Context, cid string) (*vcenter, *diskLoc
 	if _, err := diskName(cid); err != nil {
 		return nil, nil, nil, err
 	}
-	release, err := d.locks.Lock(ctx, "disk-"+lockName(cid))
+	release, err := d.Locks.Lock(ctx, "disk-"+lockName(cid))
 	if err != nil {
 		return nil, nil, nil, err
 	}

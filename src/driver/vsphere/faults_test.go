@@ -85,7 +85,7 @@ func TestExpiredSessionIsRenewed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	d.log.Logger, _ = logging.New(boshlog.LevelDebug, &log)
+	d.Log.Logger, _ = logging.New(boshlog.LevelDebug, &log)
 	if _, err := d.ListVMs(bg, nil); err != nil {
 		t.Fatalf("a call after the session expired: %v\n%s", err, log.String())
 	}
@@ -94,7 +94,7 @@ func TestExpiredSessionIsRenewed(t *testing.T) {
 	}
 	// A later process with the same state dir reuses the cached session,
 	// and renews it when vCenter dropped it.
-	d2, err := New(sim.section(nil), driver.Deps{StateDir: d.stateDir, Locker: d.locks, Retry: d.retry})
+	d2, err := New(sim.section(nil), driver.Deps{StateDir: d.stateDir, Locker: d.Locks, Retry: d.Retry})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestExpiredSessionIsRenewed(t *testing.T) {
 	if err := govsession.NewManager(vc2.sess.raw).Logout(bg); err != nil {
 		t.Fatal(err)
 	}
-	d3, _ := New(sim.section(nil), driver.Deps{StateDir: d.stateDir, Locker: d.locks, Retry: d.retry})
+	d3, _ := New(sim.section(nil), driver.Deps{StateDir: d.stateDir, Locker: d.Locks, Retry: d.Retry})
 	if _, err := d3.HasVM(bg, "vm-00000000-0000-4000-8000-000000000000"); err != nil {
 		t.Fatalf("a process whose cached session expired: %v", err)
 	}

@@ -2,9 +2,6 @@ package vsphere
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +21,7 @@ import (
 	"github.com/vmware/govmomi/vim25/soap"
 	"github.com/vmware/govmomi/vim25/types"
 
+	"github.com/runway-cpi/runway/src/driver/statecache"
 	"github.com/runway-cpi/runway/src/retry"
 )
 
@@ -53,7 +51,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 	sc.Client.Transport = &countingTransport{base: sc.DefaultTransport(), n: &d.requests}
 	s := &session{d: d, sc: sc}
 	var raw *vim25.Client
-	err = d.retry.Do(ctx, "vsphere connect", func(ctx context.Context) error {
+	err = d.Retry.Do(ctx, "vsphere connect", func(ctx context.Context) error {
 		var err error
 		raw, err = vim25.NewClient(ctx, sc)
 		return err
@@ -66,7 +64,7 @@ func (d *Driver) newSession(ctx context.Context) (*session, error) {
 	c.RoundTripper = s
 	s.client = &c
 	if d.cfg.sessionCache() && s.restore() {
-		d.log.Debug("reusing the cached vCenter session", "host", d.cfg.hostName())
+		d.Log.Debug("reusing the cached vCenter session", "host", d.cfg.hostName())
 		return s, nil
 	}
 	if err := s.login(ctx); err != nil {
@@ -86,7 +84,7 @@ func (d *Driver) connectErr(err error) error {
 // login opens a session and keeps its cookie for the next process.
 func (s *session) login(ctx context.Context) error {
 	d := s.d
-	err := d.retry.Do(ctx, "vsphere login", func(ctx context.Context) error {
+	err := d.Retry.Do(ctx, "vsphere login", func(ctx context.Context) error {
 		return govsession.NewManager(s.raw).Login(ctx, url.UserPassword(d.cfg.User, d.cfg.Password))
 	})
 	if err != nil {
@@ -95,7 +93,7 @@ func (s *session) login(ctx context.Context) error {
 		}
 		return d.connectErr(err)
 	}
-	d.log.Debug("logged in to vCenter", "host", d.cfg.hostName(), "user", d.cfg.User)
+	d.Log.Debug("logged in to vCenter", "host", d.cfg.hostName(), "user", d.cfg.User)
 	if d.cfg.sessionCache() {
 		s.save()
 	}
@@ -106,7 +104,7 @@ func (s *session) login(ctx context.Context) error {
 // renewed and the call sent again, once.
 func (s *session) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	method := methodName(req)
-	err := s.d.retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
+	err := s.d.Retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
 		resetFault(res)
 		err := s.sc.RoundTrip(ctx, req, res)
 		if err == nil {
@@ -127,8 +125,8 @@ func (s *session) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	if lerr != nil {
 		return fmt.Errorf("%w (renewing the session: %v)", err, lerr)
 	}
-	s.d.log.Info("vCenter session had expired: logged in again", "method", method)
-	return s.d.retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
+	s.d.Log.Info("vCenter session had expired: logged in again", "method", method)
+	return s.d.Retry.Do(ctx, "vsphere "+method, func(ctx context.Context) error {
 		resetFault(res)
 		if err := s.sc.RoundTrip(ctx, req, res); err != nil {
 			return err
@@ -272,20 +270,15 @@ type cachedSession struct {
 }
 
 func (s *session) cachePath() string {
-	h := sha256.Sum256([]byte(s.d.cfg.Host + "\x00" + s.d.cfg.User + "\x00" + s.d.cfg.Password))
-	return filepath.Join(s.d.stateDir, "vsphere", "session-"+hex.EncodeToString(h[:12])+".json")
+	return filepath.Join(s.d.stateDir, "vsphere", "session-"+statecache.Name(12, s.d.cfg.Host, s.d.cfg.User, s.d.cfg.Password)+".json")
 }
 
 func (s *session) restore() bool {
 	if s.d.stateDir == "" {
 		return false
 	}
-	b, err := os.ReadFile(s.cachePath())
-	if err != nil {
-		return false
-	}
-	var cs cachedSession
-	if json.Unmarshal(b, &cs) != nil || cs.Cookie == "" {
+	cs := statecache.Read[cachedSession](s.cachePath())
+	if cs == nil || cs.Cookie == "" {
 		return false
 	}
 	s.sc.Jar.SetCookies(s.d.cfg.sdkURL(), []*http.Cookie{{Name: sessionCookie, Value: cs.Cookie}})
@@ -309,13 +302,7 @@ func (s *session) save() {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return
 	}
-	b, _ := json.Marshal(cachedSession{Cookie: cookie})
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		s.d.log.Warn("cannot keep the vCenter session", "err", err)
-		return
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		_ = os.Remove(tmp)
+	if err := statecache.Write(p, cachedSession{Cookie: cookie}); err != nil {
+		s.d.Log.Warn("cannot keep the vCenter session", "err", err)
 	}
 }

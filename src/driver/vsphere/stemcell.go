@@ -58,7 +58,7 @@ func (d *Driver) CreateStemcell(ctx context.Context, spec driver.StemcellSpec) (
 		if err := d.importOVF(ctx, vc, name, dir, files, c, ds); err != nil {
 			return "", err
 		}
-		d.log.Info("stemcell imported", "stemcell", name, "cluster", c.name, "datastore", ds.name)
+		d.Log.Info("stemcell imported", "stemcell", name, "cluster", c.name, "datastore", ds.name)
 		return name, nil
 	}
 	return "", noPlacement("the stemcell", m, size, cs)
@@ -210,7 +210,7 @@ func (d *Driver) upload(ctx context.Context, lease *nfc.Lease, info *nfc.LeaseIn
 		if !ok {
 			return driver.Invalid("stemcell image: the OVF names %q, which the tarball does not hold", item.Path)
 		}
-		err := d.retry.Do(ctx, "vsphere upload "+item.Path, func(ctx context.Context) error {
+		err := d.Retry.Do(ctx, "vsphere upload "+item.Path, func(ctx context.Context) error {
 			f, err := os.Open(p)
 			if err != nil {
 				return err
@@ -243,7 +243,7 @@ func (d *Driver) destroy(ctx context.Context, vm *object.VirtualMachine) {
 	t, err := vm.Destroy(ctx)
 	err = waitTask(ctx, t, err)
 	if err != nil && !notFound(err) {
-		d.log.Warn("could not remove what a failed call made", "vm", vm.Reference().Value, "err", err)
+		d.Log.Warn("could not remove what a failed call made", "vm", vm.Reference().Value, "err", err)
 	}
 }
 
@@ -267,7 +267,7 @@ func (d *Driver) DeleteStemcell(ctx context.Context, cid string) error {
 		if err != nil && !notFound(err) {
 			return d.cloudErr("delete stemcell "+r.Name, err)
 		}
-		d.log.Info("stemcell replica deleted", "name", r.Name)
+		d.Log.Info("stemcell replica deleted", "name", r.Name)
 	}
 	return nil
 }
@@ -297,7 +297,7 @@ var replicaSep = " %2f "
 // replica is the stemcell's copy on ds (made when missing, as the
 // official CPI: linked clones need their parent on their datastore).
 func (d *Driver) replica(ctx context.Context, vc *vcenter, cid string, c cluster, ds datastore) (*object.VirtualMachine, *types.ManagedObjectReference, error) {
-	release, err := d.locks.Lock(ctx, "stemcell-"+cid+"-"+ds.ref.Value)
+	release, err := d.Locks.Lock(ctx, "stemcell-"+cid+"-"+ds.ref.Value)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -337,7 +337,7 @@ func (d *Driver) replica(ctx context.Context, vc *vcenter, cid string, c cluster
 		d.destroy(context.WithoutCancel(ctx), vm)
 		return nil, nil, err
 	}
-	d.log.Info("stemcell copied for linked clones", "stemcell", cid, "datastore", ds.name)
+	d.Log.Info("stemcell copied for linked clones", "stemcell", cid, "datastore", ds.name)
 	var mvm mo.VirtualMachine
 	if err := vm.Properties(ctx, vm.Reference(), []string{"snapshot"}, &mvm); err != nil || mvm.Snapshot == nil {
 		return nil, nil, d.cloudErr("read the stemcell copy's snapshot", err)

@@ -2,7 +2,6 @@ package vsphere
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/cloudtags"
+	"github.com/runway-cpi/runway/src/driver/found"
 )
 
 // findVM finds a VM by its cid: at its place in vm_folder first (one
@@ -63,10 +63,7 @@ func (d *Driver) vmFor(ctx context.Context, cid string) (*vcenter, *object.Virtu
 // HasVM reports whether the VM exists.
 func (d *Driver) HasVM(ctx context.Context, cid string) (bool, error) {
 	_, _, err := d.vmFor(ctx, cid)
-	if errors.Is(err, driver.ErrVMNotFound) {
-		return false, nil
-	}
-	return err == nil, err
+	return found.Answer(err, driver.ErrVMNotFound)
 }
 
 // DeleteVM powers the VM off, detaches its persistent disks (they
@@ -98,7 +95,7 @@ func (d *Driver) DeleteVM(ctx context.Context, cid string) error {
 	if err != nil && !notFound(err) {
 		return d.cloudErr("delete vm "+cid, err)
 	}
-	d.log.Info("vm deleted", "vm", cid)
+	d.Log.Info("vm deleted", "vm", cid)
 	return nil
 }
 
@@ -124,7 +121,7 @@ func (d *Driver) RebootVM(ctx context.Context, cid string) error {
 	if err := vm.RebootGuest(ctx); err == nil {
 		return nil
 	} else {
-		d.log.Info("soft reboot failed: powering off and on", "vm", cid, "err", err)
+		d.Log.Info("soft reboot failed: powering off and on", "vm", cid, "err", err)
 	}
 	if err := d.powerOff(ctx, vm); err != nil {
 		return err
@@ -147,7 +144,7 @@ func (d *Driver) lockedVM(ctx context.Context, cid string, more ...string) (*vce
 		}
 	}
 	for _, name := range append([]string{"vm-" + cid}, more...) {
-		unlock, err := d.locks.Lock(ctx, name)
+		unlock, err := d.Locks.Lock(ctx, name)
 		if err != nil {
 			release()
 			return nil, nil, nil, err
@@ -250,7 +247,7 @@ func (d *Driver) setMetadata(ctx context.Context, vc *vcenter, ref types.Managed
 					key, ok = fieldKey(defs, k)
 				}
 			case fault.Is(err, &types.NoPermission{}):
-				d.log.Warn("no permission to define a custom field: skipped", "field", k)
+				d.Log.Warn("no permission to define a custom field: skipped", "field", k)
 				continue
 			case err == nil:
 				key, ok = def.Key, true
@@ -261,7 +258,7 @@ func (d *Driver) setMetadata(ctx context.Context, vc *vcenter, ref types.Managed
 		}
 		if err := cfm.Set(ctx, ref, key, md[k]); err != nil {
 			if fault.Is(err, &types.NoPermission{}) {
-				d.log.Warn("no permission to set a custom field: skipped", "field", k)
+				d.Log.Warn("no permission to set a custom field: skipped", "field", k)
 				continue
 			}
 			return d.cloudErr("set custom field "+k, err)

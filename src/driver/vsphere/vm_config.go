@@ -136,7 +136,7 @@ func (d *Driver) groups(ctx context.Context, pl *vmPlan, vm *object.VirtualMachi
 	if pl.props.VMGroup == "" && !rule {
 		return nil
 	}
-	release, err := d.locks.Lock(ctx, "drs-"+pl.cluster.ref.Value)
+	release, err := d.Locks.Lock(ctx, "drs-"+pl.cluster.ref.Value)
 	if err != nil {
 		return err
 	}

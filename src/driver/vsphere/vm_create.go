@@ -28,7 +28,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 	if err != nil {
 		return driver.VM{}, creationErr(err)
 	}
-	release, err := d.locks.Lock(ctx, "vm-"+pl.name)
+	release, err := d.Locks.Lock(ctx, "vm-"+pl.name)
 	if err != nil {
 		return driver.VM{}, err
 	}
@@ -239,7 +239,7 @@ func (d *Driver) applyVM(ctx context.Context, pl *vmPlan) error {
 		return d.cloudErr("clone "+pl.name, err)
 	}
 	vm := object.NewVirtualMachine(vc.c, info.Result.(types.ManagedObjectReference))
-	d.log.Info("vm cloned", "vm", pl.name, "cluster", pl.cluster.name, "datastore", pl.ds.name)
+	d.Log.Info("vm cloned", "vm", pl.name, "cluster", pl.cluster.name, "datastore", pl.ds.name)
 	// The hardware as a reconfiguration of the clone, not in the clone
 	// spec: vCenter takes both the same way, vcsim only this one.
 	if t, err = vm.Reconfigure(ctx, *cfg); err == nil {

@@ -27,18 +27,14 @@ import (
 
 	"github.com/runway-cpi/runway/src/driver"
 	"github.com/runway-cpi/runway/src/driver/catalog"
-	"github.com/runway-cpi/runway/src/lock"
-	"github.com/runway-cpi/runway/src/logging"
-	"github.com/runway-cpi/runway/src/retry"
+	"github.com/runway-cpi/runway/src/driver/clouddeps"
 )
 
 // Driver implements driver.Driver on vSphere.
 type Driver struct {
+	clouddeps.Base
 	cfg      Config
 	stateDir string
-	locks    *lock.Locker
-	log      logging.Fields
-	retry    retry.Policy
 
 	once    sync.Once
 	vc      *vcenter
@@ -68,13 +64,7 @@ func New(section json.RawMessage, deps driver.Deps) (*Driver, error) {
 	if deps.Redact != nil {
 		deps.Redact(c.Password)
 	}
-	logger := deps.Logger
-	if logger == nil {
-		logger = logging.Discard()
-	}
-	log := logging.Fields{Logger: logger, Tag: "vsphere"}
-	return &Driver{cfg: c, stateDir: deps.StateDir, locks: deps.Locker, log: log,
-		retry: deps.Retry.For(classify, log.Info)}, nil
+	return &Driver{Base: clouddeps.New("vsphere", deps.Locker, deps.Logger, deps.Retry, classify), cfg: c, stateDir: deps.StateDir}, nil
 }
 
 // StemcellFormats: OVF stemcells (a tarball of the OVF and its disks) and
@@ -131,7 +121,7 @@ func (d *Driver) connect(ctx context.Context) (*vcenter, error) {
 // call runs one step against vCenter inside the retry budget (the
 // session's round tripper has already renewed an expired session).
 func (d *Driver) call(ctx context.Context, op string, fn func(ctx context.Context) error) error {
-	return d.retry.Do(ctx, "vsphere "+op, fn)
+	return d.Retry.Do(ctx, "vsphere "+op, fn)
 }
 
 // CIDs: vm-<uuid> and sc-<uuid> as the official CPI names them, and its
