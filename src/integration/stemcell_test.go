@@ -49,17 +49,24 @@ var _ = describeContainer("the dev stemcell", Ordered, func() {
 		Eventually(func() (err error) { st, err = m.Status(); return err }, "20s", "100ms").Should(Succeed())
 		Expect(st.InGroup("vcap")).To(BeEmpty())
 		vmExec(vm, "monit stop -g vcap")
-		// A job's monit file, then the agent's reload: sv kill monit, sv
-		// start monit, until monit's incarnation changes.
+		// A job's monit file, then the agent's reload
+		// (monit_job_supervisor.go): sv kill monit, sv start monit, again
+		// until monit's incarnation changes. It is a start time in
+		// seconds, so a monit started again within the same second keeps
+		// it, and the agent kills it once more.
 		vmExec(vm, `cat > /var/vcap/monit/job/0000_probe.monitrc <<'RC'
 check process probe with pidfile /var/vcap/sys/run/probe/pid
   start program "/bin/sh -c 'mkdir -p /var/vcap/sys/run/probe; chpst -u vcap:vcap sleep 600 & echo $! > /var/vcap/sys/run/probe/pid'"
   stop program "/bin/sh -c 'kill $(cat /var/vcap/sys/run/probe/pid)'"
   group vcap
-RC
-sv kill monit; sv start monit`)
+RC`)
+		Eventually(func() string {
+			vmExec(vm, "sv kill monit; sv start monit")
+			var now agentprobe.MonitStatus
+			Eventually(func() (err error) { now, err = m.Status(); return err }, "20s", "100ms").Should(Succeed())
+			return now.Incarnation
+		}, "60s", "1s").ShouldNot(Equal(st.Incarnation))
 		Eventually(func() []string { st, _ := m.Status(); return st.InGroup("vcap") }, "20s", "200ms").Should(Equal([]string{"probe"}))
-		Expect(m.Status()).To(HaveField("Incarnation", Not(Equal(st.Incarnation))))
 		running := func() bool {
 			st, err := m.Status()
 			s, _ := st.Service("probe")
