@@ -22,9 +22,12 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 		stemcell := asString(call("create_stemcell", fx.Image, fx.ImageProps))
 		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
 
-		var created sync.Map // every VM made, so a failed run still stops them
+		// Every VM and disk made, so a failed spec still removes them (and
+		// its failure is not repeated by the next spec's leftover check).
+		var created, disks sync.Map
 		DeferCleanup(func() {
 			created.Range(func(vm, _ any) bool { runRaw(request("delete_vm", 2, vm)); return true })
+			disks.Range(func(disk, _ any) bool { runRaw(request("delete_disk", 2, disk)); return true })
 		})
 
 		createVM := func(agent string) (string, string) {
@@ -58,6 +61,7 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 				defer wg.Done()
 				vm, ip := createVM(fmt.Sprintf("worker-%d", i))
 				disk := asString(call("create_disk", 64, fx.DiskProps, nil))
+				disks.Store(disk, true)
 				target := sharedVMs[i%shared]
 				call("attach_disk", target, disk)
 				results[i] = result{vm, ip, disk, target}
