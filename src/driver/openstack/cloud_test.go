@@ -54,7 +54,7 @@ func newTestDriver(t *testing.T, c cloud, authURL, stateDir string, extra map[st
 	deps, logs := drivertest.Deps(t, filepath.Join(stateDir, "locks"))
 	deps.StateDir = stateDir
 	cfg := map[string]any{"auth_url": authURL, "username": c.user, "password": c.password, "project_name": c.project,
-		"region": c.region, "poll_max_ms": 500, "wait_timeout_seconds": 60}
+		"region": c.region, "wait_timeout_seconds": 60}
 	d, err := New(drivertest.Section(cfg, extra), deps)
 	if err != nil {
 		t.Fatal(err)
