@@ -25,14 +25,14 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 
 	It("does as root what the agent and its jobs do, with a disk attached while it runs", func() {
 		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", agentprobe.Script}}, dynamic)
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		DeferCleanup(func() { cleanUp("delete_vm", vm) })
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("RUNSV-OK"))
 		out := console(vm)()
 		for _, s := range append(agentprobe.Steps, agentprobe.RemountSteps...) {
 			Expect(out).To(ContainSubstring(s+"-OK"), "agent step %s:\n%s", s, out)
 		}
 		disk := asString(call("create_disk", 16, map[string]any{}, vm))
-		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		DeferCleanup(func() { cleanUp("delete_disk", disk) })
 		call("attach_disk", vm, disk)
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("MONIT-OK"))
 		Expect(console(vm)()).To(ContainSubstring("STORE-OK"))
@@ -52,8 +52,8 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		vm, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"/bin/bash", "-c", storeScript}}, dynamic)
 		disk := asString(call("create_disk", 16, map[string]any{}, vm))
 		DeferCleanup(func() { // the VM first: an attached disk is not deleted
-			runRaw(request("delete_vm", 2, vm))
-			runRaw(request("delete_disk", 2, disk))
+			cleanUp("delete_vm", vm)
+			cleanUp("delete_disk", disk)
 		})
 		call("attach_disk", vm, disk)
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("BOUND"))
@@ -72,9 +72,9 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		other, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"sleep", "infinity"}}, dynamic)
 		disk := asString(call("create_disk", 16, map[string]any{}, holder))
 		DeferCleanup(func() {
-			runRaw(request("delete_vm", 2, holder))
-			runRaw(request("delete_vm", 2, other))
-			runRaw(request("delete_disk", 2, disk))
+			cleanUp("delete_vm", holder)
+			cleanUp("delete_vm", other)
+			cleanUp("delete_disk", disk)
 		})
 		call("attach_disk", holder, disk)
 		Eventually(console(holder), "20s", "50ms").Should(ContainSubstring("BOUND"))
@@ -95,7 +95,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 
 	It("refuses those steps to a default VM", func() {
 		vm, _ := createVM(stemcell, map[string]any{"command": []string{"/bin/bash", "-c", agentprobe.Script}}, dynamic)
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		DeferCleanup(func() { cleanUp("delete_vm", vm) })
 		Eventually(console(vm), "20s", "50ms").Should(ContainSubstring("probe-init"))
 		out := console(vm)()
 		for _, s := range append(agentprobe.Steps, agentprobe.RemountSteps...) {
@@ -114,7 +114,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 		var res []json.RawMessage
 		Expect(json.Unmarshal(call("create_vm", "agent-b", stemcell, map[string]any{"bosh_agent": true}, manual, []string{}, map[string]any{}), &res)).To(Succeed())
 		vm := asString(res[0])
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		DeferCleanup(func() { cleanUp("delete_vm", vm) })
 		root := vmRoot(vm)
 		// PID 1 is runsvdir over /etc/service: the agent's service runs
 		// (it waits for a binary in this stemcell).
@@ -145,7 +145,7 @@ var _ = describeContainer("a VM hosting a BOSH agent", Ordered, func() {
 
 	It("refuses a VM with nothing to run on a stemcell without runsvdir-start, naming what it looked for", func() {
 		plain := asString(call("create_stemcell", fx.Image, map[string]any{}))
-		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, plain)) })
+		DeferCleanup(func() { cleanUp("delete_stemcell", plain) })
 		r := runRaw(request("create_vm", 2, "agent-x", plain, map[string]any{}, dynamic, []string{}, map[string]any{}))
 		Expect(r.Error).NotTo(BeNil())
 		Expect(r.Error.Message).To(ContainSubstring("has no /usr/sbin/runsvdir-start to start its agent"))
@@ -184,6 +184,6 @@ func boshStemcell(props ...map[string]any) string {
 		maps.Copy(cp, p)
 	}
 	stemcell := asString(call("create_stemcell", image, cp))
-	DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
+	DeferCleanup(func() { cleanUp("delete_stemcell", stemcell) })
 	return stemcell
 }

@@ -20,14 +20,14 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 	It("keep the state consistent and account for every resource", func() {
 		const workers, shared = 40, 4
 		stemcell := asString(call("create_stemcell", fx.Image, fx.ImageProps))
-		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
+		DeferCleanup(func() { cleanUp("delete_stemcell", stemcell) })
 
 		// Every VM and disk made, so a failed spec still removes them (and
 		// its failure is not repeated by the next spec's leftover check).
 		var created, disks sync.Map
 		DeferCleanup(func() {
-			created.Range(func(vm, _ any) bool { runRaw(request("delete_vm", 2, vm)); return true })
-			disks.Range(func(disk, _ any) bool { runRaw(request("delete_disk", 2, disk)); return true })
+			created.Range(func(vm, _ any) bool { cleanUp("delete_vm", vm); return true })
+			disks.Range(func(disk, _ any) bool { cleanUp("delete_disk", disk); return true })
 		})
 
 		createVM := func(agent string) (string, string) {
@@ -91,9 +91,9 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 		if fx.Local {
 			// Exactly the resources reported exist: no stray or half-made ones.
 			entries, _ := os.ReadDir(filepath.Join(fx.StateDir, "vms"))
-			Expect(entries).To(HaveLen(workers + shared))
+			Expect(entries).To(HaveLen(workers+shared), cleanUpFailures())
 			entries, _ = os.ReadDir(filepath.Join(fx.StateDir, "disks"))
-			Expect(entries).To(HaveLen(workers))
+			Expect(entries).To(HaveLen(workers), cleanUpFailures())
 		}
 
 		// Tear down concurrently too: deleting shared VMs detaches their disks.
@@ -126,7 +126,7 @@ var _ = Describe("concurrent bin/cpi processes", func() {
 		if fx.Local {
 			for _, kind := range []string{"vms", "disks"} {
 				entries, _ := os.ReadDir(filepath.Join(fx.StateDir, kind))
-				Expect(entries).To(BeEmpty(), kind)
+				Expect(entries).To(BeEmpty(), "%s\n%s", kind, cleanUpFailures())
 			}
 			var table map[string]string
 			b, err := os.ReadFile(filepath.Join(fx.StateDir, "ipam.json"))

@@ -162,7 +162,7 @@ var dynamic = map[string]any{"default": map[string]any{"type": "dynamic"}}
 // the suite's VMs is left on the host.
 func expectNothingLeft() {
 	entries, _ := os.ReadDir(filepath.Join(fx.StateDir, "vms"))
-	ExpectWithOffset(1, entries).To(BeEmpty(), "vm directories")
+	ExpectWithOffset(1, entries).To(BeEmpty(), "vm directories\n%s", cleanUpFailures())
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	ExpectWithOffset(1, string(mi)).NotTo(ContainSubstring(fx.StateDir), "mounts under the state dir")
 	rt, _ := os.ReadDir(filepath.Join(fx.StateDir, "runtime"))
@@ -266,9 +266,9 @@ var _ = describeContainer("container isolation", Ordered, func() {
 		stemcell = asString(call("create_stemcell", fx.Image, map[string]any{"infrastructure": "warden"}))
 		DeferCleanup(func() {
 			for _, vm := range made {
-				runRaw(request("delete_vm", 2, vm))
+				cleanUp("delete_vm", vm)
 			}
-			runRaw(request("delete_stemcell", 2, stemcell))
+			cleanUp("delete_stemcell", stemcell)
 		})
 	})
 	vm := func(props map[string]any, nets map[string]any) (string, string) {
@@ -465,7 +465,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 			"trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"
 		a, _ := vm(map[string]any{"command": writer}, dynamic)
 		disk := asString(call("create_disk", 16, map[string]any{}, a))
-		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		DeferCleanup(func() { cleanUp("delete_disk", disk) })
 		var hint map[string]string
 		Expect(json.Unmarshal(call("attach_disk", a, disk), &hint)).To(Succeed())
 		Expect(hint["path"]).To(Equal("/warden-cpi-dev/" + disk))
@@ -494,7 +494,7 @@ var _ = describeContainer("container isolation", Ordered, func() {
 	It("starts a VM again after the host restarted (its processes and mounts gone), with its disk", func() {
 		cid, _ := vm(map[string]any{"command": "echo boot; ls /warden-cpi-dev; trap 'exit 0' TERM; while :; do sleep 600 & wait $!; done"}, dynamic)
 		disk := asString(call("create_disk", 16, map[string]any{}, cid))
-		DeferCleanup(func() { runRaw(request("delete_disk", 2, disk)) })
+		DeferCleanup(func() { cleanUp("delete_disk", disk) })
 		call("attach_disk", cid, disk)
 		Eventually(console(cid), "10s", "20ms").Should(ContainSubstring("boot"))
 

@@ -404,8 +404,8 @@ var _ = describeContainer("a VM keeping a disk it gave back", func() {
 					strings.Replace(keepDiskScript, "MOUNT", mode.mount, 1)}}, dynamic)
 				disk := asString(call("create_disk", 16, map[string]any{}, vm))
 				DeferCleanup(func() {
-					runRaw(request("delete_vm", 2, vm))
-					runRaw(request("delete_disk", 2, disk))
+					cleanUp("delete_vm", vm)
+					cleanUp("delete_disk", disk)
 				})
 				call("attach_disk", vm, disk)
 				Eventually(console(vm), "30s", "50ms").Should(And(ContainSubstring("NESTED-OK 3\n"), ContainSubstring("OPEN-OK 3\n")))
@@ -432,7 +432,7 @@ var _ = describeContainer("a VM keeping a disk it gave back", func() {
 
 				// Held, the disk is neither deleted, copied nor attached.
 				other, _ := createVM(stemcell, map[string]any{"bosh_agent": true, "command": []string{"sleep", "infinity"}}, dynamic)
-				DeferCleanup(func() { runRaw(request("delete_vm", 2, other)) })
+				DeferCleanup(func() { cleanUp("delete_vm", other) })
 				for _, try := range []Response{
 					runRaw(request("delete_disk", 2, disk)),
 					runRaw(request("snapshot_disk", 2, disk, map[string]any{})),

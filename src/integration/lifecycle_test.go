@@ -17,14 +17,14 @@ var _ = Describe("the full lifecycle, as the Director drives it", Ordered, func(
 		// Leave nothing behind even when a step failed half-way.
 		for _, v := range []string{vm, vmV1} {
 			if v != "" {
-				runRaw(request("delete_vm", 2, v))
+				cleanUp("delete_vm", v)
 			}
 		}
 		if disk != "" {
-			runRaw(request("delete_disk", 2, disk))
+			cleanUp("delete_disk", disk)
 		}
 		if stemcell != "" {
-			runRaw(request("delete_stemcell", 2, stemcell))
+			cleanUp("delete_stemcell", stemcell)
 		}
 	})
 
@@ -143,7 +143,7 @@ var _ = Describe("the full lifecycle, as the Director drives it", Ordered, func(
 		for _, kind := range []string{"vms", "disks", "snapshots", "stemcells"} {
 			entries, err := os.ReadDir(filepath.Join(fx.StateDir, kind))
 			Expect(err).NotTo(HaveOccurred())
-			Expect(entries).To(BeEmpty(), kind)
+			Expect(entries).To(BeEmpty(), "%s\n%s", kind, cleanUpFailures())
 		}
 	})
 })

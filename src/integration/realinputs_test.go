@@ -24,7 +24,7 @@ var _ = Describe("real callers' inputs", func() {
 			props[k] = v
 		}
 		stemcell := asString(callV(3, "create_stemcell", fx.Image, props, map[string]any{"tags": map[string]string{"suite": "real-inputs"}}))
-		DeferCleanup(func() { runRaw(request("delete_stemcell", 2, stemcell)) })
+		DeferCleanup(func() { cleanUp("delete_stemcell", stemcell) })
 
 		nets := map[string]any{}
 		for name, n := range networks() {
@@ -42,7 +42,7 @@ var _ = Describe("real callers' inputs", func() {
 		var res []json.RawMessage
 		Expect(json.Unmarshal(call("create_vm", "agent-real", stemcell, fx.VMProps, nets, []string{}, realinputs.DirectorEnv("agent-real")), &res)).To(Succeed())
 		vm := asString(res[0])
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		DeferCleanup(func() { cleanUp("delete_vm", vm) })
 		var got map[string]struct {
 			Prefix string `json:"prefix"`
 		}

@@ -30,7 +30,7 @@ var _ = describeContainer("the dev stemcell", Ordered, func() {
 	BeforeAll(func() { stemcell = boshStemcell() })
 	boot := func() (string, string) {
 		vm, ip := createVM(stemcell, map[string]any{"bosh_agent": true}, dynamic)
-		DeferCleanup(func() { runRaw(request("delete_vm", 2, vm)) })
+		DeferCleanup(func() { cleanUp("delete_vm", vm) })
 		return vm, ip
 	}
 

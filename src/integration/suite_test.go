@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -277,4 +278,38 @@ func asBool(raw json.RawMessage) bool {
 	var b bool
 	ExpectWithOffset(1, json.Unmarshal(raw, &b)).To(Succeed(), "result %s is not a boolean", raw)
 	return b
+}
+
+// cleanUp deletes a spec's resource in its clean-up. Gone already is
+// fine (the spec deleted it). Any other failure is kept and named by the
+// leftover checks (cleanUpFailures), so a resource left behind points to
+// the spec that made it; it does not stop the rest of the clean-up.
+func cleanUp(method string, cid any) {
+	if cid == "" {
+		return
+	}
+	r := runRaw(request(method, 2, cid))
+	if r.Error != nil && !strings.HasSuffix(r.Error.Type, "NotFound") {
+		msg := fmt.Sprintf("clean-up in %q: %s %v: %s: %s", CurrentSpecReport().FullText(), method, cid, r.Error.Type, r.Error.Message)
+		fmt.Fprintln(GinkgoWriter, msg)
+		cleanUps.Lock()
+		cleanUps.failed = append(cleanUps.failed, msg)
+		cleanUps.Unlock()
+	}
+}
+
+var cleanUps struct {
+	sync.Mutex
+	failed []string
+}
+
+// cleanUpFailures names the clean-ups that failed so far, for a leftover
+// check's failure message.
+func cleanUpFailures() string {
+	cleanUps.Lock()
+	defer cleanUps.Unlock()
+	if len(cleanUps.failed) == 0 {
+		return "no clean-up failed so far"
+	}
+	return "failed clean-ups so far:\n" + strings.Join(cleanUps.failed, "\n")
 }
