@@ -27,6 +27,15 @@ import (
 // the repository heavy stemcells go to, and that repository.
 func devRegistry(t *testing.T) (map[string]any, string) {
 	repo := testenv.Need(t, "scripts/k8s-dev start (its registry)", "RUNWAY_K8S_REGISTRY")[0]
+	// A repository of the test's own: other packages' tests (the
+	// orchestrator e2e's runners in pods) push to the shared one at the
+	// same time, and these tests count the tags theirs left.
+	repo += "/" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(t.Name()))
 	return map[string]any{"registry": map[string]any{"repository": repo, "insecure": true}}, repo
 }
 
@@ -126,7 +135,10 @@ func TestHeavyStemcellRunsFromTheRegistry(t *testing.T) {
 	}
 	// A cid aimed at another repository of the same registry: refused,
 	// nothing deleted.
-	other := strings.Replace(ref2, "/runway/stemcells@", "/runway/other@", 1)
+	other := strings.Replace(ref2, repo+"@", repo+"-other@", 1)
+	if other == ref2 {
+		t.Fatalf("%s is not an image of %s", ref2, repo)
+	}
 	if err := d.DeleteStemcell(ctx, pushedPrefix+base64.RawURLEncoding.EncodeToString([]byte(other))); !errors.Is(err, driver.ErrInvalidInput) {
 		t.Errorf("delete_stemcell of %s: %v; want ErrInvalidInput", other, err)
 	}
