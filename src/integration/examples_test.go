@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -16,10 +15,9 @@ import (
 	"github.com/runway-cpi/runway/src/testkit/cpibin"
 )
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
+// go test runs a package's tests in its directory (src/integration);
+// runtime.Caller's path would not survive -trimpath (scripts/test).
+func repoRoot() string { return filepath.Join("..", "..") }
 
 func envWithGroups(deployment string) map[string]any {
 	return map[string]any{"bosh": map[string]any{"group": "it-" + deployment + "-web",

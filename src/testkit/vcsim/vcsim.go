@@ -8,16 +8,22 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/tls"
+	_ "embed"
 	"encoding/pem"
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/vmware/govmomi/simulator"
 	"github.com/vmware/govmomi/vmdk"
 )
+
+// The OVF descriptor of every stemcell image made here: embedded, as a
+// path from runtime.Caller would not survive -trimpath (scripts/test).
+//
+//go:embed testdata/image.ovf
+var imageOVF string
 
 // Sim is vcsim on 127.0.0.1 with TLS: two datacenters (DC0, DC1), each
 // with two clusters of one host (DCn_C0, DCn_C1), a child resource pool
@@ -86,11 +92,7 @@ func StemcellImage(t testing.TB) string {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, self, _, _ := runtime.Caller(0)
-	ovfDesc, err := os.ReadFile(filepath.Join(filepath.Dir(self), "testdata", "image.ovf"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ovfDesc := []byte(imageOVF)
 	// vcsim's OVF import refuses SATA controllers (resource type 20),
 	// which vCenter takes: the CD-ROM goes on an IDE controller here
 	// (docs/vsphere.md, "vcsim and vCenter").
