@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -244,15 +243,15 @@ func (c *cluster) podNames() map[string]bool {
 	return out
 }
 
-// newRunning is a Running runner pod not among before ("" until one is).
+// newRunning is a runner pod not among before that the watch saw Running
+// or already done ("" until one is): a runner that takes its job at once
+// can end before a List sees it Running, as one did on a loaded machine.
 func (c *cluster) newRunning(before map[string]bool) string {
-	pods, err := c.kube.CoreV1().Pods(c.ns).List(context.Background(), metav1.ListOptions{LabelSelector: "runway.io/owner=runway-" + c.release})
-	if err != nil {
-		return ""
-	}
-	for _, p := range pods.Items {
-		if p.Status.Phase == corev1.PodRunning && !before[p.Name] {
-			return p.Name
+	c.podsMu.Lock()
+	defer c.podsMu.Unlock()
+	for n := range c.running {
+		if !before[n] {
+			return n
 		}
 	}
 	return ""

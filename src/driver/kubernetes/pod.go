@@ -84,6 +84,12 @@ func (d *Driver) waitRunning(ctx context.Context, made *corev1.Pod) (*corev1.Pod
 			return false, nil
 		}
 		last = pod
+		// A process that ended with 0 before the watch saw the pod run (an
+		// ephemeral runner whose job took less than the kubelet's status
+		// sync) ran: the VM was made, and is stopped (stateOf).
+		if pod.Status.Phase == corev1.PodSucceeded || exitedCleanly(pod) {
+			return true, nil
+		}
 		if f := failureOf(pod); f != nil {
 			return false, f
 		}

@@ -1,11 +1,18 @@
 package kubernetes
 
 import (
+	"context"
+	"errors"
 	"maps"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/runway-cpi/runway/src/driver"
 )
@@ -35,6 +42,55 @@ func TestStateOf(t *testing.T) {
 	} {
 		if got := stateOf(tc.pod); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A process that ended with 0 before create_vm's watch saw its pod run (an
+// ephemeral runner whose job was shorter than the kubelet's status sync:
+// the chart e2e's runner did so on a loaded machine, and create_vm called
+// it a failure) ran: the wait answers the pod. One that ended otherwise
+// is still a typed failure. A fake clientset: on a cluster, whether the
+// watch sees Running first is the kubelet's timing.
+func TestWaitRunningTakesACleanExit(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		phase corev1.PodPhase
+		code  int32
+		ran   bool
+	}{
+		{"exit 0, Succeeded", corev1.PodSucceeded, 0, true},
+		{"exit 0, phase not yet moved", corev1.PodPending, 0, true},
+		{"exit 3, Failed", corev1.PodFailed, 3, false},
+		{"exit 3, phase not yet moved", corev1.PodPending, 3, false},
+	} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "vm-done", Namespace: "ns"},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever},
+			Status: corev1.PodStatus{Phase: tc.phase, ContainerStatuses: []corev1.ContainerStatus{{
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: tc.code, Reason: "Completed"}}}}}}
+		// The fake's own list and watch do not take the wait's field
+		// selector: both answer the pod (the watch as a streaming list
+		// does: the pod, then the initial events' end).
+		pod.ResourceVersion = "1"
+		cs := fake.NewSimpleClientset()
+		cs.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: "1"}, Items: []corev1.Pod{*pod}}, nil
+		})
+		cs.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+			w := watch.NewFakeWithChanSize(2, false)
+			w.Add(pod.DeepCopy())
+			w.Action(watch.Bookmark, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "1",
+				Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}})
+			return true, w, nil
+		})
+		d := &Driver{cs: cs, ns: "ns", cfg: Config{WaitTimeoutSeconds: 10}}
+		got, err := d.waitRunning(context.Background(), pod)
+		var pf *podFailure
+		switch {
+		case tc.ran && (err != nil || got == nil || got.Name != pod.Name):
+			t.Errorf("%s: %v, %v; want the pod", tc.name, got, err)
+		case !tc.ran && !errors.As(err, &pf):
+			t.Errorf("%s: %v; want a podFailure", tc.name, err)
 		}
 	}
 }

@@ -115,7 +115,7 @@ func (d *Driver) CreateVM(ctx context.Context, spec driver.VMSpec) (driver.VM, e
 		}
 		return driver.VM{}, &driver.CreationError{Err: err, Retryable: true}
 	}
-	d.Log.Info("pod running", "vm", cid, "node", running.Spec.NodeName, "took", time.Since(started).Round(time.Millisecond))
+	d.Log.Info("pod "+stateOf(running), "vm", cid, "node", running.Spec.NodeName, "took", time.Since(started).Round(time.Millisecond))
 	nets := driver.Networks{}
 	for name, n := range spec.Networks {
 		n.IP = running.Status.PodIP
