@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -170,37 +171,55 @@ func withLoop(image string, mount func(dev string) error) error {
 		return err
 	}
 	defer img.Close()
+	lo, dev, err := freeLoop(img)
+	if err != nil {
+		return fmt.Errorf("a loop device for %s: %w", image, err)
+	}
+	err = mount(dev)
+	lo.Close() // the mount holds the device now; autoclear frees it after
+	return err
+}
+
+// lostRaces counts the free devices another process set up first.
+var lostRaces atomic.Int64
+
+// freeLoop sets a free loop device up for img, autoclear, and answers it
+// open. The kernel answers every caller the same free device until one
+// sets it up, so Runway's processes take turns under a lock on
+// loop-control (the Director's parallel create_vm calls lost that race 20
+// times in a row); a few tries remain for the host's other users.
+func freeLoop(img *os.File) (*os.File, string, error) {
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	defer ctl.Close()
-	for range 20 { // another process may take the free device first
+	defer ctl.Close() // and the lock with it
+	if err := unix.Flock(int(ctl.Fd()), unix.LOCK_EX); err != nil {
+		return nil, "", fmt.Errorf("locking /dev/loop-control: %w", err)
+	}
+	for range 20 {
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
-			return fmt.Errorf("a free loop device: %w", err)
+			return nil, "", fmt.Errorf("asking for a free device: %w", err)
 		}
 		dev := "/dev/loop" + strconv.Itoa(n)
 		lo, err := os.OpenFile(dev, os.O_RDWR, 0)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
 		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
 		err = unix.IoctlLoopConfigure(int(lo.Fd()), &cfg)
-		if errors.Is(err, unix.EBUSY) {
-			lo.Close()
-			continue
+		if err == nil {
+			return lo, dev, nil
 		}
-		if err != nil {
-			lo.Close()
-			return fmt.Errorf("setting %s up for %s: %w", dev, image, err)
+		lo.Close()
+		if !errors.Is(err, unix.EBUSY) {
+			return nil, "", fmt.Errorf("setting %s up: %w", dev, err)
 		}
-		err = mount(dev)
-		lo.Close() // the mount holds the device now; autoclear frees it after
-		return err
+		lostRaces.Add(1)
 	}
-	return errors.New("no free loop device after 20 tries")
+	return nil, "", errors.New("no free loop device after 20 tries: another program on the host keeps taking them")
 }
 
 // SourceOf answers the device mounted at dir (a loop device), from the

@@ -3,8 +3,10 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -108,5 +110,61 @@ func TestImagesHoldTheirSizeAndGrow(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dmnt, "kept")); string(b) != "data" {
 		t.Errorf("the data after growing: %q", b)
+	}
+}
+
+// Many processes take loop devices at once (the Director's parallel
+// create_vm calls): every one gets a device, however many ask before any
+// lets go, and none loses a race for one to another (each would cost a
+// try; 40 processes once used up 20 tries). Each caller here holds its
+// device until all have one.
+func TestLoopDevicesForManyAtOnce(t *testing.T) {
+	const callers = 64
+	lost := lostRaces.Load()
+	dir := t.TempDir()
+	var arrived sync.WaitGroup
+	arrived.Add(callers)
+	errs := make(chan error, callers)
+	var devs sync.Map
+	var done sync.WaitGroup
+	start := make(chan struct{})
+	for i := range callers {
+		img := filepath.Join(dir, fmt.Sprintf("img-%d", i))
+		if err := os.WriteFile(img, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(img, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			<-start
+			got := false
+			err := withLoop(img, func(dev string) error {
+				got = true
+				if _, dup := devs.LoadOrStore(dev, img); dup {
+					return fmt.Errorf("%s handed out twice", dev)
+				}
+				arrived.Done()
+				arrived.Wait() // hold the device until every caller has one
+				return nil
+			})
+			if !got {
+				arrived.Done()
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	done.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if n := lostRaces.Load() - lost; n != 0 {
+		t.Errorf("callers lost %d races for a free device to each other", n)
 	}
 }
