@@ -38,7 +38,8 @@ var fatalWaiting = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": tru
 	"CrashLoopBackOff": true, "CreateContainerConfigError": true, "CreateContainerError": true,
 	"RunContainerError": true, "ErrImageNeverPull": true}
 
-// failureOf is why pod cannot run, or nil while it still may.
+// failureOf is why pod cannot run, or nil while it still may. A pod that
+// ended with 0 is no failure: its callers ask stateOf first.
 func failureOf(pod *corev1.Pod) *podFailure {
 	for _, s := range pod.Status.ContainerStatuses {
 		if w := s.State.Waiting; w != nil && fatalWaiting[w.Reason] {
@@ -56,7 +57,7 @@ func failureOf(pod *corev1.Pod) *podFailure {
 			return &podFailure{Pod: pod.Name, Reason: c.Reason, Message: c.Message}
 		}
 	}
-	if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+	if pod.Status.Phase == corev1.PodFailed {
 		return &podFailure{Pod: pod.Name, Reason: string(pod.Status.Phase), Message: pod.Status.Message}
 	}
 	return nil
@@ -87,7 +88,7 @@ func (d *Driver) waitRunning(ctx context.Context, made *corev1.Pod) (*corev1.Pod
 		// A process that ended with 0 before the watch saw the pod run (an
 		// ephemeral runner whose job took less than the kubelet's status
 		// sync) ran: the VM was made, and is stopped (stateOf).
-		if pod.Status.Phase == corev1.PodSucceeded || exitedCleanly(pod) {
+		if stateOf(pod) == "stopped" {
 			return true, nil
 		}
 		if f := failureOf(pod); f != nil {
