@@ -143,13 +143,14 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	// not retried (a retried create conflicts with its first attempt).
 	check1 := elb.New(lb1.Options(), func(o *elb.Options) { o.Retryer = testRetryer() })
 	check2 := elbv2.New(lb2.Options(), func(o *elbv2.Options) { o.Retryer = testRetryer() })
-	subnets, err := c.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{})
+	check := retrying(c)
+	subnets, err := check.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{})
 	if err != nil || len(subnets.Subnets) == 0 {
 		t.Fatalf("no subnet in moto's default VPC: %v", err)
 	}
 	sn := subnets.Subnets[0]
 	vpc := aws.ToString(sn.VpcId)
-	fx := fixtures{t: t, ctx: ctx, c: c, check: retrying(c)}
+	fx := fixtures{t: t, ctx: ctx, c: c, check: check}
 	sg := fx.securityGroup("parity-web", vpc)
 	otherVPC := fx.vpc("10.77.0.0/16", false)
 	fx.securityGroup("parity-web", otherVPC)
@@ -221,11 +222,11 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 		aws.ToString(lbs.LoadBalancerDescriptions[0].Instances[0].InstanceId) != vm {
 		t.Errorf("classic ELB instances %+v (%v); want %s", lbs, err, vm)
 	}
-	attr, err := c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameSourceDestCheck})
+	attr, err := check.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameSourceDestCheck})
 	if err != nil || attr.SourceDestCheck == nil || aws.ToBool(attr.SourceDestCheck.Value) {
 		t.Errorf("source_dest_check = %+v (%v); want false", attr.SourceDestCheck, err)
 	}
-	tables, err := c.DescribeRouteTables(ctx, &ec2.DescribeRouteTablesInput{RouteTableIds: []string{table}})
+	tables, err := check.DescribeRouteTables(ctx, &ec2.DescribeRouteTablesInput{RouteTableIds: []string{table}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +306,7 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 			t.Errorf("use_root_disk: an ephemeral disk was added")
 		}
 	}
-	ud, err := c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameUserData})
+	ud, err := check.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameUserData})
 	if err != nil || !strings.Contains(decodeB64(aws.ToString(ud.UserData.Value)), `"ephemeral":null`) {
 		t.Errorf("use_root_disk: the agent settings still name an ephemeral disk: %v", err)
 	}
@@ -403,7 +404,7 @@ func TestOfficialCloudPropertiesThroughBinCPI(t *testing.T) {
 	// (xvdb*) or, where instance storage is NVMe, only announced.
 	userSettings := func(vm string) map[string]any {
 		t.Helper()
-		ud, err := c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameUserData})
+		ud, err := check.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &vm, Attribute: types.InstanceAttributeNameUserData})
 		if err != nil {
 			t.Fatal(err)
 		}
